@@ -1,0 +1,125 @@
+"""`prompt-r1` command line: thin typer commands over the library (no logic of its own).
+
+Every command takes `--config FILE` where it needs settings; errors in user input end with a
+one-paragraph message naming the file, row or key, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from prompt_r1.config import ConfigError, default_db_path, load_config
+from prompt_r1.logging_setup import setup_logging
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Train a small agent LLM with GRPO to prompt a large environment LLM.")
+console = Console()
+ConfigOpt = typer.Option(..., "--config", "-c", help="YAML experiment config (see configs/).")
+DbOpt = typer.Option(None, "--db", help="Warehouse file (default: $PROMPT_R1_HOME/warehouse.duckdb).")
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def _open_db(db: Optional[Path]):
+    from warehouse.store import Warehouse
+
+    return Warehouse(db or default_db_path())
+
+
+def _load(config: Path, overrides: list[str] | None = None):
+    parsed: dict = {}
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            _fail(f"--set expects KEY=VALUE, got {item!r}")
+        parsed[key] = json.loads(value) if value[:1] in "[{0123456789-tfn\"" and _is_json(value) else value
+    try:
+        return load_config(config, parsed)
+    except ConfigError as err:
+        _fail(str(err))
+
+
+def _is_json(value: str) -> bool:
+    try:
+        json.loads(value)
+        return True
+    except ValueError:
+        return False
+
+
+@app.callback()
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    setup_logging("DEBUG" if verbose else None)
+
+
+@app.command()
+def ingest(
+    sources: list[str] = typer.Argument(..., help="Files/folders (Parquet, JSONL) or hf:NAME."),
+    db: Optional[Path] = DbOpt,
+    question_col: str = typer.Option("question", help="hf: column with the question."),
+    answers_col: str = typer.Option("answers", help="hf: column with the gold answer(s)."),
+    task_family: str = typer.Option("standard_qa", help="hf: task family of the dataset."),
+    split: str = typer.Option("test", help="hf: split to record (train / test / ood)."),
+    hf_split: str = typer.Option("train", help="hf: split of the HF dataset to load."),
+) -> None:
+    """Ingest datasets into the warehouse (re-ingesting the same file is a no-op)."""
+    from prompt_r1.ingest import IngestError, ingest as ingest_paths, ingest_hf
+
+    with _open_db(db) as wh:
+        reports = []
+        try:
+            for source in sources:
+                if source.startswith("hf:"):
+                    reports.append(ingest_hf(wh, source[3:], question_col=question_col,
+                                             answers_col=answers_col, task_family=task_family,
+                                             split=split, hf_split=hf_split))
+                else:
+                    reports.extend(ingest_paths(wh, [source]))
+        except IngestError as err:
+            for r in reports:
+                console.print(f"kept: {r.source} ({r.inserted} questions)")
+            _fail(f"{err}\nNothing from that source was written; sources before it are kept.")
+        for r in reports:
+            state = "already ingested" if r.skipped else f"{r.inserted} questions"
+            console.print(f"{r.source}: {state}")
+        print_summary(wh)
+
+
+def print_summary(wh) -> None:
+    table = Table(title=f"warehouse {wh.path}")
+    for col in ("dataset", "split", "task_family", "primary_metric", "n"):
+        table.add_column(col, justify="right" if col == "n" else "left")
+    for row in wh.question_summary():
+        table.add_row(*(str(row[c]) for c in ("dataset", "split", "task_family", "primary_metric", "n")))
+    console.print(table)
+
+
+@app.command()
+def summary(db: Optional[Path] = DbOpt) -> None:
+    """Print what the warehouse holds."""
+    with _open_db(db) as wh:
+        print_summary(wh)
+        console.print(wh.table_counts())
+
+
+@app.command("check-config")
+def check_config(config: Path = ConfigOpt) -> None:
+    """Validate a config file and print its hash."""
+    cfg = _load(config)
+    console.print(f"{config}: ok (name={cfg.name}, hash={cfg.hash()})")
+
+
+# -- commands added by later modules go below ----------------------------------------------
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

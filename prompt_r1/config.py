@@ -1,0 +1,259 @@
+"""Typed experiment configuration, validated once at the edge.
+
+Every knob of a run lives in one pydantic model tree loaded from YAML (`configs/*.yaml`).
+Unknown keys and bad values are errors that name the key and the file, so a typo never
+silently falls back to a default. The same models are flattened into MLflow params and
+hashed to identify a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the key."""
+
+
+class DataConfig(_Strict):
+    sources: list[str] = Field(
+        default_factory=lambda: ["data/sample"],
+        description="Files or folders to ingest (Prompt-R1 Parquet layout, JSONL, or hf:NAME).",
+    )
+    train_datasets: list[str] = Field(
+        default_factory=list,
+        description="Datasets whose `train` split feeds training; empty = every train-split question.",
+    )
+    validation_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="Share of training questions held out for validation."
+    )
+    max_train_questions: int | None = Field(
+        None, ge=1, description="Cap on the training pool (after a seeded shuffle)."
+    )
+
+
+class LoraConfig(_Strict):
+    enabled: bool = Field(False, description="Train a LoRA adapter instead of all weights.")
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Module names that get adapters.",
+    )
+
+
+class AgentConfig(_Strict):
+    model: str = Field(
+        "tiny",
+        description="`tiny` (random test model), `smollm2-135m-instruct` (bundled), or a local HF folder.",
+    )
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="Policy backend used for rollouts."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights dtype.")
+    max_new_tokens: int = Field(128, ge=1, description="Token limit of one agent turn.")
+    max_response_tokens: int = Field(
+        1024, ge=1, description="Token budget of the whole response (agent + environment tokens)."
+    )
+    max_env_reply_tokens: int = Field(
+        256, ge=1, description="Environment reply tokens kept in the agent context (longer are cut)."
+    )
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature for rollouts.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling for rollouts.")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class EnvConfig(_Strict):
+    name: str = Field("env", description="Short name used in tables, MLflow tags and file names.")
+    kind: Literal["openai", "vllm", "inprocess"] = Field(
+        "inprocess",
+        description="`openai` = any OpenAI-compatible URL; `vllm` = managed local vLLM server; "
+        "`inprocess` = transformers model in this process.",
+    )
+    model: str = Field("tiny", description="Model name (openai) or model id/folder (vllm, inprocess).")
+    base_url: str | None = Field(None, description="OpenAI-compatible base URL (kind=openai).")
+    api_key_env: str | None = Field(
+        None, description="Name of the environment variable holding the API key (never the key)."
+    )
+    max_tokens: int = Field(128, ge=1, description="Reply token limit.")
+    temperature: float = Field(0.0, ge=0.0, description="Environment sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(0, description="Sampling seed sent to the server.")
+    concurrency: int = Field(16, ge=1, description="Maximum simultaneous calls.")
+    timeout_s: float = Field(60.0, gt=0, description="Per-call timeout in seconds.")
+    max_retries: int = Field(4, ge=0, description="Retries on timeouts, 429 and 5xx.")
+    backoff_s: float = Field(0.5, ge=0, description="First backoff delay; doubles with jitter.")
+    cache: bool = Field(True, description="Cache replies in DuckDB keyed on (model, messages, sampling).")
+    chat_template: str | None = Field(
+        None, description="Jinja chat template for base models without one (vllm/inprocess)."
+    )
+    port: int | None = Field(None, description="Port for a managed vLLM server (None = free port).")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1.0, description="vLLM memory share.")
+    startup_timeout_s: float = Field(600.0, gt=0, description="Wait limit for a managed server.")
+    price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens.")
+    price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> "EnvConfig":
+        if self.kind == "openai" and not self.base_url:
+            raise ValueError("kind=openai needs base_url")
+        return self
+
+
+class RolloutConfig(_Strict):
+    batch_questions: int = Field(4, ge=1, description="Questions per training step.")
+    group_size: int = Field(5, ge=1, description="Trajectories sampled per question (GRPO group).")
+    max_turns: int = Field(5, ge=1, description="Maximum environment calls per trajectory.")
+    num_workers: int = Field(1, ge=1, description="Ray rollout actors.")
+    ray_address: str | None = Field(None, description="Ray cluster address; None = local ray.init().")
+    ray_num_cpus: int | None = Field(2, ge=1, description="CPUs for a local Ray instance.")
+
+
+class RewardConfig(_Strict):
+    think_prompt_score: float = Field(0.4, description="Per well-formed non-final turn.")
+    answer_present_score: float = Field(0.25, description="Final turn has an <answer>.")
+    answer_nonempty_score: float = Field(0.25, description="That answer is non-empty.")
+    final_format_score: float = Field(0.1, description="Final turn is exactly think + answer.")
+    format_cap: float = Field(1.0, description="Cap of the format score (epsilon).")
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(2, ge=0, description="GRPO steps (each = one rollout batch).")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps, then constant.")
+    mini_batch_questions: int = Field(
+        64, ge=1, description="Questions per optimiser step (a rollout batch may give several)."
+    )
+    micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.2, ge=0)
+    kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL to the reference policy.")
+    loss_agg: Literal["token-mean", "seq-mean-token-sum-norm"] = Field("token-mean")
+    scale_by_std: bool = Field(True, description="Divide advantages by the group std (False = Dr.GRPO).")
+    max_grad_norm: float = Field(1.0, gt=0)
+    checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N steps (and at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
+    validate_every: int = Field(0, ge=0, description="Validation every N steps (0 = only at the end).")
+    validation_questions: int = Field(8, ge=1, description="Validation questions per check.")
+
+
+class EvalConfig(_Strict):
+    methods: list[Literal["direct", "cot", "agent", "agent_only"]] = Field(
+        default_factory=lambda: ["direct", "cot", "agent", "agent_only"]
+    )
+    suites: list[str] = Field(
+        default_factory=lambda: ["in_domain", "ood"],
+        description="`in_domain`, `ood`, `sample`, or dataset names.",
+    )
+    limit_per_dataset: int | None = Field(8, ge=1, description="Questions per dataset (None = all).")
+    environments: list[EnvConfig] = Field(
+        default_factory=list, description="Environment LLMs to evaluate against (empty = the training one)."
+    )
+    agent_checkpoints: list[str] = Field(
+        default_factory=lambda: ["base", "trained"],
+        description="`base`, `trained` (this run's final checkpoint), `champion`, or a folder.",
+    )
+    examples_per_dataset: int = Field(2, ge=0, description="Trajectories kept for reading.")
+
+
+class Config(_Strict):
+    name: str = Field("smoke", description="Experiment name (one MLflow experiment per name).")
+    seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
+    data: DataConfig = Field(default_factory=DataConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    environment: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    def hash(self) -> str:
+        """Stable short hash of the resolved config (identifies a run's settings)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted-key view for MLflow params."""
+        return flatten(self.model_dump(mode="json"))
+
+    def eval_environments(self) -> list[EnvConfig]:
+        return self.eval.environments or [self.environment]
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts to dotted keys.
+
+    >>> flatten({"a": {"b": 1, "c": [2]}, "d": "x"})
+    {'a.b': 1, 'a.c': '[2]', 'd': 'x'}
+    """
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, dotted + "."))
+        elif isinstance(value, list):
+            out[dotted] = json.dumps(value)
+        else:
+            out[dotted] = value
+    return out
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  unknown key `{key}` (check the spelling; see configs/smoke.yaml)")
+        else:
+            lines.append(f"  `{key}`: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<dict>") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> Config:
+    """Load and validate a YAML config; `overrides` are dotted keys (`train.steps: 3`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path} (try configs/smoke.yaml)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config {path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping at the top level")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return parse_config(data, str(path))
+
+
+def runs_home() -> Path:
+    """Root of everything a run writes (warehouse, MLflow, checkpoints); `PROMPT_R1_HOME` moves it."""
+    return Path(os.environ.get("PROMPT_R1_HOME", Path.cwd() / "runs")).resolve()
+
+
+def default_db_path() -> Path:
+    return runs_home() / "warehouse.duckdb"

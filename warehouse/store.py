@@ -1,0 +1,272 @@
+"""The one module that reads and writes the DuckDB warehouse.
+
+Everything durable goes through `Warehouse`: ingested questions, rollout trajectories and
+their environment calls, the environment reply cache, and evaluation rows. SQL lives here
+and in `schema.sql`; callers pass and receive plain Python values. Only the driver process
+opens the file (DuckDB allows one writing process); Ray actors return data instead.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+SCHEMA = Path(__file__).with_name("schema.sql")
+
+
+@dataclass(frozen=True)
+class QuestionRow:
+    question_id: str
+    dataset: str
+    split: str
+    question: str
+    golds: list[str]
+    task_family: str
+    primary_metric: str
+    source_file: str = ""
+    source_hash: str = ""
+    row_index: int = 0
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class WarehouseError(RuntimeError):
+    """The warehouse file cannot be opened or written; the message names the file."""
+
+
+class Warehouse:
+    """A DuckDB warehouse file. Thread-safe: one connection, one lock, a cursor per call."""
+
+    def __init__(self, path: str | Path, read_only: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._con = duckdb.connect(str(self.path), read_only=read_only)
+            if not read_only:
+                self._con.execute(SCHEMA.read_text())
+        except duckdb.Error as err:
+            raise WarehouseError(
+                f"cannot open warehouse {self.path}: {err}. If another prompt-r1 process is "
+                "running, wait for it or pass --db with another file; if the file is corrupt, "
+                "move it aside and re-ingest."
+            ) from None
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> "Warehouse":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        with self._lock:
+            return self._con.cursor().execute(sql, list(params)).fetchall()
+
+    def query_dicts(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            cur = self._con.cursor().execute(sql, list(params))
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """All-or-nothing: an exception inside rolls back every write of the block."""
+        with self._lock:
+            cur = self._con.cursor()
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+
+    # -- questions --------------------------------------------------------------------------
+    def source_ingested(self, content_hash: str) -> bool:
+        return bool(self.query("SELECT 1 FROM sources WHERE content_hash = ?", [content_hash]))
+
+    def add_source(
+        self, source_file: str, content_hash: str, dataset: str, rows: Iterable[QuestionRow]
+    ) -> int:
+        """Insert one source's questions in one transaction; returns the count inserted.
+
+        Questions already present (same id from another file) are left as they are.
+        """
+        rows = list(rows)
+        now = _now()
+        with self.transaction() as cur:
+            if rows:
+                cur.executemany(
+                    "INSERT INTO questions VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                    [
+                        (r.question_id, r.dataset, r.split, r.question, r.golds, r.task_family,
+                         r.primary_metric, source_file, content_hash, r.row_index, now)
+                        for r in rows
+                    ],
+                )
+            cur.execute(
+                "INSERT INTO sources VALUES (?,?,?,?,?)",
+                [source_file, content_hash, dataset, len(rows), now],
+            )
+        return len(rows)
+
+    def questions(
+        self,
+        splits: Sequence[str] | None = None,
+        datasets: Sequence[str] | None = None,
+        limit_per_dataset: int | None = None,
+    ) -> list[QuestionRow]:
+        """Questions in a stable order (dataset, row), optionally the first N of each dataset."""
+        where, params = ["TRUE"], []
+        if splits:
+            where.append("split IN (SELECT UNNEST(?))")
+            params.append(list(splits))
+        if datasets:
+            where.append("dataset IN (SELECT UNNEST(?))")
+            params.append(list(datasets))
+        rank = "ROW_NUMBER() OVER (PARTITION BY dataset ORDER BY row_index, question_id)"
+        sql = (
+            f"SELECT * EXCLUDE (rk) FROM (SELECT *, {rank} AS rk FROM questions "
+            f"WHERE {' AND '.join(where)}) "
+            + ("WHERE rk <= ? " if limit_per_dataset else "")
+            + "ORDER BY dataset, row_index, question_id"
+        )
+        if limit_per_dataset:
+            params.append(limit_per_dataset)
+        return [
+            QuestionRow(
+                question_id=r["question_id"], dataset=r["dataset"], split=r["split"],
+                question=r["question"], golds=list(r["golds"]), task_family=r["task_family"],
+                primary_metric=r["primary_metric"], source_file=r["source_file"],
+                source_hash=r["source_hash"], row_index=r["row_index"],
+            )
+            for r in self.query_dicts(sql, params)
+        ]
+
+    def question_summary(self) -> list[dict[str, Any]]:
+        return self.query_dicts(
+            "SELECT dataset, split, task_family, primary_metric, COUNT(*) AS n "
+            "FROM questions GROUP BY ALL ORDER BY split, dataset"
+        )
+
+    def source_hashes(self) -> dict[str, str]:
+        """dataset -> combined content hash of its sources (recorded with every run)."""
+        rows = self.query(
+            "SELECT dataset, string_agg(content_hash, ',' ORDER BY content_hash) FROM sources GROUP BY 1"
+        )
+        return {d: h for d, h in rows}
+
+    # -- rollouts ---------------------------------------------------------------------------
+    def replace_step(
+        self, run_id: str, step: int, trajectories: Sequence[dict[str, Any]],
+        env_calls: Sequence[dict[str, Any]],
+    ) -> None:
+        """Write one training step's trajectories and env calls; a rerun of the step replaces them."""
+        now = _now()
+        with self.transaction() as cur:
+            cur.execute("DELETE FROM trajectories WHERE run_id = ? AND step = ?", [run_id, step])
+            cur.execute("DELETE FROM env_calls WHERE run_id = ? AND step = ?", [run_id, step])
+            if trajectories:
+                cur.executemany(
+                    "INSERT INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    [
+                        (run_id, step, t["question_id"], t["group_index"], t["token_ids"],
+                         t["loss_mask"], t["agent_turns"], t["env_replies"], t["answer"],
+                         t["reward"]["format"], t["reward"]["answer"], t["reward"]["total"],
+                         len(t["agent_turns"]), t["stop_reason"], now)
+                        for t in trajectories
+                    ],
+                )
+            if env_calls:
+                cur.executemany(
+                    "INSERT INTO env_calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    [
+                        (run_id, step, c["question_id"], c["group_index"], c["turn"], c["env_name"],
+                         c["model"], c["prompt_tokens"], c["completion_tokens"], c["latency_s"],
+                         c["attempts"], c["cached"], c["error"], now)
+                        for c in env_calls
+                    ],
+                )
+
+    def steps_recorded(self, run_id: str) -> list[int]:
+        return [r[0] for r in self.query(
+            "SELECT DISTINCT step FROM trajectories WHERE run_id = ? ORDER BY step", [run_id])]
+
+    def delete_steps_after(self, run_id: str, step: int) -> None:
+        """Drop rows of steps past a checkpoint (a resumed run redoes them)."""
+        with self.transaction() as cur:
+            cur.execute("DELETE FROM trajectories WHERE run_id = ? AND step > ?", [run_id, step])
+            cur.execute("DELETE FROM env_calls WHERE run_id = ? AND step > ?", [run_id, step])
+
+    # -- environment cache ------------------------------------------------------------------
+    def cache_get(self, key: str) -> tuple[str, int, int] | None:
+        rows = self.query(
+            "SELECT reply, prompt_tokens, completion_tokens FROM env_cache WHERE cache_key = ?", [key])
+        return tuple(rows[0]) if rows else None  # type: ignore[return-value]
+
+    def cache_put(self, key: str, model: str, reply: str, prompt_tokens: int, completion_tokens: int) -> None:
+        with self._lock:
+            self._con.cursor().execute(
+                "INSERT INTO env_cache VALUES (?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                [key, model, reply, prompt_tokens, completion_tokens, _now()],
+            )
+
+    # -- evaluation -------------------------------------------------------------------------
+    def write_eval(
+        self, run_id: str, predictions: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]]
+    ) -> None:
+        """Replace one run's rows for the (env, method, dataset) cells given, in one transaction."""
+        now = _now()
+        pred_cols = ["run_id", "env_name", "method", "dataset", "question_id", "prediction",
+                     "primary_metric", "score", "em", "f1", "substring", "ssim", "num_turns",
+                     "env_prompt_tokens", "env_completion_tokens"]
+        res_cols = ["run_id", "env_name", "method", "dataset", "n", "primary_metric", "score", "em",
+                    "f1", "substring", "ssim", "env_prompt_tokens", "env_completion_tokens", "cost_usd"]
+        cells = {(r["env_name"], r["method"], r["dataset"]) for r in results}
+        with self.transaction() as cur:
+            for env_name, method, dataset in cells:
+                for table in ("eval_predictions", "eval_results"):
+                    cur.execute(
+                        f"DELETE FROM {table} WHERE run_id=? AND env_name=? AND method=? AND dataset=?",
+                        [run_id, env_name, method, dataset],
+                    )
+            if predictions:
+                cur.executemany(
+                    f"INSERT INTO eval_predictions VALUES ({','.join('?' * (len(pred_cols) + 1))})",
+                    [[run_id if c == "run_id" else p[c] for c in pred_cols] + [now] for p in predictions],
+                )
+            if results:
+                cur.executemany(
+                    f"INSERT INTO eval_results VALUES ({','.join('?' * (len(res_cols) + 1))})",
+                    [[run_id if c == "run_id" else r[c] for c in res_cols] + [now] for r in results],
+                )
+
+    def eval_results(self, run_id: str) -> list[dict[str, Any]]:
+        return self.query_dicts(
+            "SELECT * EXCLUDE (created_at) FROM eval_results WHERE run_id = ? "
+            "ORDER BY env_name, dataset, method", [run_id])
+
+    def table_counts(self) -> dict[str, int]:
+        names = ["sources", "questions", "trajectories", "env_calls", "env_cache",
+                 "eval_predictions", "eval_results"]
+        return {n: self.query(f"SELECT COUNT(*) FROM {n}")[0][0] for n in names}
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON used for values stored as text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
