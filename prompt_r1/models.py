@@ -36,7 +36,8 @@ PROTOCOL_TOKENS = [
 
 
 def models_dir() -> Path:
-    return runs_home() / "models"
+    """Cache of materialised model folders; `PROMPT_R1_MODELS` moves it (tests share one)."""
+    return Path(os.environ.get("PROMPT_R1_MODELS", runs_home() / "models")).resolve()
 
 
 def package_dir(package: str) -> Path:
