@@ -26,7 +26,9 @@ DbOpt = typer.Option(None, "--db", help="Warehouse file (default: $PROMPT_R1_HOM
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
     raise typer.Exit(2)
 
 

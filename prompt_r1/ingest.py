@@ -206,11 +206,22 @@ def ingest_file(wh: Warehouse, path: Path) -> IngestReport:
         rows = list(read_jsonl(path))
     else:
         raise IngestError(f"{path}: unsupported file type (use .parquet or .jsonl)")
+    rows = _dedupe(rows, path)
     dataset = rows[0].dataset if rows else path.stem
     inserted = wh.add_source(str(path), content_hash, dataset,
                              [_with_source(r, str(path), content_hash) for r in rows])
     log.info("ingested %d questions from %s", inserted, path)
     return IngestReport(str(path), dataset, inserted, False)
+
+
+def _dedupe(rows: list[QuestionRow], source: object) -> list[QuestionRow]:
+    """Drop repeated questions within one source (same id); the first occurrence wins."""
+    seen: dict[str, QuestionRow] = {}
+    for row in rows:
+        seen.setdefault(row.question_id, row)
+    if len(seen) < len(rows):
+        log.info("%s: %d duplicate questions dropped", source, len(rows) - len(seen))
+    return list(seen.values())
 
 
 def _with_source(row: QuestionRow, source_file: str, content_hash: str) -> QuestionRow:
@@ -232,5 +243,5 @@ def ingest_hf(wh: Warehouse, name: str, **mapping: str) -> IngestReport:
     dataset, content_hash, rows = read_hf(name, **mapping)
     if wh.source_ingested(content_hash):
         return IngestReport(f"hf:{name}", dataset, 0, True)
-    rows = [_with_source(r, f"hf:{name}", content_hash) for r in rows]
+    rows = [_with_source(r, f"hf:{name}", content_hash) for r in _dedupe(rows, f"hf:{name}")]
     return IngestReport(f"hf:{name}", dataset, wh.add_source(f"hf:{name}", content_hash, dataset, rows), False)
