@@ -123,5 +123,46 @@ def check_config(config: Path = ConfigOpt) -> None:
 
 # -- commands added by later modules go below ----------------------------------------------
 
+
+@app.command()
+def evaluate(
+    config: Path = ConfigOpt,
+    db: Optional[Path] = DbOpt,
+    agent: list[str] = typer.Option([], "--agent", help="LABEL=MODEL_DIR (repeatable); default: base."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default: the run folder)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Id for the warehouse rows."),
+    sequential: bool = typer.Option(False, help="One environment call at a time (for timing)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+) -> None:
+    """Evaluate methods x suites x environments; writes warehouse rows, tables and plots."""
+    from prompt_r1.config import new_run_id, run_dir
+    from prompt_r1.eval_report import markdown_table, write_report
+    from prompt_r1.evaluate import EvalError, evaluate as run_evaluation
+    from prompt_r1.ingest import ingest as ingest_paths
+    from prompt_r1.models import resolve_model
+
+    cfg = _load(config, set_)
+    agents: dict[str, object] = {}
+    for item in agent:
+        label, sep, path = item.partition("=")
+        if not sep or not Path(path).is_dir():
+            _fail(f"--agent expects LABEL=MODEL_DIR with an existing folder, got {item!r}")
+        agents[label] = Path(path)
+    if not agents:
+        agents["base"] = resolve_model(cfg.agent.model)
+    run_id = run_id or new_run_id()
+    folder = out or run_dir(cfg.name, run_id) / "eval"
+    with _open_db(db) as wh:
+        if not wh.question_summary():
+            ingest_paths(wh, cfg.data.sources)
+        try:
+            outcome = run_evaluation(cfg, wh, run_id, agents, log_dir=folder / "logs",
+                                     concurrent=not sequential)
+        except EvalError as err:
+            _fail(str(err))
+    files = write_report(outcome.results, outcome.examples, folder, outcome.seconds)
+    console.print(markdown_table(outcome.results))
+    console.print(f"run id {run_id}; report: {files['markdown']}; plots in {folder}")
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

@@ -257,3 +257,16 @@ def runs_home() -> Path:
 
 def default_db_path() -> Path:
     return runs_home() / "warehouse.duckdb"
+
+
+def new_run_id() -> str:
+    """A sortable id for runs started outside MLflow (the flows use MLflow's run id)."""
+    import uuid
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def run_dir(config_name: str, run_id: str) -> Path:
+    """Where one run keeps checkpoints, evaluation outputs and server logs."""
+    return runs_home() / config_name / run_id

