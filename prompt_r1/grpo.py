@@ -1,0 +1,135 @@
+"""The GRPO objective as pure torch functions: group advantages, the clipped loss, token log-probs.
+
+Kept free of models, configs and I/O so the maths that must be exactly right (see DESIGN.md,
+"GRPO") can be checked against hand-computed values in isolation:
+
+- advantage of trajectory i = (r_i - mean(r_group)) / (std(r_group) + eps), unbiased std, or
+  r_i - mean(r_group) without std scaling ("Dr.GRPO"); a group of one gets 0;
+- loss per token = max(-A*rho, -A*clip(rho, 1-eps_low, 1+eps_high)) + beta * k3-KL to the
+  reference, k3 = exp(ref - logp) - (ref - logp) - 1 clamped to [-10, 10];
+- aggregation "token-mean" over all mask-1 tokens, or "seq-mean-token-sum-norm" (Dr.GRPO).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+LossAgg = Literal["token-mean", "seq-mean-token-sum-norm"]
+KL_CLAMP = 10.0
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale_by_std: bool = True,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantages, one per trajectory.
+
+    `group_ids` are any integer labels (one per trajectory, need not be contiguous).
+
+    >>> adv = group_advantages(torch.tensor([1.0, 0.0, 5.0, 5.0, 2.0]), torch.tensor([7, 7, 3, 3, 9]))
+    >>> [round(a, 4) for a in adv.tolist()]
+    [0.7071, -0.7071, 0.0, 0.0, 0.0]
+    >>> group_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), scale_by_std=False).tolist()
+    [0.5, -0.5]
+    """
+    rewards = rewards.to(torch.float32).flatten()
+    _, inverse, counts = torch.unique(group_ids.flatten(), return_inverse=True, return_counts=True)
+    n_groups = counts.numel()
+    counts_f = counts.to(torch.float32)
+    sums = torch.zeros(n_groups, dtype=torch.float32).index_add_(0, inverse, rewards)
+    means = sums / counts_f
+    centered = rewards - means[inverse]
+    if scale_by_std:
+        squares = torch.zeros(n_groups, dtype=torch.float32).index_add_(0, inverse, centered ** 2)
+        std = torch.sqrt(squares / (counts_f - 1).clamp(min=1.0))  # unbiased, like torch.std
+        centered = centered / (std[inverse] + eps)
+    return torch.where(counts[inverse] > 1, centered, torch.zeros_like(centered))
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token "low_var_kl" estimate of KL(pi || ref), clamped to [-10, 10].
+
+    >>> k3_kl(torch.tensor([-1.0]), torch.tensor([-1.0])).item()
+    0.0
+    """
+    log_ratio = ref_logprobs - logprobs
+    return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-KL_CLAMP, KL_CLAMP)
+
+
+def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
+                advantages: torch.Tensor, mask: torch.Tensor, clip_low: float = 0.2,
+                clip_high: float = 0.2, kl_coef: float = 0.001, agg: LossAgg = "token-mean",
+                max_len: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped GRPO loss with a k3 KL penalty; per-token tensors are [B, T], advantages [B].
+
+    Returns `(loss, stats)`; stats (floats): pg_loss and kl (aggregated like the loss),
+    clip_fraction (share of mask-1 tokens taking the clipped branch), ratio_mean, tokens.
+    `ref_logprobs=None` (or kl_coef 0 with None) leaves the KL term out.
+
+    >>> lp = torch.log(torch.tensor([[0.5, 0.5]]))
+    >>> loss, stats = policy_loss(lp, lp, lp, torch.tensor([2.0]), torch.tensor([[1.0, 0.0]]))
+    >>> round(loss.item(), 4), stats["clip_fraction"], stats["ratio_mean"]
+    (-2.0, 0.0, 1.0)
+    """
+    mask = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    pg = torch.maximum(unclipped, clipped)
+    kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None else torch.zeros_like(pg)
+    n_tokens = mask.sum()
+    safe_tokens = n_tokens.clamp(min=1.0)
+    if agg == "token-mean":
+        pg_term = (pg * mask).sum() / safe_tokens
+        kl_term = (kl * mask).sum() / safe_tokens
+    elif agg == "seq-mean-token-sum-norm":
+        norm = float(max_len if max_len is not None else logprobs.shape[-1])
+        pg_term = ((pg * mask).sum(-1) / norm).mean()
+        kl_term = ((kl * mask).sum(-1) / norm).mean()
+    else:
+        raise ValueError(f"unknown loss aggregation {agg!r}; use 'token-mean' or 'seq-mean-token-sum-norm'")
+    loss = pg_term + kl_coef * kl_term
+    with torch.no_grad():
+        took_clipped = (clipped > unclipped).to(mask.dtype)
+        stats = {
+            "pg_loss": pg_term.item(),
+            "kl": kl_term.item(),
+            "clip_fraction": ((took_clipped * mask).sum() / safe_tokens).item(),
+            "ratio_mean": ((ratio * mask).sum() / safe_tokens).item() if n_tokens > 0 else 1.0,
+            "tokens": n_tokens.item(),
+        }
+    return loss, stats
+
+
+def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk_rows: int = 4) -> torch.Tensor:
+    """log softmax(logits)[target] in float32 via logsumexp, `chunk_rows` rows at a time.
+
+    Avoids holding a full-vocabulary float32 log_softmax for the whole batch.
+
+    >>> logits = torch.tensor([[[0.0, 0.0], [2.0, 0.0]]])
+    >>> [round(x, 4) for x in gather_logprobs(logits, torch.tensor([[1, 0]]))[0].tolist()]
+    [-0.6931, -0.1269]
+    """
+    out = []
+    for start in range(0, logits.shape[0], chunk_rows):
+        rows = logits[start:start + chunk_rows].float()
+        picked = rows.gather(-1, targets[start:start + chunk_rows].unsqueeze(-1)).squeeze(-1)
+        out.append(picked - torch.logsumexp(rows, dim=-1))
+    return torch.cat(out, dim=0)
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   response_start: int) -> torch.Tensor:
+    """Log-probs [B, L - response_start] of `input_ids[:, response_start:]` under `model`.
+
+    Only the logits that predict those tokens are computed (`logits_to_keep`), so a long shared
+    prompt costs no vocabulary projection. `response_start` must be >= 1 (the first token has no
+    prediction); sequences are right-padded, so one start works for the whole batch.
+    """
+    if response_start < 1:
+        raise ValueError("response_start must be >= 1: the first token has no predicting logits")
+    n_keep = input_ids.shape[1] - response_start + 1
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=n_keep,
+                   use_cache=False).logits
+    return gather_logprobs(logits[:, :-1], input_ids[:, response_start:])

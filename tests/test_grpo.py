@@ -1,0 +1,121 @@
+"""GRPO maths against hand-computed values: advantages, clipping, KL, masking, aggregation."""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import pytest
+import torch
+
+from prompt_r1 import grpo
+from prompt_r1.grpo import gather_logprobs, group_advantages, k3_kl, policy_loss
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(grpo).failed == 0
+
+
+def test_group_advantages_hand_values() -> None:
+    rewards = torch.tensor([1.0, 2.0, 3.0, 0.5, 0.5, -1.0])
+    groups = torch.tensor([10, 10, 10, 4, 4, 99])  # non-contiguous labels; 99 is a group of one
+    adv = group_advantages(rewards, groups)
+    expected = [-1 / (1 + 1e-6), 0.0, 1 / (1 + 1e-6), 0.0, 0.0, 0.0]
+    assert adv.tolist() == pytest.approx(expected, abs=1e-6)
+    # matches torch.std (unbiased) on an uneven group
+    r = torch.tensor([0.2, -1.0, 0.9, 0.0])
+    ref = (r - r.mean()) / (r.std() + 1e-6)
+    assert torch.allclose(group_advantages(r, torch.zeros(4, dtype=torch.long)), ref, atol=1e-6)
+
+
+def test_group_advantages_without_std_and_interleaved_groups() -> None:
+    rewards = torch.tensor([1.0, 4.0, 3.0, 0.0])
+    groups = torch.tensor([1, 2, 1, 2])
+    assert group_advantages(rewards, groups, scale_by_std=False).tolist() == [-1.0, 2.0, 1.0, -2.0]
+
+
+def test_equal_rewards_and_single_member_groups_give_zero() -> None:
+    assert group_advantages(torch.tensor([0.3] * 5), torch.zeros(5, dtype=torch.long)).tolist() == [0.0] * 5
+    assert group_advantages(torch.tensor([5.0]), torch.tensor([3])).tolist() == [0.0]
+    assert group_advantages(torch.tensor([5.0]), torch.tensor([3]), scale_by_std=False).tolist() == [0.0]
+
+
+def _ratios(values: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    old = torch.full((1, len(values)), -1.0)
+    logprobs = (old + torch.log(torch.tensor([values]))).requires_grad_(True)
+    return logprobs, old
+
+
+def test_positive_advantage_clips_high_ratios_and_masks_tokens() -> None:
+    logprobs, old = _ratios([1.5, 0.5, 1.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, stats = policy_loss(logprobs, old, logprobs.detach(), torch.tensor([1.0]), mask)
+    # token 1: rho 1.5 -> clipped to 1.2; token 2: rho 0.5 keeps -0.5 (min of 0.5, 0.8); token 3 masked
+    assert loss.item() == pytest.approx((-1.2 - 0.5) / 2, abs=1e-6)
+    assert stats["clip_fraction"] == pytest.approx(0.5)
+    assert stats["ratio_mean"] == pytest.approx(1.0)
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-7)
+    loss.backward()
+    grad = logprobs.grad[0]
+    assert grad[0].item() == 0.0          # clipped branch: no gradient
+    assert grad[1].item() == pytest.approx(-0.5 * 0.5)  # d(-A*rho)/dlogp / n_tokens
+    assert grad[2].item() == 0.0          # masked token: no gradient
+
+
+def test_negative_advantage_clips_low_ratios() -> None:
+    logprobs, old = _ratios([0.5, 1.5])
+    mask = torch.ones(1, 2)
+    loss, stats = policy_loss(logprobs, old, None, torch.tensor([-1.0]), mask, kl_coef=0.0)
+    # rho 0.5 -> max(0.5, 0.8) = 0.8 (clipped); rho 1.5 -> max(1.5, 1.2) = 1.5 (unclipped)
+    assert loss.item() == pytest.approx((0.8 + 1.5) / 2, abs=1e-6)
+    assert stats["clip_fraction"] == pytest.approx(0.5)
+    loss.backward()
+    assert logprobs.grad[0, 0].item() == 0.0
+    assert logprobs.grad[0, 1].item() == pytest.approx(1.5 / 2)
+
+
+def test_asymmetric_clip_range() -> None:
+    logprobs, old = _ratios([1.25])
+    loss, stats = policy_loss(logprobs, old, None, torch.tensor([1.0]), torch.ones(1, 1),
+                              clip_low=0.2, clip_high=0.28, kl_coef=0.0)
+    assert loss.item() == pytest.approx(-1.25) and stats["clip_fraction"] == 0.0
+
+
+def test_kl_term_value_and_zero_at_reference() -> None:
+    logp = torch.log(torch.tensor([[0.5, 0.5]]))
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    expected_kl = 0.5 + math.log(2) - 1  # exp(-ln 2) - (-ln 2) - 1
+    assert k3_kl(logp, ref)[0].tolist() == pytest.approx([expected_kl, 0.0], abs=1e-6)
+    loss, stats = policy_loss(logp, logp, ref, torch.tensor([0.0]), torch.ones(1, 2), kl_coef=0.5)
+    assert stats["kl"] == pytest.approx(expected_kl / 2, abs=1e-6)
+    assert loss.item() == pytest.approx(0.5 * expected_kl / 2, abs=1e-6)
+    assert k3_kl(torch.tensor([0.0]), torch.tensor([30.0])).item() == 10.0  # clamped
+
+
+def test_dr_grpo_aggregation_value() -> None:
+    old = torch.zeros(2, 3)
+    logprobs = torch.zeros(2, 3)  # rho = 1 everywhere, so pg = -A
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([1.0, -2.0])
+    loss, _ = policy_loss(logprobs, old, None, adv, mask, agg="seq-mean-token-sum-norm", kl_coef=0.0,
+                          max_len=4)
+    # seq 1: sum -1*3 = -3; seq 2: +2*1 = 2; each / 4, mean over 2 sequences
+    assert loss.item() == pytest.approx((-3 / 4 + 2 / 4) / 2)
+    token_mean, _ = policy_loss(logprobs, old, None, adv, mask, kl_coef=0.0)
+    assert token_mean.item() == pytest.approx((-3 + 2) / 4)
+
+
+def test_empty_mask_is_guarded() -> None:
+    logprobs, old = _ratios([1.0, 1.0])
+    loss, stats = policy_loss(logprobs, old, old, torch.tensor([1.0]), torch.zeros(1, 2))
+    assert loss.item() == 0.0 and stats["tokens"] == 0.0 and not math.isnan(stats["ratio_mean"])
+    loss.backward()
+    assert torch.all(logprobs.grad == 0)
+
+
+def test_gather_logprobs_matches_log_softmax() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(5, 7, 50, dtype=torch.bfloat16)
+    targets = torch.randint(0, 50, (5, 7))
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(gather_logprobs(logits, targets, chunk_rows=2), expected, atol=1e-5)
