@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers that call `prompt_r1/` and `warehouse/`, nothing clever."""

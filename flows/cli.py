@@ -1,0 +1,115 @@
+"""The `prompt-r1` entry point: the library's commands plus the orchestrated ones.
+
+`prompt_r1.cli` holds the commands that need only the library; this module adds those that run
+Prefect flows with MLflow tracking (`pipeline`, `run-flow`, `rerun`), keeping imports downward.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from prompt_r1.cli import _fail, _load, app, console
+
+
+def _overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            _fail(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+@app.command()
+def pipeline(
+    config: Path = typer.Option(Path("configs/demo.yaml"), "--config", "-c", help="YAML experiment config."),
+    data: Optional[str] = typer.Option(None, help="Extra data folder to ingest (e.g. ../shared/data/prompt-r1)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+) -> None:
+    """Run the main job as a Prefect flow: ingest -> train -> evaluate, tracked in MLflow."""
+    from flows.pipeline import pipeline_flow
+
+    _load(config, set_)  # validate before starting anything
+    result = pipeline_flow(str(config), data, _overrides(set_) or None)
+    console.print(f"pipeline run {result['run_id']}; report: {result['evaluate']['report']}")
+
+
+@app.command("run-flow")
+def run_flow(
+    name: str = typer.Argument(..., help="ingest | train | evaluate | transfer-eval"),
+    config: Path = typer.Option(..., "--config", "-c", help="YAML experiment config."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+) -> None:
+    """Run one flow locally (the same code the deployments run)."""
+    from flows.evaluate import evaluate_flow
+    from flows.ingest import ingest_flow
+    from flows.train import train_flow
+
+    _load(config, set_)
+    overrides = _overrides(set_) or None
+    if name == "ingest":
+        console.print(ingest_flow(str(config)))
+    elif name == "train":
+        console.print(train_flow(str(config), overrides))
+    elif name in ("evaluate", "transfer-eval"):
+        result = evaluate_flow(str(config), use_champion=name == "transfer-eval", overrides=overrides)
+        console.print(f"evaluate run {result['run_id']}; report: {result['report']}")
+    else:
+        _fail(f"unknown flow {name!r}: use ingest, train, evaluate or transfer-eval")
+
+
+@app.command()
+def rerun(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline, train or evaluate run.")) -> None:
+    """Repeat a tracked run with its exact recorded config (evaluations reproduce exactly)."""
+    result = rerun_mlflow_run(run_id)
+    console.print(f"rerun of {run_id}: new run {result['run_id']}")
+
+
+def rerun_mlflow_run(run_id: str) -> dict:
+    """Re-execute the flow of an MLflow run from its logged resolved config and agents."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from flows.evaluate import evaluate_flow
+    from flows.pipeline import pipeline_flow
+    from flows.train import train_flow
+    from tasks.tracking import setup_mlflow, tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    try:
+        run = MlflowClient().get_run(run_id)
+    except Exception:
+        _fail(f"no MLflow run {run_id} in {tracking_uri()} (see `mlflow ui --backend-store-uri {tracking_uri()}`)")
+    flow_name = run.data.tags.get("flow")
+    tmp = Path(tempfile.mkdtemp(prefix="rerun-"))
+    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="config/resolved_config.yaml",
+                                                dst_path=str(tmp))
+    setup_mlflow(run.data.tags.get("config_name", "default"))
+    if flow_name == "evaluate":
+        agents = {k[len("agent."):]: v for k, v in run.data.params.items() if k.startswith("agent.")}
+        result = evaluate_flow(local, agents=agents, use_champion=run.data.tags.get("use_champion") == "True")
+    elif flow_name == "train":
+        result = train_flow(local, resume=False)
+    elif flow_name == "pipeline":
+        result = pipeline_flow(local)
+    else:
+        _fail(f"run {run_id} has no `flow` tag (pipeline/train/evaluate); it was not made by prompt-r1")
+    MlflowClient().set_tag(result["run_id"], "rerun_of", run_id)
+    return result
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

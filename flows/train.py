@@ -1,0 +1,80 @@
+"""`train` flow: per step rollout -> reward -> GRPO update -> broadcast -> checkpoint, in MLflow.
+
+A crashed or cancelled run is continued by running the flow again (same config): it finds the
+newest unfinished training run of the experiment, loads its last checkpoint and goes on.
+Metrics are flushed to MLflow at checkpoints only, so the redone steps are never logged twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import mlflow
+from mlflow import MlflowClient
+from prefect import flow
+
+from prompt_r1.checkpoint import latest_checkpoint
+from prompt_r1.config import default_db_path, load_config, run_dir
+from prompt_r1.train_loop import TrainingSession
+from tasks import train as t
+from tasks.ingest import ingest_sources
+from tasks.tracking import MetricBuffer, log_run_identity, register_agent, setup_mlflow
+from warehouse.store import Warehouse
+
+log = logging.getLogger(__name__)
+
+
+def unfinished_run(experiment_id: str) -> str | None:
+    """Newest training run of the experiment that did not finish (crashed, killed, or running)."""
+    runs = MlflowClient().search_runs(
+        [experiment_id], "tags.flow = 'train' and attributes.status != 'FINISHED'",
+        order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+@flow(name="train", log_prints=True)
+def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | None = None,
+               resume: bool = True, parent_run_id: str | None = None) -> dict[str, Any]:
+    """Train the agent with GRPO; returns the MLflow run id, final checkpoint and validation."""
+    cfg = load_config(config, overrides)
+    exp_id = setup_mlflow(cfg.name)
+    db = str(default_db_path())
+    ingest_sources(list(cfg.data.sources), db)
+    previous = unfinished_run(exp_id) if resume else None
+    if previous:
+        run = mlflow.start_run(run_id=previous)
+        log.info("continuing unfinished training run %s", previous)
+    else:
+        run = mlflow.start_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
+                               parent_run_id=parent_run_id, tags={"flow": "train"})
+    run_id = run.info.run_id
+    with run, Warehouse(db) as wh:
+        if not previous:
+            log_run_identity(cfg, "train", wh.source_hashes(), config)
+        buffer = MetricBuffer(run_id)
+        val: dict[str, float] = {}
+        with TrainingSession(cfg, wh, run_id, run_dir(cfg.name, run_id), resume=True) as session:
+            while session.step < cfg.train.steps:
+                questions = t.next_batch(session)
+                trajectories = t.rollout(session, questions)
+                metrics = t.grpo_update(session, trajectories)
+                buffer.add(session.step - 1, metrics)
+                t.broadcast_weights(session)
+                every = cfg.train.validate_every
+                if every and session.step % every == 0 and session.step < cfg.train.steps:
+                    buffer.add(session.step - 1, t.validate(session))
+                if t.checkpoint(session, force=session.step == cfg.train.steps):
+                    buffer.flush()
+                    mlflow.log_text("\n".join(json.dumps(x.to_record()) for x in trajectories[:4]),
+                                    f"trajectories/step-{session.step - 1:05d}.jsonl")
+            val = t.validate(session)
+            buffer.add(max(0, session.step - 1), val)
+            buffer.flush()
+        final = latest_checkpoint(session.ckpt_dir)
+        version, champion = (register_agent(run_id, final, val.get("val_reward"))
+                             if final else (None, False))
+        mlflow.set_tags({"registered_version": str(version), "champion": str(champion)})
+    return {"run_id": run_id, "checkpoint": str(final) if final else None, "validation": val,
+            "model_version": version, "champion": champion}

@@ -1,0 +1,19 @@
+"""Evaluation task: one environment LLM per task run (so each shows up, and retries, alone)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from prompt_r1.config import Config, EnvConfig
+from prompt_r1.evaluate import EvalOutcome, evaluate
+from warehouse.store import Warehouse
+
+
+@task(name="evaluate-environment", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=10,
+      task_run_name="evaluate-{env_cfg.name}")
+def evaluate_environment(cfg: Config, warehouse: Warehouse, run_id: str, agents: dict[str, str],
+                         env_cfg: EnvConfig, log_dir: Path) -> EvalOutcome:
+    return evaluate(cfg, warehouse, run_id, {k: Path(v) for k, v in agents.items()}, [env_cfg], log_dir=log_dir)
