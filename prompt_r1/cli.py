@@ -125,6 +125,33 @@ def check_config(config: Path = ConfigOpt) -> None:
 
 
 @app.command()
+def train(
+    config: Path = ConfigOpt,
+    db: Optional[Path] = DbOpt,
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Run to create or continue."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the newest run of this config from its last checkpoint."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+) -> None:
+    """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
+    from prompt_r1.config import new_run_id, run_dir, runs_home
+    from prompt_r1.ingest import ingest as ingest_paths
+    from prompt_r1.train_loop import TrainingSession
+
+    cfg = _load(config, set_)
+    if resume and not run_id:
+        runs = sorted(p.name for p in (runs_home() / cfg.name).glob("*") if (p / "checkpoints").is_dir())
+        if not runs:
+            _fail(f"--resume: no earlier run of `{cfg.name}` with checkpoints under {runs_home() / cfg.name}")
+        run_id = runs[-1]
+    run_id = run_id or new_run_id()
+    with _open_db(db) as wh:
+        ingest_paths(wh, cfg.data.sources)
+        with TrainingSession(cfg, wh, run_id, run_dir(cfg.name, run_id), resume=resume) as session:
+            final = session.run()
+    console.print(f"run {run_id}: {cfg.train.steps} steps; final checkpoint {final}")
+
+
+@app.command()
 def evaluate(
     config: Path = ConfigOpt,
     db: Optional[Path] = DbOpt,

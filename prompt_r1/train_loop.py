@@ -125,9 +125,11 @@ class TrainingSession:
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
         return self.learner.step(trajectories)
 
-    def record(self, trajectories: list[Trajectory]) -> None:
+    def finish_step(self, trajectories: list[Trajectory]) -> None:
+        """Record the step's trajectories and env calls, then advance the step counter."""
         trajs, calls = trajectory_rows(trajectories)
         self.warehouse.replace_step(self.run_id, self.step, trajs, calls)
+        self.step += 1
 
     def broadcast(self) -> None:
         self.pool.broadcast(self.learner.state_dict_for_broadcast())
@@ -159,8 +161,7 @@ class TrainingSession:
         rollout_s = time.perf_counter() - t0
         metrics = self.update(trajectories)
         metrics["rollout_time_s"] = rollout_s
-        self.record(trajectories)
-        self.step += 1
+        self.finish_step(trajectories)
         self.broadcast()
         self.checkpoint(force=self.step == self.cfg.train.steps)
         return StepResult(self.step, metrics, trajectories)
