@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import mlflow
@@ -22,13 +23,21 @@ def pipeline_flow(config: str = "configs/demo.yaml", data: str | None = None,
     cfg = load_config(config, overrides)
     setup_mlflow(cfg.name)
     db = str(default_db_path())
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
     ingest_sources(list(cfg.data.sources) + ([data] if data else []), db)
+    seconds["ingest"] = time.perf_counter() - t0
     with mlflow.start_run(run_name=f"pipeline-{cfg.name}", tags={"flow": "pipeline"}) as parent:
         with Warehouse(db) as wh:
             hashes = wh.source_hashes()
         log_run_identity(cfg, "pipeline", hashes, config)
+        t0 = time.perf_counter()
         trained = train_flow(config, overrides, resume=False, parent_run_id=parent.info.run_id)
+        seconds["train"] = time.perf_counter() - t0
         agents = {"trained": trained["checkpoint"]} if trained["checkpoint"] else {}
+        t0 = time.perf_counter()
         evaluated = evaluate_flow(config, agents, overrides=overrides, parent_run_id=parent.info.run_id)
+        seconds["evaluate"] = time.perf_counter() - t0
         mlflow.log_metrics({f"final_{k}": v for k, v in trained["validation"].items()})
-    return {"run_id": parent.info.run_id, "train": trained, "evaluate": evaluated}
+        mlflow.log_metrics({f"stage_seconds/{k}": v for k, v in seconds.items()})
+    return {"run_id": parent.info.run_id, "train": trained, "evaluate": evaluated, "seconds": seconds}
