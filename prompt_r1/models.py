@@ -6,7 +6,8 @@ No model hub is reachable here, so every model is a local HF folder:
   under `runs/models/`.
 - `tiny` / `tiny-smollm2`: randomly initialised Llama models (2 layers, hidden 64) for tests,
   with a real tokenizer: a byte-level BPE with the protocol tags as single tokens (`tiny`), or
-  SmolLM2's own tokenizer (`tiny-smollm2`).
+  SmolLM2's own tokenizer (`tiny-smollm2`); `tiny-protocol` is `tiny` after a brief supervised
+  warm start on the protocol's turn shapes (see `warm_start.py`), so smoke runs call the env.
 Anything else is taken as a local folder (or, where a hub is reachable, a hub id).
 """
 
@@ -137,6 +138,10 @@ def resolve_model(name: str) -> Path | str:
         return materialize_smollm2()
     if name == "tiny":
         return build_tiny_model(models_dir() / "tiny-bytes")
+    if name == "tiny-protocol":
+        from prompt_r1.warm_start import build_protocol_model
+
+        return build_protocol_model(build_tiny_model(models_dir() / "tiny-bytes"), models_dir() / "tiny-protocol")
     if name == "tiny-smollm2":
         return build_tiny_model(models_dir() / "tiny-smollm2", tokenizer_source="smollm2")
     path = Path(name).expanduser()
