@@ -191,5 +191,54 @@ def evaluate(
     console.print(markdown_table(outcome.results))
     console.print(f"run id {run_id}; report: {files['markdown']}; plots in {folder}")
 
+
+@app.command()
+def rollout(
+    config: Path = ConfigOpt,
+    out: Optional[Path] = typer.Option(None, "--out", help="Write one JSON trajectory per line here."),
+    db: Optional[Path] = DbOpt,
+    workers: Optional[int] = typer.Option(None, "--workers", help="Ray rollout actors (default: rollout.num_workers)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Id for the warehouse rows (step 0)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+) -> None:
+    """Sample one rollout batch of training questions through Ray actors; store and summarise it."""
+    import random
+
+    from prompt_r1.config import new_run_id, run_dir
+    from prompt_r1.ingest import ingest as ingest_paths
+    from prompt_r1.models import resolve_model
+    from prompt_r1.ray_rollout import RolloutPool, actor_environment, init_ray
+    from prompt_r1.rollout import env_call_records, rollout_summary
+
+    cfg = _load(config, set_)
+    run_id = run_id or new_run_id()
+    with _open_db(db) as wh:
+        if not wh.questions(splits=["train"]):
+            ingest_paths(wh, cfg.data.sources)
+        pool_questions = wh.questions(splits=["train"], datasets=cfg.data.train_datasets or None)
+        if not pool_questions:
+            _fail(f"no train-split questions in {wh.path} (sources: {cfg.data.sources}); "
+                  "ingest a dataset with a train split first (`prompt-r1 ingest ...`)")
+        random.Random(cfg.seed).shuffle(pool_questions)
+        questions = pool_questions[: cfg.rollout.batch_questions]
+        init_ray(cfg.rollout)
+        with actor_environment(cfg.environment, run_dir(cfg.name, run_id) / "logs") as env_cfg:
+            actor_cfg = cfg.model_copy(update={"environment": env_cfg})
+            with RolloutPool(actor_cfg, resolve_model(cfg.agent.model), workers) as pool:
+                trajectories = pool.rollout(questions, step=0)
+        records = [t.to_record() for t in trajectories]
+        wh.replace_step(run_id, 0, records, env_call_records(trajectories))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    stats = rollout_summary(trajectories)
+    console.print(
+        f"run {run_id}: {stats['trajectories']} trajectories from {len(questions)} questions; "
+        f"mean reward {stats['reward_mean']:.3f} (format {stats['format_mean']:.3f}, answer "
+        f"{stats['answer_mean']:.3f}); agent turns {stats['agent_turns_mean']:.2f}; env calls "
+        f"{stats['env_calls']} ({stats['env_errors']} errors); stop reasons {stats['stop_reasons']}"
+        + (f"; wrote {out}" if out else ""))
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())
