@@ -56,6 +56,7 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
         buffer = MetricBuffer(run_id)
         val: dict[str, float] = {}
         with TrainingSession(cfg, wh, run_id, run_dir(cfg.name, run_id), resume=True) as session:
+            buffer.recover(session.ckpt_dir / f"metrics-{session.step:05d}.json")
             while session.step < cfg.train.steps:
                 questions = t.next_batch(session)
                 trajectories = t.rollout(session, questions)
@@ -65,13 +66,18 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
                 every = cfg.train.validate_every
                 if every and session.step % every == 0 and session.step < cfg.train.steps:
                     buffer.add(session.step - 1, t.validate(session))
-                if t.checkpoint(session, force=session.step == cfg.train.steps):
+                last = session.step == cfg.train.steps
+                if last or session.step % cfg.train.checkpoint_every == 0:
+                    if last:  # the final validation belongs to the final checkpoint's metrics
+                        val = t.validate(session)
+                        buffer.add(session.step - 1, val)
+                    buffer.save(session.ckpt_dir / f"metrics-{session.step:05d}.json")
+                    t.checkpoint(session, force=True)
                     buffer.flush()
                     mlflow.log_text("\n".join(json.dumps(x.to_record()) for x in trajectories[:4]),
                                     f"trajectories/step-{session.step - 1:05d}.jsonl")
-            val = t.validate(session)
-            buffer.add(max(0, session.step - 1), val)
-            buffer.flush()
+            if not val:  # resumed after the last step's checkpoint: validate the final weights
+                val = t.validate(session)
         final = latest_checkpoint(session.ckpt_dir)
         version, champion = (register_agent(run_id, final, val.get("val_reward"))
                              if final else (None, False))

@@ -95,7 +95,13 @@ def log_run_identity(cfg: Config, flow: str, data_hashes: dict[str, str], config
 
 
 class MetricBuffer:
-    """Training metrics held until the next checkpoint, then logged in one batch."""
+    """Training metrics held until the next checkpoint, then logged in one batch.
+
+    Crash safety: before a checkpoint is written the pending metrics are saved beside it
+    (`save`); after it, they are logged (`flush`). A run killed in between logs them when it
+    resumes from that checkpoint (`recover`); steps already in MLflow are never logged again,
+    and steps after the checkpoint were never logged, so redoing them duplicates nothing.
+    """
 
     def __init__(self, run_id: str):
         self.run_id = run_id
@@ -104,12 +110,28 @@ class MetricBuffer:
     def add(self, step: int, metrics: dict[str, float]) -> None:
         self.pending.append((step, {k: float(v) for k, v in metrics.items()}))
 
+    def save(self, path: Path) -> None:
+        import json
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.pending))
+
+    def recover(self, path: Path) -> None:
+        import json
+
+        if path.exists():
+            self.pending = [(step, metrics) for step, metrics in json.loads(path.read_text())]
+            self.flush()
+
     def flush(self) -> None:
-        from mlflow.entities import Metric
         import time
 
+        from mlflow.entities import Metric
+
+        done = set(logged_steps(self.run_id))
         now = int(time.time() * 1000)
-        batch = [Metric(metric_key(k), v, now, step) for step, ms in self.pending for k, v in ms.items()]
+        batch = [Metric(metric_key(k), v, now, step) for step, ms in self.pending if step not in done
+                 for k, v in ms.items()]
         for i in range(0, len(batch), 900):  # MLflow caps a batch at 1000 metrics
             MlflowClient().log_batch(self.run_id, metrics=batch[i : i + 900])
         self.pending.clear()

@@ -1,0 +1,123 @@
+"""Integration: the Prefect flows on configs/smoke.yaml with real Ray, DuckDB and MLflow.
+
+Runs under Prefect's test harness (a temporary Prefect API), a local Ray instance, a real
+DuckDB file and a real MLflow sqlite store in a temporary PROMPT_R1_HOME.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def _client():
+    import mlflow
+    from mlflow import MlflowClient
+
+    from tasks.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    return MlflowClient()
+
+
+def test_pipeline_flow_end_to_end_and_rerun(prefect_api, home):
+    from flows.cli import rerun_mlflow_run
+    from flows.pipeline import pipeline_flow
+    from warehouse.store import Warehouse
+
+    state = pipeline_flow("configs/smoke.yaml", return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    steps = 2
+
+    client = _client()
+    exp = client.get_experiment_by_name("smoke")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    by_name = {r.info.run_name: r for r in runs}
+    parent = client.get_run(result["run_id"])
+    assert parent.data.params["config_hash"] and parent.data.params["git_commit"]
+    assert any(k.startswith("data_hash.") for k in parent.data.params)
+    train_run = client.get_run(result["train"]["run_id"])
+    assert train_run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    history = client.get_metric_history(train_run.info.run_id, "reward_mean")
+    assert sorted(m.step for m in history) == list(range(steps))
+    for key in ("pg_loss", "kl", "clip_fraction", "grad_norm", "tokens_per_s", "response_length"):
+        assert client.get_metric_history(train_run.info.run_id, key), key
+    eval_run_id = result["evaluate"]["run_id"]
+    env_runs = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == eval_run_id]
+    assert {r.data.tags["env_model"] for r in env_runs} == {"tiny"}
+    method_runs = [r for r in runs if r.data.tags.get("mlflow.parentRunId") in {e.info.run_id for e in env_runs}]
+    assert {r.data.tags["method"] for r in method_runs} >= {"direct", "cot", "agent:base", "agent:trained"}
+    version = client.get_model_version_by_alias("prompt-r1-agent", "champion")
+    assert version.run_id == train_run.info.run_id
+    assert "eval-tiny-env" in by_name
+
+    with Warehouse(home / "warehouse.duckdb") as wh:
+        counts = wh.table_counts()
+        assert counts["questions"] == 40
+        n_traj = wh.query("SELECT COUNT(*) FROM trajectories WHERE run_id = ?", [train_run.info.run_id])[0][0]
+        assert n_traj == steps * 2 * 2  # steps x questions x group
+        assert wh.query("SELECT COUNT(*) FROM env_calls WHERE run_id = ?", [train_run.info.run_id])[0][0] > 0
+        first = wh.eval_results(eval_run_id)
+        assert {r["method"] for r in first} == {"direct", "cot", "agent:base", "agent:trained",
+                                               "agent_only:base", "agent_only:trained"}
+        assert len(first) == 6 * 4  # methods x sample datasets
+    report = Path(result["evaluate"]["report"])
+    assert report.exists() and (report.parent / "averages_by_environment.png").exists()
+
+    again = rerun_mlflow_run(eval_run_id)
+    with Warehouse(home / "warehouse.duckdb") as wh:
+        second = wh.eval_results(again["run_id"])
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "run_id"} for r in rows]  # noqa: E731
+    assert strip(second) == strip(first)
+    assert client.get_run(again["run_id"]).data.tags["rerun_of"] == eval_run_id
+
+
+def test_train_flow_killed_mid_run_resumes_without_duplicates(home, tmp_path):
+    """SIGKILL the training flow after its second checkpoint, run it again, count the steps."""
+    from warehouse.store import Warehouse
+
+    steps = 4
+    env = {**os.environ, "PROMPT_R1_HOME": str(home), "PREFECT_HOME": str(tmp_path / "prefect")}
+    cmd = [sys.executable, "-m", "flows.cli", "run-flow", "train", "-c", "configs/smoke.yaml",
+           "--set", f"train.steps={steps}"]
+    log = (tmp_path / "first.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:
+        if list(home.glob("smoke/*/checkpoints/step-00002")):
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    client = _client()
+    exp = client.get_experiment_by_name("smoke")
+    runs = client.search_runs([exp.experiment_id], "tags.flow = 'train'")
+    assert len(runs) == 1, "the second invocation must continue the killed run, not start another"
+    run_id = runs[0].info.run_id
+    assert sorted(m.step for m in client.get_metric_history(run_id, "reward_mean")) == list(range(steps))
+    with Warehouse(home / "warehouse.duckdb") as wh:
+        assert wh.steps_recorded(run_id) == list(range(steps))
+        per_step = wh.query("SELECT step, COUNT(*) FROM trajectories WHERE run_id = ? GROUP BY 1 ORDER BY 1", [run_id])
+        assert [n for _, n in per_step] == [4] * steps
