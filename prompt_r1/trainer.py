@@ -1,0 +1,254 @@
+"""The GRPO learner: turns one batch of trajectories into optimiser steps on the agent policy.
+
+`GRPOLearner` owns the policy, its frozen reference, AdamW and the lr schedule. `step()` pads
+prompt + response ids into batches, recomputes old-policy and reference log-probs with the
+current weights (sampling log-probs from another engine are only compared, never trusted for
+the ratio), then runs `ppo_epochs` x mini-batches (`mini_batch_questions` questions per
+optimiser step) x micro-batches (`micro_batch_size` trajectories, gradients accumulated so the
+sum equals the full mini-batch loss). Under LoRA the reference is the same model with the
+adapter disabled; under full fine-tuning it is a frozen copy of the initial weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from prompt_r1.config import Config
+from prompt_r1.grpo import group_advantages, policy_loss, token_logprobs
+from prompt_r1.trajectory import Trajectory
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded prompt+response ids of a few trajectories; response tensors start at `start`."""
+
+    indices: list[int]              # positions in the step's trajectory list
+    input_ids: torch.Tensor         # [b, L]
+    attention_mask: torch.Tensor    # [b, L]
+    start: int                      # first response column (min prompt length)
+    loss_mask: torch.Tensor         # [b, L - start], 1 = agent-sampled response token
+    sampling_logprobs: torch.Tensor  # [b, L - start]
+
+    def scatter(self, per_traj: list[torch.Tensor], prompt_lens: list[int]) -> torch.Tensor:
+        """Place per-trajectory response vectors into this batch's [b, L - start] layout."""
+        out = torch.zeros(self.loss_mask.shape, dtype=torch.float32)
+        for row, i in enumerate(self.indices):
+            offset = prompt_lens[i] - self.start
+            out[row, offset:offset + per_traj[i].numel()] = per_traj[i]
+        return out
+
+    def split(self, values: torch.Tensor, prompt_lens: list[int], resp_lens: list[int]) -> list[torch.Tensor]:
+        """Inverse of `scatter`: one response vector per trajectory."""
+        out = []
+        for row, i in enumerate(self.indices):
+            offset = prompt_lens[i] - self.start
+            out.append(values[row, offset:offset + resp_lens[i]].detach().float().cpu())
+        return out
+
+
+def collate(trajectories: list[Trajectory], indices: list[int], pad_id: int, device: str) -> MicroBatch:
+    """Right-pad `prompt_ids + token_ids` of the chosen trajectories."""
+    chosen = [trajectories[i] for i in indices]
+    length = max(len(t.prompt_ids) + len(t.token_ids) for t in chosen)
+    start = min(len(t.prompt_ids) for t in chosen)
+    ids = torch.full((len(chosen), length), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(chosen), length), dtype=torch.long)
+    mask = torch.zeros((len(chosen), length - start), dtype=torch.float32)
+    sampled = torch.zeros((len(chosen), length - start), dtype=torch.float32)
+    for row, t in enumerate(chosen):
+        n_prompt, n_resp = len(t.prompt_ids), len(t.token_ids)
+        ids[row, :n_prompt + n_resp] = torch.tensor(t.prompt_ids + t.token_ids, dtype=torch.long)
+        attn[row, :n_prompt + n_resp] = 1
+        offset = n_prompt - start
+        mask[row, offset:offset + n_resp] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        if t.logprobs:
+            sampled[row, offset:offset + n_resp] = torch.tensor(t.logprobs, dtype=torch.float32)
+    return MicroBatch(indices, ids.to(device), attn.to(device), start, mask.to(device), sampled.to(device))
+
+
+class GRPOLearner:
+    """Policy + reference + optimiser; `step(trajectories)` is one GRPO update."""
+
+    def __init__(self, cfg: Config, model_path: str | Path, device: str = "cpu") -> None:
+        self.cfg, self.model_path, self.device = cfg, str(model_path), device
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=DTYPES[cfg.agent.dtype])
+        model.to(device)
+        self.use_lora = cfg.agent.lora.enabled
+        self.reference: torch.nn.Module | None = None
+        if self.use_lora:
+            from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+            lora = cfg.agent.lora
+            model = get_peft_model(model, PeftLoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+        elif cfg.train.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = model
+        self.model.config.use_cache = False
+        train = cfg.train
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=train.lr, weight_decay=train.weight_decay)
+        warmup = train.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+
+    # -- log-probs ---------------------------------------------------------------------------
+    def _reference_context(self):
+        return self.model.disable_adapter() if self.use_lora else nullcontext()
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, batch: MicroBatch, reference: bool) -> torch.Tensor:
+        model = self.model if (self.use_lora or not reference) else self.reference
+        with self._reference_context() if reference else nullcontext():
+            return token_logprobs(model, batch.input_ids, batch.attention_mask, batch.start)
+
+    # -- the update --------------------------------------------------------------------------
+    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """One GRPO update on a rollout batch; returns scalar metrics."""
+        if not trajectories:
+            raise ValueError("GRPOLearner.step got no trajectories")
+        t0 = time.perf_counter()
+        train = self.cfg.train
+        rewards = torch.tensor([t.reward.total if t.reward else 0.0 for t in trajectories])
+        question_index: dict[str, int] = {}
+        for t in trajectories:
+            question_index.setdefault(t.question_id, len(question_index))
+        groups = torch.tensor([question_index[t.question_id] for t in trajectories])
+        advantages = group_advantages(rewards, groups, scale_by_std=train.scale_by_std)
+        prompt_lens = [len(t.prompt_ids) for t in trajectories]
+        resp_lens = [len(t.token_ids) for t in trajectories]
+        max_len = max(self.cfg.agent.max_response_tokens, max(resp_lens))
+
+        # mini-batches of whole questions, then micro-batches of trajectories
+        questions = list(question_index)
+        mini_batches: list[list[MicroBatch]] = []
+        for q0 in range(0, len(questions), train.mini_batch_questions):
+            chosen = set(questions[q0:q0 + train.mini_batch_questions])
+            idx = [i for i, t in enumerate(trajectories) if t.question_id in chosen]
+            mini_batches.append([collate(trajectories, idx[m:m + train.micro_batch_size], self.pad_id, self.device)
+                                 for m in range(0, len(idx), train.micro_batch_size)])
+
+        # old-policy and reference log-probs with the current weights, before any update;
+        # the first mini-batch's old log-probs come free from its first (identical) forward
+        self.model.eval()
+        old_lp: list[torch.Tensor | None] = [None] * len(trajectories)
+        ref_lp: list[torch.Tensor | None] = [None] * len(trajectories)
+        lazy_first = not (self.use_lora and self.cfg.agent.lora.dropout > 0)  # no dropout: same forward
+        for mb_i, mini in enumerate(mini_batches):
+            for batch in mini:
+                if mb_i > 0 or not lazy_first:
+                    for i, v in zip(batch.indices, batch.split(self._logprobs_no_grad(batch, False), prompt_lens, resp_lens)):
+                        old_lp[i] = v
+                if train.kl_coef > 0:
+                    for i, v in zip(batch.indices, batch.split(self._logprobs_no_grad(batch, True), prompt_lens, resp_lens)):
+                        ref_lp[i] = v
+
+        self.model.train()
+        totals: dict[str, float] = {"pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+        grad_norms: list[float] = []
+        tokens_seen = 0.0
+        diff_sum, diff_tokens = 0.0, 0.0
+        for _epoch in range(train.ppo_epochs):
+            for mini in mini_batches:
+                mini_tokens = sum(b.loss_mask.sum().item() for b in mini)
+                mini_seqs = sum(len(b.indices) for b in mini)
+                self.optimizer.zero_grad(set_to_none=True)
+                for batch in mini:
+                    logprobs = token_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.start)
+                    if old_lp[batch.indices[0]] is None:  # lazy: first and only pass, weights untouched
+                        for i, v in zip(batch.indices, batch.split(logprobs, prompt_lens, resp_lens)):
+                            old_lp[i] = v
+                    old = batch.scatter(old_lp, prompt_lens).to(self.device)
+                    ref = batch.scatter(ref_lp, prompt_lens).to(self.device) if train.kl_coef > 0 else None
+                    adv = advantages[batch.indices].to(self.device)
+                    loss, stats = policy_loss(logprobs, old, ref, adv, batch.loss_mask, train.clip_low,
+                                              train.clip_high, train.kl_coef, train.loss_agg, max_len)
+                    if train.loss_agg == "token-mean":
+                        weight = stats["tokens"] / max(mini_tokens, 1.0)
+                    else:
+                        weight = len(batch.indices) / mini_seqs
+                    (loss * weight).backward()
+                    for key in totals:
+                        totals[key] += stats[key] * stats["tokens"]
+                    tokens_seen += stats["tokens"]
+                    if _epoch == 0:
+                        mask_cpu = batch.loss_mask.cpu()
+                        diff = (batch.sampling_logprobs.cpu() - old.cpu()).abs() * mask_cpu
+                        diff_sum += diff.sum().item()
+                        diff_tokens += mask_cpu.sum().item()
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, train.max_grad_norm)))
+                self.optimizer.step()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        self.model.eval()
+
+        elapsed = time.perf_counter() - t0
+        metrics = {key: value / max(tokens_seen, 1.0) for key, value in totals.items()}
+        total_tokens = float(sum(p + r for p, r in zip(prompt_lens, resp_lens))) * train.ppo_epochs
+        metrics.update(self._rollout_metrics(trajectories, rewards))
+        metrics.update({
+            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "lr": lr,
+            "logprob_diff": diff_sum / max(diff_tokens, 1.0),
+            "step_time_s": elapsed,
+            "tokens_per_s": total_tokens / elapsed if elapsed > 0 else math.inf,
+        })
+        return metrics
+
+    @staticmethod
+    def _rollout_metrics(trajectories: list[Trajectory], rewards: torch.Tensor) -> dict[str, float]:
+        n = len(trajectories)
+        calls = [c for t in trajectories for c in t.env_calls]
+        return {
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std().item() if n > 1 else 0.0,
+            "format_valid_rate": sum(1 for t in trajectories if t.reward and t.reward.format >= 1.0) / n,
+            "answer_score": sum(t.reward.answer for t in trajectories if t.reward) / n,
+            "turns": sum(len(t.agent_turns) for t in trajectories) / n,
+            "env_calls": len(calls) / n,
+            "env_prompt_tokens": sum(c.prompt_tokens for c in calls) / n,
+            "env_completion_tokens": sum(c.completion_tokens for c in calls) / n,
+            "response_length": sum(sum(t.loss_mask) for t in trajectories) / n,
+        }
+
+    # -- weights out ---------------------------------------------------------------------------
+    def plain_model(self) -> torch.nn.Module:
+        """The HF model without any adapter wrapper (the base model under LoRA)."""
+        return self.model.get_base_model() if self.use_lora else self.model
+
+    @torch.no_grad()
+    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
+        """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched)."""
+        if not self.use_lora:
+            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        deltas = {}
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer) and module.active_adapters:
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+                deltas[f"{name}.weight"] = delta
+        out: dict[str, torch.Tensor] = {}
+        for key, value in base.state_dict().items():
+            if ".lora_" in key or "lora_embedding" in key:
+                continue
+            clean = key.replace(".base_layer.", ".")
+            tensor = value.detach().clone()
+            if clean in deltas:
+                tensor = (tensor.float() + deltas[clean].float()).to(value.dtype)
+            out[clean] = tensor
+        return out
