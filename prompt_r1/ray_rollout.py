@@ -1,0 +1,198 @@
+"""Rollouts spread over Ray actors: each holds a policy copy and its own environment client.
+
+The driver (trainer or CLI) owns a `RolloutPool`. A batch of questions is split into contiguous
+chunks (whole GRPO groups stay in one actor), each `RolloutWorker` runs `rollout_batch` on its
+chunk and returns plain trajectory records; the driver alone writes them to DuckDB and MLflow, so
+actors never open the warehouse (and therefore keep no environment reply cache). After a GRPO
+step `broadcast` puts the new weights in the object store once and every actor loads them.
+
+Environment clients: `inprocess` and `openai` environments are built inside each actor. A
+`vllm` environment is a server the driver starts (`actor_environment`); actors reach it as
+`openai` at its base URL. One laptop = a local Ray instance; a cluster = `ray_address`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from prompt_r1.config import Config, EnvConfig, RolloutConfig, parse_config
+from prompt_r1.trajectory import Trajectory
+from warehouse.store import QuestionRow
+
+log = logging.getLogger(__name__)
+
+# Settings that actors need from the driver's environment (local or remote workers).
+_FORWARDED_ENV = ("PROMPT_R1_HOME", "PROMPT_R1_MODELS", "HF_HUB_OFFLINE", "HF_HOME", "TOKENIZERS_PARALLELISM",
+                  "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")
+
+
+def init_ray(rollout_cfg: RolloutConfig) -> None:
+    """Connect to `ray_address`, or start a quiet local instance; reuse one already initialised."""
+    if ray.is_initialized():
+        return
+    if rollout_cfg.ray_address:
+        ray.init(address=rollout_cfg.ray_address, logging_level=logging.WARNING)
+    else:
+        ray.init(num_cpus=rollout_cfg.ray_num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+
+
+@contextlib.contextmanager
+def actor_environment(env_cfg: EnvConfig, log_dir: Path | None = None) -> Iterator[EnvConfig]:
+    """The environment settings actors can use: a `vllm` server is started here, shared as `openai`."""
+    if env_cfg.kind != "vllm":
+        yield env_cfg.model_copy(update={"cache": False})
+        return
+    from prompt_r1.env.vllm_server import managed_vllm_server
+
+    with managed_vllm_server(env_cfg, log_dir) as base_url:
+        yield env_cfg.model_copy(update={"kind": "openai", "base_url": base_url, "cache": False})
+
+
+@contextlib.contextmanager
+def _temperature(policy: Any, temperature: float | None) -> Iterator[None]:
+    """Sample at another temperature for one call (greedy validation rollouts)."""
+    if temperature is None:
+        yield
+        return
+    previous = policy.temperature
+    policy.temperature = temperature
+    try:
+        yield
+    finally:
+        policy.temperature = previous
+
+
+class RolloutWorker:
+    """A Ray actor: one policy copy plus one environment client, living as long as the pool."""
+
+    def __init__(self, cfg_record: dict[str, Any], model_path: str, seed: int,
+                 env_factory: Callable[[EnvConfig], Any] | None = None):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        from prompt_r1.policy import make_policy
+
+        self.cfg = parse_config(cfg_record, "<rollout actor>")
+        if self.cfg.environment.kind == "vllm":
+            raise ValueError("a rollout actor cannot start a vLLM server; start it in the driver with "
+                             "ray_rollout.actor_environment() and pass kind=openai")
+        self.policy = make_policy(self.cfg.agent, model_path, seed=seed)
+        self._loop = asyncio.new_event_loop()
+        self._stack = contextlib.ExitStack()
+        self.env = self._open_environment(env_factory)
+
+    def _open_environment(self, env_factory: Callable[[EnvConfig], Any] | None):
+        env_cfg = self.cfg.environment.model_copy(update={"cache": False})
+        if env_factory is not None:
+            return env_factory(env_cfg)
+        from prompt_r1.env import open_environment
+
+        return self._stack.enter_context(open_environment(env_cfg, warehouse=None, log_dir=None))
+
+    def rollout(self, questions: list[dict[str, Any]], seed: int, greedy: bool = False,
+                group_size: int | None = None) -> list[dict[str, Any]]:
+        """Trajectory records (`Trajectory.to_record`) for these questions."""
+        from prompt_r1.rollout import rollout_batch
+
+        rows = [QuestionRow(**q) for q in questions]
+        with _temperature(self.policy, 0.0 if greedy else None):
+            trajectories = self._loop.run_until_complete(rollout_batch(
+                self.policy, self.env, rows, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
+                group_size=group_size, seed=seed))
+        return [t.to_record() for t in trajectories]
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> bool:
+        self.policy.load_weights(state_dict)
+        return True
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> None:
+        aclose = getattr(self.env, "aclose", None)
+        if aclose is not None:
+            self._loop.run_until_complete(aclose())
+        self._stack.close()
+        self.policy.close()
+
+
+class RolloutPool:
+    """`num_workers` rollout actors sharing one batch; the driver-side handle."""
+
+    def __init__(self, cfg: Config, model_path: str | Path, num_workers: int | None = None,
+                 cpus_per_worker: float = 1.0, env_factory: Callable[[EnvConfig], Any] | None = None):
+        """Start the actors. `env_factory(env_cfg) -> Environment` replaces `open_environment`
+        inside each actor (custom environments; it must be picklable by Ray)."""
+        if not ray.is_initialized():
+            init_ray(cfg.rollout)
+        if cfg.environment.kind == "vllm":
+            raise ValueError("environment.kind=vllm: start the server in the driver first, e.g. "
+                             "`with actor_environment(cfg.environment) as env_cfg:` and build the pool "
+                             "with cfg.model_copy(update={'environment': env_cfg})")
+        self.cfg = cfg
+        self.num_workers = num_workers or cfg.rollout.num_workers
+        gpus = 1 if cfg.agent.backend == "vllm" and ray.cluster_resources().get("GPU", 0) >= self.num_workers else 0
+        env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+        actor_class = ray.remote(RolloutWorker).options(
+            num_cpus=cpus_per_worker, num_gpus=gpus, runtime_env={"env_vars": env_vars})
+        record = cfg.model_dump(mode="json")
+        self.workers = [actor_class.remote(record, str(model_path), cfg.seed * 1009 + index, env_factory)
+                        for index in range(self.num_workers)]
+        ray.get([w.ping.remote() for w in self.workers])  # surface start-up errors here
+
+    def rollout(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
+                group_size: int | None = None) -> list[Trajectory]:
+        """Trajectories for `questions` in order (question, then group index), split over the actors."""
+        chunks = split_evenly(list(questions), len(self.workers))
+        futures = [
+            worker.rollout.remote([asdict(q) for q in chunk], self.cfg.seed * 1_000_003 + step * 1009 + index,
+                                  greedy, group_size)
+            for index, (worker, chunk) in enumerate(zip(self.workers, chunks)) if chunk
+        ]
+        return [Trajectory.from_record(r) for records in ray.get(futures) for r in records]
+
+    def broadcast(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load new weights in every actor (one copy in the object store)."""
+        ref = ray.put({name: tensor.detach().cpu() for name, tensor in state_dict.items()})
+        ray.get([w.load_weights.remote(ref) for w in self.workers])
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                ray.get(worker.shutdown.remote(), timeout=60)
+            ray.kill(worker)
+        self.workers = []
+
+    def __enter__(self) -> "RolloutPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
+    """Contiguous chunks whose sizes differ by at most one.
+
+    >>> split_evenly([1, 2, 3, 4, 5], 2)
+    [[1, 2, 3], [4, 5]]
+    >>> split_evenly([1], 3)
+    [[1], [], []]
+    """
+    size, extra = divmod(len(items), parts)
+    chunks, start = [], 0
+    for index in range(parts):
+        end = start + size + (1 if index < extra else 0)
+        chunks.append(items[start:end])
+        start = end
+    return chunks
