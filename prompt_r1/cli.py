@@ -124,6 +124,21 @@ def check_config(config: Path = ConfigOpt) -> None:
 # -- commands added by later modules go below ----------------------------------------------
 
 
+@app.command("export")
+def export(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint folder (runs/.../checkpoints/step-N)."),
+    out_dir: Path = typer.Argument(..., help="Folder for the plain HF model (replaced if present)."),
+) -> None:
+    """Export a checkpoint as a plain HF model folder (LoRA merged, tokenizer included)."""
+    from prompt_r1.checkpoint import export_checkpoint
+
+    try:
+        folder = export_checkpoint(checkpoint, out_dir)
+    except (FileNotFoundError, ValueError, OSError) as err:
+        _fail(f"cannot export {checkpoint}: {err}")
+    console.print(f"exported {checkpoint} -> {folder}")
+
+
 @app.command()
 def train(
     config: Path = ConfigOpt,
