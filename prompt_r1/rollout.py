@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prompt_r1.config import AgentConfig, RewardConfig, RolloutConfig
+from prompt_r1.env.base import error_text, short_reason
 from prompt_r1.policy.base import Policy, Sample
 from prompt_r1.protocol import build_agent_prompt, env_messages, extract_answer, parse_turn, wrap_env_reply
 from prompt_r1.reward import compute_reward
@@ -68,9 +69,10 @@ async def _call_env(env: "Environment", messages: list[dict[str, str]], turn: in
         text, call = reply.text, reply.call
     except Exception as err:  # the env contract says it never raises; keep the batch alive anyway
         log.warning("environment %s raised on turn %d: %r", getattr(env, "name", "?"), turn, err)
-        text = f"[environment error: {type(err).__name__}: {err}]"
+        reason = short_reason(f"{type(err).__name__}: {err}")
+        text = error_text(reason)
         call = EnvCall(turn=turn, env_name=getattr(env, "name", ""), model=getattr(env, "model", ""),
-                       latency_s=time.perf_counter() - started, error=f"{type(err).__name__}: {err}")
+                       latency_s=time.perf_counter() - started, error=reason)
     call.turn = turn
     call.env_name = call.env_name or getattr(env, "name", "")
     call.model = call.model or getattr(env, "model", "")

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 from prompt_r1.config import AgentConfig, EnvConfig, RewardConfig, RolloutConfig
+from prompt_r1.env.base import EnvReply as Reply
+from prompt_r1.env.inprocess import InProcessEnvironment
 from prompt_r1.policy.base import Policy, Sample, per_row_limits
 from prompt_r1.policy.hf import TransformersPolicy
 from prompt_r1.protocol import wrap_env_reply
@@ -28,12 +29,6 @@ ANSWER = "<think>done</think><answer>Paris</answer>"
 
 def question(i: int, text: str = "What is the capital of France?", golds=("Paris",)) -> QuestionRow:
     return QuestionRow(f"q{i}", "sample", "train", text, list(golds), "standard_qa", "f1")
-
-
-@dataclass
-class Reply:  # the shape of prompt_r1.env.base.EnvReply
-    text: str
-    call: EnvCall
 
 
 class ScriptedEnv:
@@ -223,32 +218,7 @@ def test_slow_env_call_does_not_hold_up_the_others(tokenizer):
 
 # -- real models --------------------------------------------------------------------------------
 
-class LocalModelEnv:
-    """A real transformers environment (greedy) used until prompt_r1.env lands."""
-
-    name, model = "local-tiny", "tiny"
-
-    def __init__(self, path, max_tokens=12):
-        self.policy = TransformersPolicy(path, temperature=0.0)
-        self.max_tokens = max_tokens
-
-    async def reply(self, messages, turn=0):
-        tok = self.policy.tokenizer
-        ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
-                         add_special_tokens=False)
-        sample = (await asyncio.to_thread(self.policy.generate, [ids], self.max_tokens))[0]
-        return Reply(sample.text, EnvCall(turn=turn, env_name=self.name, model=self.model,
-                                          prompt_tokens=len(ids), completion_tokens=len(sample.token_ids)))
-
-    async def aclose(self):
-        pass
-
-
 def make_env(path):
-    try:
-        from prompt_r1.env.inprocess import InProcessEnvironment
-    except ImportError:
-        return LocalModelEnv(path)
     return InProcessEnvironment(EnvConfig(name="tiny-env", kind="inprocess", model=str(path), max_tokens=12, cache=False))
 
 
