@@ -51,7 +51,7 @@ class EchoModelEnv:
 def env_factory():
     """The real `open_environment` once prompt_r1.env exists; else the test-local model env."""
     try:
-        import prompt_r1.env  # noqa: F401
+        from prompt_r1.env import open_environment  # noqa: F401
     except ImportError:
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
         return EchoModelEnv
@@ -107,7 +107,8 @@ def test_pool_of_two_actors_and_weight_broadcast(local_ray, tiny_model_path, hom
 
 
 def test_cli_rollout_writes_jsonl_and_warehouse(local_ray, home, tmp_path):
-    pytest.importorskip("prompt_r1.env")
+    if not hasattr(pytest.importorskip("prompt_r1.env"), "open_environment"):
+        pytest.skip("prompt_r1.env.open_environment has not landed yet")
     from typer.testing import CliRunner
 
     from prompt_r1.cli import app
