@@ -1,0 +1,143 @@
+"""The environment LLM contract shared by every backend (OpenAI-compatible URL, managed vLLM, in-process).
+
+The rollout loop and the evaluation only ever talk to an `Environment`: they hand it the
+conversation so far and get back an `EnvReply`, the reply text plus an `EnvCall` record (token
+usage, latency, attempts, cache hit, error). A call that fails after its retries does not
+raise: it returns an error text the agent sees (`[environment error: ...]`) and the reason in
+`call.error`, so one bad call never kills a rollout batch and every failure is recorded.
+
+Also here: the reply-cache key (sha256 of canonical JSON of model, messages and sampling
+settings) and the cost of a call from the config's prices.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prompt_r1.config import EnvConfig
+from prompt_r1.trajectory import EnvCall
+
+ERROR_PREFIX = "[environment error: "
+MAX_ERROR_CHARS = 300
+
+
+@dataclass
+class EnvReply:
+    """What one environment call produced."""
+
+    text: str  # the reply text the agent sees (an error text when the call failed)
+    call: EnvCall  # usage, latency, attempts, cached, error (None on success)
+
+    @property
+    def ok(self) -> bool:
+        return self.call.error is None
+
+
+def error_text(reason: str) -> str:
+    """The text the agent sees for a failed call.
+
+    >>> error_text("timeout after 2s")
+    '[environment error: timeout after 2s]'
+    """
+    return f"{ERROR_PREFIX}{reason}]"
+
+
+def short_reason(reason: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """One line, at most `limit` characters (server error bodies can be long HTML pages).
+
+    >>> short_reason("line one\\n  line two")
+    'line one line two'
+    >>> len(short_reason("x" * 1000, limit=20))
+    20
+    """
+    text = " ".join(str(reason).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def sampling_settings(cfg: EnvConfig) -> dict[str, Any]:
+    """The settings that change a reply, hence part of the cache key."""
+    return {"max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "seed": cfg.seed}
+
+
+def cache_key(model: str, messages: list[dict[str, str]], sampling: dict[str, Any]) -> str:
+    """sha256 of canonical JSON (sorted keys, no spaces) of model, messages and sampling.
+
+    Key order inside dicts does not matter; message order does.
+
+    >>> a = cache_key("m", [{"role": "user", "content": "hi"}], {"temperature": 0, "top_p": 1})
+    >>> b = cache_key("m", [{"content": "hi", "role": "user"}], {"top_p": 1, "temperature": 0})
+    >>> a == b, len(a)
+    (True, 64)
+    >>> a == cache_key("other", [{"role": "user", "content": "hi"}], {"temperature": 0, "top_p": 1})
+    False
+    """
+    payload = {"model": model, "messages": messages, "sampling": sampling}
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def cost_usd(cfg: EnvConfig, prompt_tokens: int, completion_tokens: int) -> float:
+    """Price of the given usage under the config's per-1k-token prices.
+
+    >>> cfg = EnvConfig(price_per_1k_prompt=0.15, price_per_1k_completion=0.6)
+    >>> round(cost_usd(cfg, 2000, 500), 6)
+    0.6
+    """
+    return (prompt_tokens * cfg.price_per_1k_prompt + completion_tokens * cfg.price_per_1k_completion) / 1000.0
+
+
+class Environment(abc.ABC):
+    """An environment LLM: `reply()` never raises for call failures (see module docstring)."""
+
+    name: str
+    model: str
+
+    def __init__(self, cfg: EnvConfig):
+        self.cfg = cfg
+        self.name = cfg.name
+        self.model = cfg.model
+
+    @abc.abstractmethod
+    async def reply(self, messages: list[dict[str, str]], turn: int = 0) -> EnvReply:
+        """The environment's reply to `messages` (OpenAI chat format: role + content)."""
+
+    async def aclose(self) -> None:
+        """Release clients and threads; the environment must not be used afterwards."""
+
+    def new_call(self, turn: int, **fields: Any) -> EnvCall:
+        """An `EnvCall` stamped with this environment's name and model."""
+        return EnvCall(turn=turn, env_name=self.name, model=self.model, **fields)
+
+    def failed(self, turn: int, reason: str, started: float, attempts: int) -> EnvReply:
+        """The reply of a call that failed: error text for the agent, reason in `call.error`."""
+        reason = short_reason(reason)
+        call = self.new_call(turn, latency_s=time.perf_counter() - started, attempts=attempts, error=reason)
+        return EnvReply(text=error_text(reason), call=call)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, model={self.model!r})"
+
+
+def check_messages(messages: list[dict[str, str]]) -> str | None:
+    """Why `messages` cannot be sent (None when fine): a list of role/content string dicts.
+
+    >>> check_messages([{"role": "user", "content": "hi"}]) is None
+    True
+    >>> check_messages([])
+    'no messages to send'
+    >>> check_messages([{"role": "user"}])
+    'message 0 needs string `role` and `content`'
+    """
+    if not messages:
+        return "no messages to send"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            return f"message {i} needs string `role` and `content`"
+    return None

@@ -1,0 +1,188 @@
+"""OpenAIEnvironment against a fault-injecting stand-in server: retries, limits, cache, secrets.
+
+The real openai client talks HTTP to `tests/fault_server.py`, which scripts timeouts, 429s with
+Retry-After, 5xx, 4xx and garbage bodies per request. Real replies from real models are tested in
+test_env_inprocess.py and test_env_vllm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from fault_server import FaultServer
+from prompt_r1.config import EnvConfig
+from prompt_r1.env import open_environment
+from prompt_r1.env.base import cache_key, sampling_settings
+from prompt_r1.env.openai_env import OpenAIEnvironment
+from prompt_r1.env.vllm_server import free_port
+
+SECRET = "sk-test-S3CRET-do-not-leak-0123456789"
+
+
+def make_cfg(base_url: str, **overrides) -> EnvConfig:
+    settings = dict(name="fault", kind="openai", model="fault-model", base_url=base_url, timeout_s=0.5,
+                    max_retries=3, backoff_s=0.01, concurrency=8, cache=False, max_tokens=16)
+    settings.update(overrides)
+    return EnvConfig(**settings)
+
+
+def ask(env, content: str, turn: int = 0):
+    return env.reply([{"role": "user", "content": content}], turn=turn)
+
+
+async def ask_all(env, contents: list[str]):
+    try:
+        return await asyncio.gather(*(ask(env, c, turn=i) for i, c in enumerate(contents)))
+    finally:
+        await env.aclose()
+
+
+@pytest.fixture
+def server():
+    with FaultServer(hang_s=2.0) as srv:
+        yield srv
+
+
+def test_concurrent_batch_with_faults_completes_and_records_every_failure(server):
+    env = OpenAIEnvironment(make_cfg(server.base_url))
+    scripts = {
+        "a script:ok": (True, 1),
+        "b script:timeout,ok": (True, 2),
+        "c script:500,500,ok": (True, 3),
+        "d script:garbage,ok": (True, 2),
+        "e script:nochoices,ok": (True, 2),
+        "f script:503,ok": (True, 2),
+        "g script:500": (False, 4),          # never succeeds: 1 + max_retries attempts
+        "h script:timeout": (False, 4),
+        "i script:garbage": (False, 4),
+    }
+    replies = asyncio.run(ask_all(env, list(scripts)))
+    for (content, (ok, attempts)), reply in zip(scripts.items(), replies):
+        assert reply.call.attempts == attempts == server.attempts(content), content
+        assert server.attempts(content) <= env.cfg.max_retries + 1
+        assert reply.call.env_name == "fault" and reply.call.model == "fault-model"
+        assert reply.call.latency_s > 0 and not reply.call.cached
+        if ok:
+            assert reply.call.error is None and reply.text == f"echo: {content}", content
+            assert reply.call.prompt_tokens == len(content.split())  # the server's usage numbers
+            assert reply.call.completion_tokens == len(reply.text.split())
+        else:
+            assert reply.call.error and reply.text == f"[environment error: {reply.call.error}]", content
+            assert "gave up after 4 attempts" in reply.call.error
+            assert reply.call.prompt_tokens == reply.call.completion_tokens == 0
+    assert "HTTP 500" in replies[6].call.error and server.base_url in replies[6].call.error
+    assert "timeout after 0.5s" in replies[7].call.error
+    assert "malformed response" in replies[8].call.error
+    assert [r.call.turn for r in replies] == list(range(len(scripts)))
+
+
+@pytest.mark.parametrize("status", ["400", "401"])
+def test_no_retry_on_client_errors(server, status):
+    env = OpenAIEnvironment(make_cfg(server.base_url))
+    content = f"x script:{status},ok"
+    (reply,) = asyncio.run(ask_all(env, [content]))
+    assert server.attempts(content) == 1 and reply.call.attempts == 1
+    assert reply.call.error.startswith(f"HTTP {status} from {server.base_url} for model fault-model")
+    assert "gave up" not in reply.call.error
+
+
+@pytest.mark.parametrize("status", ["429", "503"])
+def test_retry_after_header_is_respected(server, status):
+    env = OpenAIEnvironment(make_cfg(server.base_url, backoff_s=0.01))
+    content = f"y script:{status},ok"
+    started = time.monotonic()
+    (reply,) = asyncio.run(ask_all(env, [content]))
+    assert reply.call.error is None and reply.call.attempts == 2
+    times = [r["time"] for r in server.requests if r["content"] == content]
+    assert times[1] - times[0] >= 1.0  # Retry-After: 1, although the backoff would be 10 ms
+    assert time.monotonic() - started >= 1.0
+
+
+def test_connection_refused_is_retried_then_recorded():
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    env = OpenAIEnvironment(make_cfg(url, max_retries=2))
+    (reply,) = asyncio.run(ask_all(env, ["hello"]))
+    assert reply.call.attempts == 3
+    assert "cannot connect to " + url in reply.call.error
+    assert reply.text.startswith("[environment error: cannot connect")
+
+
+def test_semaphore_bounds_requests_in_flight(server):
+    env = OpenAIEnvironment(make_cfg(server.base_url, concurrency=3, timeout_s=5.0))
+    replies = asyncio.run(ask_all(env, [f"call {i} script:slow" for i in range(12)]))
+    assert all(r.call.error is None for r in replies)
+    assert server.max_in_flight == 3
+
+
+def test_api_key_from_env_var_never_leaks(server, monkeypatch, caplog):
+    monkeypatch.setenv("PROMPT_R1_TEST_KEY", SECRET)
+    caplog.set_level(logging.DEBUG)
+    for name in ("openai", "httpx", "httpcore", "prompt_r1"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    env = OpenAIEnvironment(make_cfg(server.base_url, api_key_env="PROMPT_R1_TEST_KEY"))
+    replies = asyncio.run(ask_all(env, ["k script:401echo", "l script:500,ok", "m script:500", "n script:ok"]))
+    assert all(r["authorization"] == f"Bearer {SECRET}" for r in server.requests)  # the key was used
+    assert replies[0].call.error and "***" in replies[0].call.error  # the echoed key was scrubbed
+    assert "check the key in $PROMPT_R1_TEST_KEY" in replies[0].call.error
+    assert replies[1].call.error is None and replies[2].call.error
+    assert caplog.records, "expected retry/failure log records"
+    assert SECRET not in caplog.text
+    for reply in replies:
+        assert SECRET not in reply.text and SECRET not in str(reply.call)
+    assert SECRET not in repr(env) and SECRET not in str(vars(env).get("cfg"))
+
+
+def test_missing_key_variable_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("PROMPT_R1_UNSET_KEY", raising=False)
+    with pytest.raises(ValueError, match="PROMPT_R1_UNSET_KEY is not set"):
+        OpenAIEnvironment(make_cfg("http://127.0.0.1:9/v1", api_key_env="PROMPT_R1_UNSET_KEY"))
+
+
+def test_cache_hit_skips_the_server(server, warehouse):
+    cfg = make_cfg(server.base_url, cache=True)
+    content = "cache me script:ok"
+
+    async def twice():
+        with open_environment(cfg, warehouse=warehouse) as env:
+            try:
+                first = await ask(env, content)
+                second = await ask(env, content)
+                failed = await ask(env, "z script:400")
+                failed_again = await ask(env, "z script:400")
+            finally:
+                await env.aclose()
+        return first, second, failed, failed_again
+
+    first, second, failed, failed_again = asyncio.run(twice())
+    assert not first.call.cached and first.call.attempts == 1
+    assert second.call.cached and second.call.attempts == 0 and second.text == first.text
+    assert (second.call.prompt_tokens, second.call.completion_tokens) == (
+        first.call.prompt_tokens, first.call.completion_tokens)
+    assert server.attempts(content) == 1
+    assert failed.call.error and failed_again.call.error and not failed_again.call.cached
+    assert server.attempts("z script:400") == 2  # failures are not cached
+    key = cache_key("fault-model", [{"role": "user", "content": content}], sampling_settings(cfg))
+    assert warehouse.cache_get(key)[0] == first.text
+    # other sampling settings are another key
+    hotter = OpenAIEnvironment(cfg.model_copy(update={"temperature": 0.7}), warehouse)
+    (third,) = asyncio.run(ask_all(hotter, [content]))
+    assert not third.call.cached and server.attempts(content) == 2
+
+
+def test_environment_survives_a_new_event_loop(server):
+    env = OpenAIEnvironment(make_cfg(server.base_url))
+    first = asyncio.run(ask(env, "loop one"))
+    second = asyncio.run(ask(env, "loop two"))  # the client of the first loop is not reused
+    asyncio.run(env.aclose())
+    assert first.call.error is None and second.call.error is None
+
+
+def test_bad_messages_fail_without_a_request(server):
+    env = OpenAIEnvironment(make_cfg(server.base_url))
+    reply = asyncio.run(env.reply([]))
+    assert reply.call.error == "no messages to send (environment fault)" and reply.call.attempts == 0
+    assert not server.requests
