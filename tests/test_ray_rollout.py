@@ -116,7 +116,8 @@ def test_cli_rollout_writes_jsonl_and_warehouse(local_ray, home, tmp_path):
 
     out, db = tmp_path / "trajectories.jsonl", tmp_path / "wh.duckdb"
     result = CliRunner().invoke(app, ["rollout", "--config", "configs/smoke.yaml", "--out", str(out), "--db", str(db),
-                                      "--workers", "2", "--run-id", "cli-test"])
+                                      "--workers", "2", "--run-id", "cli-test",
+                                      "--set", "agent.model=tiny"])  # skip the warm-started model build
     assert result.exit_code == 0, result.output
     assert "mean reward" in result.output and "stop reasons" in result.output
     records = [json.loads(line) for line in out.read_text().splitlines()]
