@@ -124,6 +124,51 @@ def check_config(config: Path = ConfigOpt) -> None:
 # -- commands added by later modules go below ----------------------------------------------
 
 
+@app.command("serve-env")
+def serve_env(
+    config: Path = ConfigOpt,
+    env: Optional[str] = typer.Option(None, "--env", help="Name of an `eval.environments` entry (default: `environment`)."),
+) -> None:
+    """Start the managed vLLM server of an environment, print its URL, and serve until Ctrl-C."""
+    import signal
+    import time
+
+    from prompt_r1.config import runs_home
+    from prompt_r1.env.vllm_server import VLLMServerError, managed_vllm_server
+
+    cfg = _load(config)
+    candidates = [cfg.environment, *cfg.eval.environments]
+    if env is None:
+        env_cfg = cfg.environment
+    else:
+        named = [e for e in candidates if e.name == env]
+        if not named:
+            _fail(f"{config}: no environment named {env!r}; known: {sorted({e.name for e in candidates})}")
+        env_cfg = named[0]
+    if env_cfg.kind != "vllm":
+        _fail(f"{config}: environment {env_cfg.name!r} has kind={env_cfg.kind}; serve-env starts managed "
+              "vLLM servers only (kind: vllm)")
+    # SIGTERM (e.g. from a process manager) must stop the server too, like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    log_dir = runs_home() / "logs"
+    console.print(f"starting vLLM for {env_cfg.model} (log under {log_dir}); this takes a minute on CPU ...")
+    try:
+        with managed_vllm_server(env_cfg, log_dir) as base_url:
+            body = json.dumps({"model": env_cfg.model, "max_tokens": 32,
+                               "messages": [{"role": "user", "content": "Say hello."}]})
+            console.print(f"environment {env_cfg.name!r} serving {env_cfg.model} at {base_url}", highlight=False)
+            console.print(f"try: curl {base_url}/chat/completions -H 'Content-Type: application/json' "
+                          f"-d '{body}'", highlight=False, soft_wrap=True)
+            console.print("Ctrl-C stops the server.")
+            while True:
+                time.sleep(3600)
+    except VLLMServerError as err:
+        _fail(str(err))
+    except KeyboardInterrupt:
+        pass
+    console.print("server stopped")
+
+
 @app.command("export")
 def export(
     checkpoint: Path = typer.Argument(..., help="Checkpoint folder (runs/.../checkpoints/step-N)."),
