@@ -95,7 +95,7 @@ def rerun_mlflow_run(run_id: str) -> dict:
                                                 dst_path=str(tmp))
     setup_mlflow(run.data.tags.get("config_name", "default"))
     if flow_name == "evaluate":
-        agents = {k[len("agent."):]: v for k, v in run.data.params.items() if k.startswith("agent.")}
+        agents = {k[len("eval_agent."):]: v for k, v in run.data.params.items() if k.startswith("eval_agent.")}
         result = evaluate_flow(local, agents=agents, use_champion=run.data.tags.get("use_champion") == "True")
     elif flow_name == "train":
         result = train_flow(local, resume=False)

@@ -7,46 +7,20 @@ environment (`use_champion=True`).
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import mlflow
 from prefect import flow
 
-from prompt_r1.config import Config, default_db_path, load_config, run_dir
+from prompt_r1.config import default_db_path, load_config, run_dir
 from prompt_r1.eval_report import markdown_table, write_report
-from prompt_r1.evaluate import EvalOutcome
-from prompt_r1.models import resolve_model
+from prompt_r1.evaluate import EvalOutcome, resolve_agents
 from tasks.evaluate import evaluate_environment
 from tasks.ingest import ingest_sources
 from tasks.tracking import champion_path, log_eval_environment, log_run_identity, setup_mlflow
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
-
-
-def resolve_agents(cfg: Config, given: dict[str, str] | None, use_champion: bool) -> dict[str, str]:
-    """Label -> model folder for `eval.agent_checkpoints` (base, trained, champion, or folders)."""
-    given = dict(given or {})
-    labels = ["champion"] if use_champion else cfg.eval.agent_checkpoints
-    agents: dict[str, str] = {}
-    for label in labels:
-        if label in given:
-            agents[label] = given[label]
-        elif label == "base":
-            agents[label] = str(resolve_model(cfg.agent.model))
-        elif label == "champion":
-            path = champion_path()
-            if path is None:
-                raise ValueError("no champion agent registered yet: run the `train` or `pipeline` flow first")
-            agents[label] = str(path)
-        elif label == "trained":
-            log.warning("no trained checkpoint given; skipping agent `trained`")
-        elif Path(label).is_dir():
-            agents[Path(label).name] = label
-        else:
-            raise ValueError(f"eval.agent_checkpoints: `{label}` is not base, trained, champion or a folder")
-    return agents
 
 
 @flow(name="evaluate", log_prints=True)
@@ -58,7 +32,9 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
     setup_mlflow(cfg.name)
     db = str(default_db_path())
     ingest_sources(list(cfg.data.sources), db)
-    resolved = resolve_agents(cfg, agents, use_champion)
+    resolved = resolve_agents(cfg, agents, champion_path() if use_champion or "champion" in
+                              cfg.eval.agent_checkpoints else None,
+                              labels=["champion"] if use_champion else None)
     suite = ",".join(cfg.eval.suites)
     with mlflow.start_run(run_name=f"evaluate-{cfg.name}", nested=parent_run_id is not None,
                           parent_run_id=parent_run_id,
@@ -68,7 +44,7 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
         total = EvalOutcome()
         with Warehouse(db) as wh:
             log_run_identity(cfg, "evaluate", wh.source_hashes(), config)
-            mlflow.log_params({f"agent.{k}": v for k, v in resolved.items()})
+            mlflow.log_params({f"eval_agent.{k}": v for k, v in resolved.items()})
             mlflow.set_tag("use_champion", str(use_champion))
             for env_cfg in cfg.eval_environments():
                 outcome = evaluate_environment(cfg, wh, run_id, resolved, env_cfg, out / "logs")

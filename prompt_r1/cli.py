@@ -215,7 +215,7 @@ def train(
 def evaluate(
     config: Path = ConfigOpt,
     db: Optional[Path] = DbOpt,
-    agent: list[str] = typer.Option([], "--agent", help="LABEL=MODEL_DIR (repeatable); default: base."),
+    agent: list[str] = typer.Option([], "--agent", help="LABEL=MODEL_DIR (repeatable), e.g. trained=runs/.../step-000002; `base` is the config's agent model."),
     out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default: the run folder)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Id for the warehouse rows."),
     sequential: bool = typer.Option(False, help="One environment call at a time (for timing)."),
@@ -224,19 +224,20 @@ def evaluate(
     """Evaluate methods x suites x environments; writes warehouse rows, tables and plots."""
     from prompt_r1.config import new_run_id, run_dir
     from prompt_r1.eval_report import markdown_table, write_report
-    from prompt_r1.evaluate import EvalError, evaluate as run_evaluation
+    from prompt_r1.evaluate import EvalError, evaluate as run_evaluation, resolve_agents
     from prompt_r1.ingest import ingest as ingest_paths
-    from prompt_r1.models import resolve_model
 
     cfg = _load(config, set_)
-    agents: dict[str, object] = {}
+    agents: dict[str, str] = {}
     for item in agent:
         label, sep, path = item.partition("=")
         if not sep or not Path(path).is_dir():
             _fail(f"--agent expects LABEL=MODEL_DIR with an existing folder, got {item!r}")
-        agents[label] = Path(path)
-    if not agents:
-        agents["base"] = resolve_model(cfg.agent.model)
+        agents[label] = path
+    try:
+        agents = resolve_agents(cfg, agents, labels=[a for a in cfg.eval.agent_checkpoints if a != "champion"])
+    except EvalError as err:
+        _fail(str(err))
     run_id = run_id or new_run_id()
     folder = out or run_dir(cfg.name, run_id) / "eval"
     with _open_db(db) as wh:

@@ -92,23 +92,17 @@ class TrainingSession:
         self._stack.close()
 
     def _start_environment(self) -> EnvConfig:
-        """Managed vLLM servers are started here (driver) and reached by actors as `openai`."""
-        env = self.cfg.environment
-        if env.kind != "vllm":
-            return env
-        from prompt_r1.env.vllm_server import managed_vllm_server
+        """Managed vLLM servers start here (driver) and actors reach them as `openai`."""
+        from prompt_r1.ray_rollout import actor_environment
 
-        url = self._stack.enter_context(managed_vllm_server(env, self.run_dir / "logs"))
-        return env.model_copy(update={"kind": "openai", "base_url": url, "cache": False})
+        return self._stack.enter_context(actor_environment(self.cfg.environment, self.run_dir / "logs"))
 
     def _start_pool(self):
         from prompt_r1.ray_rollout import RolloutPool, init_ray
 
         init_ray(self.cfg.rollout)
         cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
-        pool = RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers)
-        self._stack.callback(getattr(pool, "shutdown", lambda: None))
-        return pool
+        return self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers))
 
     # -- stages (each one Prefect task in the flow) --------------------------------------
     def next_batch(self) -> list[QuestionRow]:

@@ -92,6 +92,7 @@ def test_pipeline_flow_end_to_end_and_rerun(prefect_api, home):
 
 def test_train_flow_killed_mid_run_resumes_without_duplicates(home, tmp_path):
     """SIGKILL the training flow after its second checkpoint, run it again, count the steps."""
+    from prompt_r1.checkpoint import step_dir_name
     from warehouse.store import Warehouse
 
     steps = 4
@@ -102,7 +103,7 @@ def test_train_flow_killed_mid_run_resumes_without_duplicates(home, tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 900
     while time.time() < deadline and proc.poll() is None:
-        if list(home.glob("smoke/*/checkpoints/step-00002")):
+        if list(home.glob(f"smoke/*/checkpoints/{step_dir_name(2)}")):
             break
         time.sleep(0.5)
     assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
