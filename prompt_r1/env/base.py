@@ -61,8 +61,11 @@ def short_reason(reason: str, limit: int = MAX_ERROR_CHARS) -> str:
 
 def sampling_settings(cfg: EnvConfig) -> dict[str, Any]:
     """The settings that change a reply, hence part of the cache key."""
-    return {"max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
-            "seed": cfg.seed}
+    settings = {"max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                "seed": cfg.seed}
+    if cfg.stop:
+        settings["stop"] = list(cfg.stop)
+    return settings
 
 
 def cache_key(model: str, messages: list[dict[str, str]], sampling: dict[str, Any]) -> str:

@@ -131,6 +131,8 @@ class InProcessEnvironment(Environment):
             return self.failed(turn, f"generate failed for model {self.model_path}: "
                                      f"{type(err).__name__}: {err}", started, attempts=1)
         text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        for stop in self.cfg.stop:  # same visible result as a server-side stop (token counts stay real)
+            text = text.split(stop, 1)[0]
         return EnvReply(text, self.new_call(turn, prompt_tokens=len(prompt_ids), completion_tokens=len(new_ids),
                                             latency_s=time.perf_counter() - started, attempts=1))
 

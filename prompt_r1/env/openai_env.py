@@ -181,6 +181,8 @@ class OpenAIEnvironment(Environment):
         """One request; raises `_Failure` saying whether it may be retried."""
         cfg = self.cfg
         extra: dict[str, Any] = {} if cfg.seed is None else {"seed": cfg.seed}
+        if cfg.stop:
+            extra["stop"] = list(cfg.stop)
         try:
             response = await asyncio.wait_for(
                 client.chat.completions.create(
