@@ -1,0 +1,78 @@
+"""Evaluation on a slice of all 12 benchmark files against an in-process environment."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prompt_r1.config import load_config
+from prompt_r1.evaluate import EvalError, evaluate, extract_cot_answer, resolve_agents, suite_datasets
+from prompt_r1.ingest import IN_DOMAIN, OOD, PROMPT_R1_FILES, ingest
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = {"direct", "cot", "agent:base", "agent_only:base"}
+
+
+@pytest.fixture
+def smoke_all_suites():
+    return load_config(ROOT / "configs" / "smoke.yaml",
+                       {"eval.suites": ["in_domain", "ood"], "eval.limit_per_dataset": 1})
+
+
+def test_all_methods_on_all_12_datasets(warehouse, shared_data, smoke_all_suites):
+    ingest(warehouse, [shared_data])
+    agents = resolve_agents(smoke_all_suites)
+    assert set(agents) == {"base"}  # `trained` is skipped when no checkpoint is given
+    first = evaluate(smoke_all_suites, warehouse, "run-a", agents)
+    assert len(first.predictions) == 12 * len(METHODS)
+    assert len(first.results) == 12 * len(METHODS)
+    assert {r["method"] for r in first.results} == METHODS
+    assert {r["dataset"] for r in first.results} == set(IN_DOMAIN) | set(OOD)
+    for row in first.results:  # each dataset scored with its primary metric
+        assert row["primary_metric"] == PROMPT_R1_FILES[row["dataset"]][1]
+        assert row["score"] == row[row["primary_metric"]]
+    counts = warehouse.query("SELECT COUNT(*) FROM eval_predictions WHERE run_id = 'run-a'")[0][0]
+    assert counts == 12 * len(METHODS)
+    agent_rows = [p for p in first.predictions if p["method"] == "agent:base"]
+    assert all(p["num_turns"] >= 1 for p in agent_rows)
+    assert any(p["env_prompt_tokens"] > 0 for p in agent_rows), "the agent should have called the environment"
+
+    second = evaluate(smoke_all_suites, warehouse, "run-b", agents)
+    key = lambda r: (r["env_name"], r["method"], r["dataset"])  # noqa: E731
+    assert sorted(map(str, sorted(first.results, key=key))) == sorted(map(str, sorted(second.results, key=key)))
+
+
+def test_unknown_suite_and_missing_data(warehouse, smoke_all_suites):
+    ingest(warehouse, [ROOT / "data" / "sample"])
+    with pytest.raises(EvalError, match="ingest"):
+        suite_datasets(warehouse, ["in_domain"])
+    with pytest.raises(EvalError, match="unknown suite"):
+        suite_datasets(warehouse, ["nope"])
+    assert len(suite_datasets(warehouse, ["sample"])) == 4
+
+
+def test_cot_extraction_rule():
+    assert extract_cot_answer("Let me think.\nSo 3+4=7.\nAnswer: 7") == "7"
+    assert extract_cot_answer("first answer: 3\nfinal Answer: 4") == "4"
+    assert extract_cot_answer("") == ""
+
+
+def test_cli_evaluate_writes_report(home, shared_data):
+    exe = [sys.executable, "-m", "flows.cli"]
+    subprocess.run(exe + ["ingest", str(shared_data), "data/sample"], cwd=ROOT, check=True, capture_output=True)
+    out = home / "report"
+    proc = subprocess.run(
+        exe + ["evaluate", "-c", "configs/smoke.yaml", "--out", str(out), "--run-id", "cli-run",
+               "--set", "eval.suites=" + json.dumps(["sample", "ood"]), "--set", "eval.limit_per_dataset=1",
+               "--set", "eval.methods=" + json.dumps(["direct", "cot"])],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    table = (out / "results.md").read_text()
+    assert "sample_math" in table and "Xsum_ood (OOD)" in table and "avg ood" in table
+    assert (out / "results.csv").read_text().count("\n") == 1 + 8 * 2
+    assert (out / "bars_tiny-env.png").exists() and (out / "averages_by_environment.png").exists()
+    assert "cost (USD)" in (out / "costs.md").read_text()
