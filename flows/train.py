@@ -15,7 +15,6 @@ import mlflow
 from mlflow import MlflowClient
 from prefect import flow
 
-from prompt_r1.checkpoint import latest_checkpoint
 from prompt_r1.config import default_db_path, load_config, run_dir
 from prompt_r1.train_loop import TrainingSession
 from tasks import train as t
@@ -78,7 +77,7 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
                                     f"trajectories/step-{session.step - 1:05d}.jsonl")
             if not val:  # resumed after the last step's checkpoint: validate the final weights
                 val = t.validate(session)
-        final = latest_checkpoint(session.ckpt_dir)
+            final = session.export_agent()
         version, champion = (register_agent(run_id, final, val.get("val_reward"))
                              if final else (None, False))
         mlflow.set_tags({"registered_version": str(version), "champion": str(champion)})

@@ -208,7 +208,7 @@ def train(
         ingest_paths(wh, cfg.data.sources)
         with TrainingSession(cfg, wh, run_id, run_dir(cfg.name, run_id), resume=resume) as session:
             final = session.run()
-    console.print(f"run {run_id}: {cfg.train.steps} steps; final checkpoint {final}")
+    console.print(f"run {run_id}: {cfg.train.steps} steps; trained agent (plain HF folder): {final}")
 
 
 @app.command()

@@ -60,7 +60,7 @@ def question_id(dataset: str, split: str, question: str) -> str:
     """Stable id of a question.
 
     >>> question_id("hotpot", "test", "Who?")
-    '0c3b53c0d54a0d4e'
+    '1ee13860829e256c'
     """
     return hashlib.sha256(f"{dataset}\x1f{split}\x1f{question}".encode()).hexdigest()[:16]
 

@@ -160,9 +160,16 @@ class TrainingSession:
         self.checkpoint(force=self.step == self.cfg.train.steps)
         return StepResult(self.step, metrics, trajectories)
 
+    def export_agent(self) -> Path | None:
+        """The final checkpoint as a plain HF folder (`run_dir/agent`): merged under LoRA, no
+        optimiser state; this is what evaluation loads and the registry stores."""
+        from prompt_r1.checkpoint import export_checkpoint, latest_checkpoint
+
+        final = latest_checkpoint(self.ckpt_dir)
+        return export_checkpoint(final, self.run_dir / "agent") if final else None
+
     def run(self, on_step: Callable[[StepResult], None] | None = None) -> Path | None:
-        """Train to `train.steps`; returns the final checkpoint folder."""
-        from prompt_r1.checkpoint import latest_checkpoint
+        """Train to `train.steps`; returns the exported final agent folder."""
         from tqdm.auto import tqdm
 
         bar = tqdm(total=self.cfg.train.steps, initial=self.step, desc="GRPO steps")
@@ -173,4 +180,4 @@ class TrainingSession:
                 on_step(result)
             bar.update()
         bar.close()
-        return latest_checkpoint(self.ckpt_dir)
+        return self.export_agent()

@@ -19,8 +19,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-FIRST_TURN = "<think>I will ask.</think><interaction_prompt>Please answer the question.</interaction_prompt>"
-FINAL_TURN = "<think>Done.</think><answer>{answer}</answer>"
+# Short on purpose: the fewer tokens between the tags, the more reliably a tiny model closes them.
+FIRST_TURN = "<think>ask</think><interaction_prompt>Answer it.</interaction_prompt>"
+FINAL_TURN = "<think>ok</think><answer>{answer}</answer>"
 _QUESTIONS = [
     ("What is the capital of France?", "Paris"), ("What is 7 times 8?", "56"),
     ("Who wrote Hamlet?", "Shakespeare"), ("Which planet is red?", "Mars"),
@@ -45,7 +46,7 @@ def _examples(tokenizer, rng: random.Random) -> list[tuple[list[int], list[int]]
     return pairs
 
 
-def build_protocol_model(base: Path, out: Path, steps: int = 100, lr: float = 5e-3, seed: int = 0) -> Path:
+def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e-3, seed: int = 0) -> Path:
     """Save a copy of `base` fine-tuned on the protocol's turn shapes to `out` (cached by path)."""
     if (out / "config.json").exists():
         return out
