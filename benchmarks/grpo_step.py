@@ -51,10 +51,25 @@ def config(n: int, resp_len: int):
                          "train": {"lr": 1e-6, "micro_batch_size": n, "mini_batch_questions": 64}})
 
 
+DEVICE = "cpu"
+
+
+def _sync() -> None:
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def time_ours(model_path, trajs, repeats: int) -> list[float]:
-    learner = GRPOLearner(config(len(trajs), len(trajs[0].token_ids)), model_path)
+    learner = GRPOLearner(config(len(trajs), len(trajs[0].token_ids)), model_path, device=DEVICE)
     learner.step(trajs)  # warm-up
-    return [learner.step(trajs)["step_time_s"] for _ in range(repeats)]
+    times = []
+    for _ in range(repeats):
+        _sync()
+        start = time.perf_counter()
+        learner.step(trajs)
+        _sync()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def _tensors(trajs):
@@ -112,11 +127,12 @@ def time_naive(model_path, trajs, repeats: int) -> list[float]:
 
     from prompt_r1.grpo import policy_loss
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(DEVICE)
     reference = copy.deepcopy(model).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     prompt, completion, advantages = _tensors(trajs)
-    ids = torch.cat([prompt, completion], 1)
+    ids = torch.cat([prompt, completion], 1).to(DEVICE)
+    advantages = advantages.to(DEVICE)
     p = prompt.shape[1]
 
     def logps(m):
@@ -132,6 +148,7 @@ def time_naive(model_path, trajs, repeats: int) -> list[float]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
+        _sync()
         return time.perf_counter() - start
 
     one_step()
@@ -145,9 +162,13 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--response-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (TRL is timed on CPU only).")
+    parser.add_argument("--contenders", nargs="+", default=["ours", "trl", "naive"])
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch} x "
+    print(f"torch {torch.__version__}, device {DEVICE}, threads {torch.get_num_threads()}, batch {args.batch} x "
           f"({args.prompt_len} prompt + {args.response_len} response) tokens")
     for name in args.models:
         model_path = resolve_model(name)
@@ -157,7 +178,8 @@ def main() -> None:
         trajs = make_batch(vocab, args.batch, args.prompt_len, args.response_len, group=4)
         tokens = args.batch * (args.prompt_len + args.response_len)
         results = {}
-        for label, fn in (("ours", time_ours), ("trl", time_trl), ("naive", time_naive)):
+        contenders = {"ours": time_ours, "trl": time_trl, "naive": time_naive}
+        for label, fn in ((c, contenders[c]) for c in args.contenders):
             try:
                 results[label] = statistics.median(fn(model_path, trajs, args.repeats))
             except Exception as err:  # report and go on: TRL APIs move between versions
