@@ -1,27 +1,23 @@
-"""Ingestion task, cached on the content hash of its sources (and the warehouse file)."""
+"""Ingestion task, cached on the content hash of each source file.
+
+The cache lives in the warehouse itself (`sources` is keyed on the file's sha256), not in
+Prefect's result store: a Prefect-side cache keyed on file hashes would go stale when the
+warehouse file is deleted or replaced (it did: a fresh clone at the same path skipped ingestion).
+So the task always runs, and each unchanged source is a no-op that costs one hash.
+"""
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
-from prompt_r1.ingest import discover, file_hash, ingest
+from prompt_r1.ingest import ingest
 from warehouse.store import Warehouse
 
 
-def _sources_key(context, parameters) -> str:
-    digest = hashlib.sha256(str(parameters["db"]).encode())
-    for source in parameters["sources"]:
-        for path in discover(Path(source)):
-            digest.update(file_hash(path).encode())
-    return "ingest-" + digest.hexdigest()[:32]
-
-
-@task(name="ingest-sources", cache_key_fn=_sources_key, persist_result=True)
+@task(name="ingest-sources", cache_policy=NO_CACHE)
 def ingest_sources(sources: list[str], db: str) -> list[dict]:
-    """Ingest files and folders into the warehouse; unchanged sources are a cache hit."""
+    """Ingest files and folders into the warehouse; already-ingested content is skipped."""
     with Warehouse(db) as wh:
         reports = ingest(wh, sources)
     return [vars(r) for r in reports]
