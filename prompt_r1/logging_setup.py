@@ -12,5 +12,5 @@ def setup_logging(level: str | int | None = None) -> None:
     level = level or os.environ.get("PROMPT_R1_LOG", "INFO")
     logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
                         handlers=[RichHandler(rich_tracebacks=False, show_path=False)], force=True)
-    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers", "alembic"):
+    for noisy in ("httpx", "httpx2", "httpcore", "openai", "urllib3", "filelock", "datasets", "transformers", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
