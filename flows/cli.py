@@ -6,27 +6,13 @@ Prefect flows with MLflow tracking (`pipeline`, `run-flow`, `rerun`), keeping im
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from prompt_r1.cli import _fail, _load, app, console
-
-
-def _overrides(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            _fail(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
+from prompt_r1.cli import _fail, _load, app, console, parse_overrides
 
 
 @app.command()
@@ -39,7 +25,7 @@ def pipeline(
     from flows.pipeline import pipeline_flow
 
     _load(config, set_)  # validate before starting anything
-    result = pipeline_flow(str(config), data, _overrides(set_) or None)
+    result = pipeline_flow(str(config), data, parse_overrides(set_) or None)
     console.print(f"pipeline run {result['run_id']}; report: {result['evaluate']['report']}")
 
 
@@ -55,7 +41,7 @@ def run_flow(
     from flows.train import train_flow
 
     _load(config, set_)
-    overrides = _overrides(set_) or None
+    overrides = parse_overrides(set_) or None
     if name == "ingest":
         console.print(ingest_flow(str(config)))
     elif name == "train":

@@ -38,25 +38,29 @@ def _open_db(db: Optional[Path]):
     return Warehouse(db or default_db_path())
 
 
-def _load(config: Path, overrides: list[str] | None = None):
+def parse_overrides(items: list[str] | None) -> dict:
+    """`--set key.path=value` pairs; values are read as JSON when they parse, else as strings.
+
+    >>> parse_overrides(["train.steps=3", 'eval.suites=["ood"]', "name=demo"])
+    {'train.steps': 3, 'eval.suites': ['ood'], 'name': 'demo'}
+    """
     parsed: dict = {}
-    for item in overrides or []:
+    for item in items or []:
         key, sep, value = item.partition("=")
         if not sep:
             _fail(f"--set expects KEY=VALUE, got {item!r}")
-        parsed[key] = json.loads(value) if value[:1] in "[{0123456789-tfn\"" and _is_json(value) else value
+        try:
+            parsed[key] = json.loads(value)
+        except ValueError:
+            parsed[key] = value
+    return parsed
+
+
+def _load(config: Path, overrides: list[str] | None = None):
     try:
-        return load_config(config, parsed)
+        return load_config(config, parse_overrides(overrides))
     except ConfigError as err:
         _fail(str(err))
-
-
-def _is_json(value: str) -> bool:
-    try:
-        json.loads(value)
-        return True
-    except ValueError:
-        return False
 
 
 @app.callback()

@@ -26,7 +26,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from prompt_r1.config import AgentConfig, Config, EnvConfig, RolloutConfig
+from prompt_r1.config import AgentConfig, Config, EnvConfig
 from prompt_r1.ingest import IN_DOMAIN, OOD
 from prompt_r1.metrics import score_all
 from prompt_r1.protocol import extract_answer, parse_turn

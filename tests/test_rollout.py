@@ -19,7 +19,7 @@ from prompt_r1.env.inprocess import InProcessEnvironment
 from prompt_r1.policy.base import Policy, Sample, per_row_limits
 from prompt_r1.policy.hf import TransformersPolicy
 from prompt_r1.protocol import wrap_env_reply
-from prompt_r1.rollout import agent_prompt_ids, env_call_records, rollout_batch, rollout_summary, run_rollout
+from prompt_r1.rollout import agent_prompt_ids, env_call_records, rollout_summary, run_rollout
 from prompt_r1.trajectory import EnvCall
 from warehouse.store import QuestionRow
 

@@ -8,7 +8,6 @@ opens the file (DuckDB allows one writing process); Ray actors return data inste
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -265,8 +264,3 @@ class Warehouse:
         names = ["sources", "questions", "trajectories", "env_calls", "env_cache",
                  "eval_predictions", "eval_results"]
         return {n: self.query(f"SELECT COUNT(*) FROM {n}")[0][0] for n in names}
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON used for values stored as text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
