@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Registers the Prefect deployments against a real local `prefect server start` and checks
-# that all three exist with their schedules. Used by .ci/run; safe to run by hand.
+# Registers the Prefect deployments against a real local `prefect server start`, checks that
+# all three exist with their schedules, then runs the `pipeline` deployment on the smoke config
+# through a real process worker (so the pull step works from a clone). Used by .ci/run; safe to
+# run by hand (everything it writes goes to a temporary folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/.venv/bin
@@ -10,7 +12,8 @@ export PREFECT_API_URL=http://127.0.0.1:$PORT/api
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_UI_ENABLED=false
 $BIN/prefect server start --host 127.0.0.1 --port "$PORT" > "$PREFECT_HOME/server.log" 2>&1 &
 server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
+worker=
+trap 'kill $worker $server 2>/dev/null; wait $worker $server 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
   curl -fs "$PREFECT_API_URL/health" >/dev/null 2>&1 && break
   sleep 1
@@ -35,3 +38,29 @@ async def main():
 asyncio.run(main())
 PY
 echo "deployments registered: ok"
+
+# One real run through a worker: the worker's flow-run subprocess starts from the pull step's
+# working directory with this clone's .venv on PATH, and writes only under a temporary home.
+export PROMPT_R1_HOME=$PREFECT_HOME/runs
+PATH=$BIN:$PATH $BIN/prefect worker start --pool prompt-r1 > "$PREFECT_HOME/worker.log" 2>&1 &
+worker=$!
+if ! $BIN/prefect --no-prompt deployment run pipeline/pipeline --param config=configs/smoke.yaml \
+      --watch --watch-interval 5 --watch-timeout 1200; then
+  tail -n 60 "$PREFECT_HOME/worker.log"
+  exit 1
+fi
+$BIN/python - <<'PY'
+import asyncio
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+async def main():
+    async with get_client() as client:
+        runs = await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=["pipeline"])))
+        states = [r.state.type.value for r in runs]
+        assert states == ["COMPLETED"], f"pipeline deployment runs: {states}"
+        print(f"pipeline deployment run {runs[0].name}: {states[0]}")
+asyncio.run(main())
+PY
+echo "pipeline deployment ran through a process worker: ok"
