@@ -26,7 +26,7 @@ from prompt_r1.config import EnvConfig
 from prompt_r1.env import open_environment
 from prompt_r1.env.openai_env import OpenAIEnvironment
 from prompt_r1.env.vllm_server import (VLLMServer, VLLMServerError, check_cpu_head_size, group_members,
-                                       managed_vllm_server, server_command)
+                                       keep_server, managed_vllm_server, server_command)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +61,12 @@ def test_command_line(tmp_path):
                  "--gpu-memory-utilization 0.3", "--seed 0", f"--chat-template {tmp_path / 't.jinja'}"):
         assert part in joined
     assert cmd[-1] == "--enforce-eager"
+    assert "--distributed-executor-backend uni" in joined  # CPU: engine and worker in one process
     gpu = server_command(cfg.model_copy(update={"enforce_eager": False, "chat_template": None}), "m", 1,
                          cpu=False, template_file=None)
-    assert "--dtype auto" in " ".join(gpu) and "--enforce-eager" not in gpu and "--chat-template" not in gpu
+    joined_gpu = " ".join(gpu)
+    assert "--dtype auto" in joined_gpu and "--enforce-eager" not in gpu and "--chat-template" not in gpu
+    assert "--distributed-executor-backend" not in joined_gpu
 
 
 def test_unsupported_head_size_is_refused_before_start(tiny_model_path, tmp_path):
@@ -141,6 +144,13 @@ def test_managed_server_serves_chat_and_is_gone_afterwards(servable_tiny, tmp_pa
             assert reply.call.attempts == 1 and isinstance(reply.text, str)
         assert replies[0].text == asyncio.run(env.reply([{"role": "user", "content": "hello 0"}])).text
         pgid = members[0]
+        # Same launch settings (sampling differs): a nested block reuses this server, never stops it.
+        other_sampling = cfg.model_copy(update={"name": "same-server", "max_tokens": 4, "temperature": 0.7})
+        with keep_server(other_sampling, [cfg], tmp_path), managed_vllm_server(other_sampling, tmp_path) as url:
+            assert url == base_url
+        assert _server_pids(port) == members and _port_open(port)
+        with keep_server(other_sampling, [vllm_cfg("another-model")], tmp_path):  # nothing shared: no-op
+            assert _server_pids(port) == members
     assert not wait_gone(pgid, 20), "vLLM process group still alive after the context exited"
     assert not _port_open(port)
     print(f"vLLM server ready after {ready_s:.1f}s (--enforce-eager); log {log_path}")
