@@ -1,4 +1,8 @@
-"""`pipeline` flow, the main job: ingest -> train -> evaluate (base vs trained vs baselines)."""
+"""`pipeline` flow, the main job: ingest -> train -> evaluate (base vs trained vs baselines).
+
+When an evaluation environment is the training environment's managed vLLM server, that server
+stays up from training through evaluation instead of being stopped and started again.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from prefect import flow
 
 from flows.evaluate import evaluate_flow
 from flows.train import train_flow
-from prompt_r1.config import default_db_path, load_config
+from prompt_r1.config import default_db_path, load_config, run_dir
+from prompt_r1.env.vllm_server import keep_server
 from tasks.ingest import ingest_sources
 from tasks.tracking import log_run_identity, setup_mlflow
 from warehouse.store import Warehouse
@@ -31,13 +36,15 @@ def pipeline_flow(config: str = "configs/demo.yaml", data: str | None = None,
         with Warehouse(db) as wh:
             hashes = wh.source_hashes()
         log_run_identity(cfg, "pipeline", hashes, config)
-        t0 = time.perf_counter()
-        trained = train_flow(config, overrides, resume=False, parent_run_id=parent.info.run_id)
-        seconds["train"] = time.perf_counter() - t0
-        agents = {"trained": trained["checkpoint"]} if trained["checkpoint"] else {}
-        t0 = time.perf_counter()
-        evaluated = evaluate_flow(config, agents, overrides=overrides, parent_run_id=parent.info.run_id)
-        seconds["evaluate"] = time.perf_counter() - t0
+        log_dir = run_dir(cfg.name, parent.info.run_id) / "logs"
+        with keep_server(cfg.environment, cfg.eval_environments(), log_dir):
+            t0 = time.perf_counter()
+            trained = train_flow(config, overrides, resume=False, parent_run_id=parent.info.run_id)
+            seconds["train"] = time.perf_counter() - t0
+            agents = {"trained": trained["checkpoint"]} if trained["checkpoint"] else {}
+            t0 = time.perf_counter()
+            evaluated = evaluate_flow(config, agents, overrides=overrides, parent_run_id=parent.info.run_id)
+            seconds["evaluate"] = time.perf_counter() - t0
         mlflow.log_metrics({f"final_{k}": v for k, v in trained["validation"].items()})
         mlflow.log_metrics({f"stage_seconds/{k}": v for k, v in seconds.items()})
     return {"run_id": parent.info.run_id, "train": trained, "evaluate": evaluated, "seconds": seconds}
