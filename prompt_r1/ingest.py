@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prompt_r1.protocol import split_question
@@ -206,7 +206,7 @@ def ingest_file(wh: Warehouse, path: Path) -> IngestReport:
         rows = list(read_jsonl(path))
     else:
         raise IngestError(f"{path}: unsupported file type (use .parquet or .jsonl)")
-    rows = _dedupe(rows, path)
+    rows = merge_duplicates(rows, path)
     dataset = rows[0].dataset if rows else path.stem
     inserted = wh.add_source(str(path), content_hash, dataset,
                              [_with_source(r, str(path), content_hash) for r in rows])
@@ -214,19 +214,32 @@ def ingest_file(wh: Warehouse, path: Path) -> IngestReport:
     return IngestReport(str(path), dataset, inserted, False)
 
 
-def _dedupe(rows: list[QuestionRow], source: object) -> list[QuestionRow]:
-    """Drop repeated questions within one source (same id); the first occurrence wins."""
-    seen: dict[str, QuestionRow] = {}
+def merge_duplicates(rows: list[QuestionRow], source: object = "rows") -> list[QuestionRow]:
+    """One row per question (same id): the first occurrence, with the gold answers of all of them.
+
+    Some published files repeat a question with a different reference answer (BookSum has 2
+    such questions, the training pool 6); both references are valid, and scoring takes the max
+    over golds, so none is dropped.
+
+    >>> a = QuestionRow("q1", "d", "test", "Q?", ["x"], "standard_qa", "f1", row_index=0)
+    >>> b = QuestionRow("q1", "d", "test", "Q?", ["y", "x"], "standard_qa", "f1", row_index=5)
+    >>> [(r.row_index, r.golds) for r in merge_duplicates([a, b])]
+    [(0, ['x', 'y'])]
+    """
+    merged: dict[str, QuestionRow] = {}
     for row in rows:
-        seen.setdefault(row.question_id, row)
-    if len(seen) < len(rows):
-        log.info("%s: %d duplicate questions dropped", source, len(rows) - len(seen))
-    return list(seen.values())
+        first = merged.setdefault(row.question_id, row)
+        if first is not row:
+            extra = [g for g in row.golds if g not in first.golds]
+            if extra:
+                merged[row.question_id] = replace(first, golds=first.golds + extra)
+    if len(merged) < len(rows):
+        log.info("%s: %d repeated questions merged into their first occurrence (gold answers combined)",
+                 source, len(rows) - len(merged))
+    return list(merged.values())
 
 
 def _with_source(row: QuestionRow, source_file: str, content_hash: str) -> QuestionRow:
-    from dataclasses import replace
-
     return replace(row, source_file=source_file, source_hash=content_hash)
 
 
@@ -243,5 +256,5 @@ def ingest_hf(wh: Warehouse, name: str, **mapping: str) -> IngestReport:
     dataset, content_hash, rows = read_hf(name, **mapping)
     if wh.source_ingested(content_hash):
         return IngestReport(f"hf:{name}", dataset, 0, True)
-    rows = [_with_source(r, f"hf:{name}", content_hash) for r in _dedupe(rows, f"hf:{name}")]
+    rows = [_with_source(r, f"hf:{name}", content_hash) for r in merge_duplicates(rows, f"hf:{name}")]
     return IngestReport(f"hf:{name}", dataset, wh.add_source(f"hf:{name}", content_hash, dataset, rows), False)

@@ -23,6 +23,9 @@ def test_all_shared_files(warehouse, shared_data):
     for name in OOD:
         assert summary[(name, "ood")]["n"] == 128
     assert summary[("validation", "train")]["task_family"] == "math"
+    # BookSum repeats 2 questions with other reference texts: one row each, both references kept
+    booksum = warehouse.questions(datasets=["BookSum"])
+    assert len(booksum) == 126 and sum(len(q.golds) for q in booksum) == 128
     fam = {k[0]: (v["task_family"], v["primary_metric"]) for k, v in summary.items()}
     assert fam["hotpot"] == ("multihop_qa", "f1") and fam["PopQA"] == ("standard_qa", "f1")
     assert fam["gsm8k"] == ("math", "em") and fam["triviaqa_ood"] == ("standard_qa", "em")
