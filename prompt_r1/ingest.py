@@ -206,7 +206,7 @@ def ingest_file(wh: Warehouse, path: Path) -> IngestReport:
         rows = list(read_jsonl(path))
     else:
         raise IngestError(f"{path}: unsupported file type (use .parquet or .jsonl)")
-    rows = merge_duplicates(rows, path)
+    rows = _merged(rows, path)
     dataset = rows[0].dataset if rows else path.stem
     inserted = wh.add_source(str(path), content_hash, dataset,
                              [_with_source(r, str(path), content_hash) for r in rows])
@@ -214,7 +214,7 @@ def ingest_file(wh: Warehouse, path: Path) -> IngestReport:
     return IngestReport(str(path), dataset, inserted, False)
 
 
-def merge_duplicates(rows: list[QuestionRow], source: object = "rows") -> list[QuestionRow]:
+def merge_duplicates(rows: list[QuestionRow]) -> list[QuestionRow]:
     """One row per question (same id): the first occurrence, with the gold answers of all of them.
 
     Some published files repeat a question with a different reference answer (BookSum has 2
@@ -233,10 +233,15 @@ def merge_duplicates(rows: list[QuestionRow], source: object = "rows") -> list[Q
             extra = [g for g in row.golds if g not in first.golds]
             if extra:
                 merged[row.question_id] = replace(first, golds=first.golds + extra)
-    if len(merged) < len(rows):
-        log.info("%s: %d repeated questions merged into their first occurrence (gold answers combined)",
-                 source, len(rows) - len(merged))
     return list(merged.values())
+
+
+def _merged(rows: list[QuestionRow], source: object) -> list[QuestionRow]:
+    unique = merge_duplicates(rows)
+    if len(unique) < len(rows):
+        log.info("%s: %d repeated questions merged into their first occurrence (gold answers combined)",
+                 source, len(rows) - len(unique))
+    return unique
 
 
 def _with_source(row: QuestionRow, source_file: str, content_hash: str) -> QuestionRow:
@@ -256,5 +261,5 @@ def ingest_hf(wh: Warehouse, name: str, **mapping: str) -> IngestReport:
     dataset, content_hash, rows = read_hf(name, **mapping)
     if wh.source_ingested(content_hash):
         return IngestReport(f"hf:{name}", dataset, 0, True)
-    rows = [_with_source(r, f"hf:{name}", content_hash) for r in merge_duplicates(rows, f"hf:{name}")]
+    rows = [_with_source(r, f"hf:{name}", content_hash) for r in _merged(rows, f"hf:{name}")]
     return IngestReport(f"hf:{name}", dataset, wh.add_source(f"hf:{name}", content_hash, dataset, rows), False)
