@@ -23,9 +23,9 @@ refused before start-up with a clear message instead of failing at the first req
 machine the tiny test model was ready in 36-50 s and SmolLM2-135M in 40 s, instead of about
 2 minutes. Also on CPU, the engine and its model worker run inside the API server process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `--distributed-executor-backend uni`): two fewer processes
-to spawn and import, and no inter-process hops per step. Measured on the 2-core machine with
-SmolLM2-135M: ready in 27 s instead of 49 s, and 32 concurrent requests at 146-178 instead of
-103-119 tokens/s, with identical greedy replies. GPUs keep vLLM's multiprocess default.
+to spawn and import, and no inter-process hops per step. `benchmarks/vllm_server.py` on the
+2-core machine with SmolLM2-135M: ready 1.63x sooner, 1.49x the tokens/s for 32 concurrent
+requests, identical greedy replies (BENCHMARKS.md). GPUs keep vLLM's multiprocess default.
 """
 
 from __future__ import annotations
