@@ -12,8 +12,17 @@ export PREFECT_API_URL=http://127.0.0.1:$PORT/api
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_UI_ENABLED=false
 $BIN/prefect server start --host 127.0.0.1 --port "$PORT" > "$PREFECT_HOME/server.log" 2>&1 &
 server=$!
+stop() {  # SIGTERM, then SIGKILL if still alive after 20 s; never waits forever
+  [ -n "$1" ] || return 0
+  kill "$1" 2>/dev/null || return 0
+  for _ in $(seq 1 40); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.5; done
+  echo "pid $1 ignored SIGTERM for 20 s; killing it" >&2
+  kill -9 "$1" 2>/dev/null || true
+}
+# The worker goes first, while the server it reports to is still up: killed together, the
+# worker's shutdown can fail on the lost API and leave the process hanging.
 worker=
-trap 'kill $worker $server 2>/dev/null; wait $worker $server 2>/dev/null || true' EXIT
+trap 'stop "$worker"; stop "$server"' EXIT
 for _ in $(seq 1 120); do
   curl -fs "$PREFECT_API_URL/health" >/dev/null 2>&1 && break
   sleep 1
