@@ -19,8 +19,9 @@ stop() {  # SIGTERM, then SIGKILL if still alive after 20 s; never waits forever
   echo "pid $1 ignored SIGTERM for 20 s; killing it" >&2
   kill -9 "$1" 2>/dev/null || true
 }
-# The worker goes first, while the server it reports to is still up: killed together, the
-# worker's shutdown can fail on the lost API and leave the process hanging.
+# The Prefect 3.7 worker turns SIGTERM into SIGINT but did not always exit (seen hanging for
+# minutes after a finished run), hence the SIGKILL fallback; it stops before the server it
+# reports to, since its shutdown also failed when the API vanished first.
 worker=
 trap 'stop "$worker"; stop "$server"' EXIT
 for _ in $(seq 1 120); do
