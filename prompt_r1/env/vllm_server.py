@@ -285,7 +285,7 @@ def group_members(pgid: int) -> list[int]:
 
 def launch_key(cfg: EnvConfig) -> tuple:
     """What decides the server process; sampling settings travel with each request instead."""
-    return (cfg.model, cfg.chat_template, cfg.enforce_eager, cfg.gpu_memory_utilization, cfg.port)
+    return (cfg.kind, cfg.model, cfg.chat_template, cfg.enforce_eager, cfg.gpu_memory_utilization, cfg.port)
 
 
 _RUNNING: dict[tuple, VLLMServer] = {}  # servers of the open managed_vllm_server blocks, by launch key
@@ -319,6 +319,5 @@ def keep_server(first: EnvConfig, later: Sequence[EnvConfig], log_dir: Path | No
 
     A no-op context when `first` is not a managed server or no later environment shares it.
     """
-    shared = first.kind == "vllm" and any(
-        e.kind == "vllm" and launch_key(e) == launch_key(first) for e in later)
+    shared = first.kind == "vllm" and launch_key(first) in {launch_key(e) for e in later}
     return managed_vllm_server(first, log_dir) if shared else nullcontext()
