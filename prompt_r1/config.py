@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Strict(BaseModel):
@@ -24,6 +25,21 @@ class _Strict(BaseModel):
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and the key."""
+
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _safe_name(value: str) -> str:
+    """Names become folder and file names (`runs/NAME/...`, report files), so they must be one
+    plain path segment: no `/`, no `..`, no leading dot or dash."""
+    if not SAFE_NAME.match(value):
+        raise ValueError("must be 1-64 characters of letters, digits, `.`, `_` or `-`, starting with a "
+                         "letter or digit (it becomes a folder name), e.g. `my-run.v2`")
+    return value
+
+
+SafeName = Annotated[str, AfterValidator(_safe_name)]
 
 
 class DataConfig(_Strict):
@@ -76,7 +92,7 @@ class AgentConfig(_Strict):
 
 
 class EnvConfig(_Strict):
-    name: str = Field("env", description="Short name used in tables, MLflow tags and file names.")
+    name: SafeName = Field("env", description="Short name used in tables, MLflow tags and file names.")
     kind: Literal["openai", "vllm", "inprocess"] = Field(
         "inprocess",
         description="`openai` = any OpenAI-compatible URL; `vllm` = managed local vLLM server; "
@@ -179,7 +195,7 @@ class EvalConfig(_Strict):
 
 
 class Config(_Strict):
-    name: str = Field("smoke", description="Experiment name (one MLflow experiment per name).")
+    name: SafeName = Field("smoke", description="Experiment name (one MLflow experiment per name; a folder under the run home).")
     seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
     data: DataConfig = Field(default_factory=DataConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
@@ -277,4 +293,7 @@ def new_run_id() -> str:
 
 def run_dir(config_name: str, run_id: str) -> Path:
     """Where one run keeps checkpoints, evaluation outputs and server logs."""
+    for part in (config_name, run_id):  # a `/` or `..` would put the run outside the run home
+        if not SAFE_NAME.match(part):
+            raise ValueError(f"{part!r} cannot name a run folder: use letters, digits, `.`, `_`, `-`")
     return runs_home() / config_name / run_id

@@ -46,3 +46,67 @@ def test_overrides_and_missing_file(tmp_path):
     (tmp_path / "list.yaml").write_text("- a\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(tmp_path / "list.yaml")
+
+
+# -- names become folder names: only safe slugs --------------------------------------------
+SLUG_CHARS = "abcXYZ019._-"
+HOSTILE = ["/", "\\", "..", " ", "\x00", "é", ":", "*", "\n", "~", "$"]
+
+
+def _slug_by_rule(name: str) -> bool:
+    """The rule, stated again: 1-64 ASCII letters/digits/`._-`, the first a letter or digit."""
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+    return 1 <= len(name) <= 64 and set(name) <= allowed and name[0] not in "._-"
+
+
+def _names(n: int = 600) -> list[str]:
+    import random
+
+    rng = random.Random(11)
+    names = ["../../x", "..", ".", "a/b", "/abs", "ok", "a..", "-x", "_x", ".hidden", "", "x" * 64, "x" * 65,
+             "gpt-4o-mini", "smollm2-135m", "tiny-env"]
+    for _ in range(n):
+        parts = [rng.choice(SLUG_CHARS) if rng.random() < 0.9 else rng.choice(HOSTILE)
+                 for _ in range(rng.choice([1, 2, 5, 20, 63, 64, 65, 70]))]
+        names.append("".join(parts))
+    return names
+
+
+def test_config_and_environment_names_are_safe_slugs(tmp_path):
+    from prompt_r1.config import parse_config
+
+    accepted = 0
+    for name in _names():
+        for where, data in [("name", {"name": name}),
+                            ("environment.name", {"environment": {"name": name}}),
+                            ("eval.environments.0.name", {"eval": {"environments": [{"name": name}]}})]:
+            try:
+                parse_config(data, "x.yaml")
+                ok = True
+            except ConfigError as err:
+                ok = False
+                assert f"`{where}`" in str(err) and "x.yaml" in str(err), str(err)
+            assert ok == _slug_by_rule(name), (where, name)
+        if _slug_by_rule(name):
+            accepted += 1
+            # every accepted name stays one folder inside the run home
+            assert (tmp_path / name).resolve().parent == tmp_path.resolve(), name
+    assert 50 < accepted < len(_names())  # both outcomes were exercised
+
+
+def test_traversing_name_in_a_file_names_the_key_and_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: ../../x\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert "`name`" in str(err.value) and str(bad) in str(err.value) and "folder name" in str(err.value)
+
+
+def test_run_dir_refuses_a_traversing_run_id(tmp_path, monkeypatch):
+    from prompt_r1.config import run_dir
+
+    monkeypatch.setenv("PROMPT_R1_HOME", str(tmp_path))
+    assert run_dir("smoke", "20250101-000000-abcdef") == tmp_path.resolve() / "smoke" / "20250101-000000-abcdef"
+    for bad in ["../x", "a/b", "..", ""]:
+        with pytest.raises(ValueError, match="cannot name a run folder"):
+            run_dir("smoke", bad)
