@@ -1,7 +1,9 @@
 """`train` flow: per step rollout -> reward -> GRPO update -> broadcast -> checkpoint, in MLflow.
 
-A crashed or cancelled run is continued by running the flow again (same config): it finds the
-newest unfinished training run of the experiment, loads its last checkpoint and goes on.
+A crashed or cancelled run is continued by running the flow again with the same config: it
+finds the newest unfinished training run of the experiment whose `config_hash` and `pool_hash`
+tags match (same settings, same training questions), loads its last checkpoint and goes on.
+Unfinished runs under other settings are left alone (and the log says why): a new run starts.
 Metrics are flushed to MLflow at checkpoints only, so the redone steps are never logged twice.
 """
 
@@ -16,7 +18,8 @@ from mlflow import MlflowClient
 from prefect import flow
 
 from prompt_r1.config import default_db_path, load_config, run_dir
-from prompt_r1.train_loop import TrainingSession
+from prompt_r1.run_record import mismatches, read_record
+from prompt_r1.train_loop import TrainingSession, training_pool_hash
 from tasks import train as t
 from tasks.ingest import ingest_sources
 from tasks.tracking import MetricBuffer, log_run_identity, register_agent, setup_mlflow
@@ -25,12 +28,24 @@ from warehouse.store import Warehouse
 log = logging.getLogger(__name__)
 
 
-def unfinished_run(experiment_id: str) -> str | None:
-    """Newest training run of the experiment that did not finish (crashed, killed, or running)."""
+def unfinished_run(experiment_id: str, config_name: str, config_hash: str, pool: str) -> str | None:
+    """Newest training run of the experiment that did not finish (crashed, killed, or running)
+    and was started with this config and training pool; the newer ones passed over are logged."""
     runs = MlflowClient().search_runs(
         [experiment_id], "tags.flow = 'train' and attributes.status != 'FINISHED'",
-        order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0].info.run_id if runs else None
+        order_by=["attributes.start_time DESC"], max_results=50)
+    for run in runs:
+        tags = run.data.tags
+        diffs = mismatches({"config_hash": tags.get("config_hash"), "pool_hash": tags.get("pool_hash")},
+                           config_hash, pool)
+        record = read_record(run_dir(config_name, run.info.run_id)) or {}
+        if record.get("finished_at"):  # ended after its last step, e.g. while registering
+            diffs.append(f"its run folder says it finished at {record['finished_at']}")
+        if not diffs:
+            return run.info.run_id
+        log.warning("not continuing unfinished training run %s (status %s): %s", run.info.run_id,
+                    run.info.status, "; ".join(diffs))
+    return None
 
 
 @flow(name="train", log_prints=True)
@@ -41,13 +56,17 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
     exp_id = setup_mlflow(cfg.name)
     db = str(default_db_path())
     ingest_sources(list(cfg.data.sources), db)
-    previous = unfinished_run(exp_id) if resume else None
+    with Warehouse(db) as wh:
+        pool = training_pool_hash(wh, cfg)
+    previous = unfinished_run(exp_id, cfg.name, cfg.hash(), pool) if resume else None
     if previous:
         run = mlflow.start_run(run_id=previous)
-        log.info("continuing unfinished training run %s", previous)
+        log.info("continuing unfinished training run %s (config hash %s, pool hash %s)", previous, cfg.hash(), pool)
     else:
         run = mlflow.start_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
-                               parent_run_id=parent_run_id, tags={"flow": "train"})
+                               parent_run_id=parent_run_id,
+                               tags={"flow": "train", "config_hash": cfg.hash(), "pool_hash": pool})
+        log.info("starting training run %s (config hash %s, pool hash %s)", run.info.run_id, cfg.hash(), pool)
     run_id = run.info.run_id
     with run, Warehouse(db) as wh:
         if not previous:
@@ -81,5 +100,6 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
         version, champion = (register_agent(run_id, final, val.get("val_reward"))
                              if final else (None, False))
         mlflow.set_tags({"registered_version": str(version), "champion": str(champion)})
+        session.mark_finished()
     return {"run_id": run_id, "checkpoint": str(final) if final else None, "validation": val,
             "model_version": version, "champion": champion}

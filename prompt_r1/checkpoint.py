@@ -8,14 +8,19 @@ A checkpoint is a folder `ckpt_dir/step-000N/` holding:
   and the data position.
 It is written to a hidden temp folder and renamed into place, so a crash never leaves a
 half-written `step-*` folder; only the newest `keep_checkpoints` are kept.
+
+An export carries a marker file; exporting again replaces only such a folder or an empty one,
+never a folder holding anything else.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +36,7 @@ if TYPE_CHECKING:
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_FILE = "trainer_state.pt"
 ADAPTER_CONFIG = "adapter_config.json"
+EXPORT_MARKER = ".prompt-r1-export.json"  # marks folders that export_checkpoint may replace
 
 
 def step_dir_name(step: int) -> str:
@@ -154,28 +160,80 @@ def load_merged_model(ckpt: Path, dtype: torch.dtype = torch.float32) -> torch.n
     return PeftModel.from_pretrained(base, ckpt).merge_and_unload()
 
 
-def export_checkpoint(ckpt: Path, out_dir: Path) -> Path:
-    """Write a plain HF model folder (merged weights + tokenizer) that any tool can load."""
+def is_export(folder: Path) -> bool:
+    """True for a folder written by `export_checkpoint` (it carries the marker file)."""
+    return (Path(folder) / EXPORT_MARKER).is_file()
+
+
+def check_export_target(out_dir: Path, overwrite: bool) -> None:
+    """Refuse a target that holds anything but an earlier export (that one only with `overwrite`).
+
+    Exporting replaces only what an export wrote, so a mistyped folder never loses user files.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise FileExistsError(f"{out_dir} exists and is not a plain folder; give a new or empty folder")
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return
+    if not is_export(out_dir):
+        raise FileExistsError(f"{out_dir} is not empty and is not an earlier export (no {EXPORT_MARKER}); "
+                              "nothing was changed: give a new or empty folder")
+    if not overwrite:
+        raise FileExistsError(f"{out_dir} holds an earlier export; pass --overwrite to replace it")
+
+
+def export_checkpoint(ckpt: Path, out_dir: Path, overwrite: bool = False) -> Path:
+    """Write a plain HF model folder (merged weights + tokenizer) that any tool can load.
+
+    The folder is built beside `out_dir` and renamed into place; an existing `out_dir` is
+    replaced only when empty or (with `overwrite`) an earlier export, see `check_export_target`.
+    """
     from transformers import AutoTokenizer
 
     ckpt, out_dir = Path(ckpt), Path(out_dir)
     if not (ckpt / STATE_FILE).is_file() and not (ckpt / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a checkpoint folder (no {STATE_FILE} or config.json)")
+    check_export_target(out_dir, overwrite)
     state = _read_state(ckpt) if (ckpt / STATE_FILE).is_file() else {}
     dtype = torch.bfloat16 if _saved_dtype(ckpt, state) == "bfloat16" else torch.float32
     model = load_merged_model(ckpt, dtype)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(ckpt).save_pretrained(tmp)
-    for extra in ("generation_config.json",):
-        source = Path(state.get("base_model_path", ckpt)) / extra
-        if source.is_file() and not (tmp / extra).exists():
-            shutil.copy(source, tmp / extra)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # mkdtemp: a fresh folder of our own, so cleaning it up can never touch anything else.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(ckpt).save_pretrained(tmp)
+        for extra in ("generation_config.json",):
+            source = Path(state.get("base_model_path", ckpt)) / extra
+            if source.is_file() and not (tmp / extra).exists():
+                shutil.copy(source, tmp / extra)
+        (tmp / EXPORT_MARKER).write_text(json.dumps({"checkpoint": str(ckpt.resolve())}) + "\n")
+        check_export_target(out_dir, overwrite)  # again: it may have changed while we built
+        _swap_in(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out_dir
+
+
+def _swap_in(tmp: Path, out_dir: Path) -> None:
+    """Rename `tmp` to `out_dir`; a present `out_dir` (checked replaceable) is moved aside
+    first and put back if the rename fails, then deleted."""
+    if not out_dir.exists():
+        tmp.rename(out_dir)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+    try:
+        out_dir.rename(aside / "export")
+        try:
+            tmp.rename(out_dir)
+        except OSError:
+            (aside / "export").rename(out_dir)
+            raise
+    except OSError:
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside)  # the earlier export or empty folder that was replaced
 
 
 def _saved_dtype(ckpt: Path, state: dict[str, Any]) -> str:

@@ -176,14 +176,20 @@ def serve_env(
 @app.command("export")
 def export(
     checkpoint: Path = typer.Argument(..., help="Checkpoint folder (runs/.../checkpoints/step-N)."),
-    out_dir: Path = typer.Argument(..., help="Folder for the plain HF model (replaced if present)."),
+    out_dir: Path = typer.Argument(..., help="Folder for the plain HF model: new or empty, or an earlier export (with --overwrite)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT_DIR when it holds an earlier export. "
+                                   "A non-empty folder that is not an export is always refused, never emptied."),
 ) -> None:
-    """Export a checkpoint as a plain HF model folder (LoRA merged, tokenizer included)."""
+    """Export a checkpoint as a plain HF model folder (LoRA merged, tokenizer included).
+
+    The export is built beside OUT_DIR and renamed into place, and carries a small marker file
+    (.prompt-r1-export.json) so that a later export may replace it; nothing else is ever deleted.
+    """
     from prompt_r1.checkpoint import export_checkpoint
 
     try:
-        folder = export_checkpoint(checkpoint, out_dir)
-    except (FileNotFoundError, ValueError, OSError) as err:
+        folder = export_checkpoint(checkpoint, out_dir, overwrite=overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError, OSError) as err:
         _fail(f"cannot export {checkpoint}: {err}")
     console.print(f"exported {checkpoint} -> {folder}")
 
@@ -192,26 +198,49 @@ def export(
 def train(
     config: Path = ConfigOpt,
     db: Optional[Path] = DbOpt,
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="Run to create or continue."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the newest run of this config from its last checkpoint."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Id of a new run, or (with --resume) of the run to continue."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an unfinished run from its last checkpoint: the one "
+                                "given by --run-id, else the newest one with this config hash and training pool. "
+                                "A finished run is never resumed."),
+    force: bool = typer.Option(False, "--force", help="With --resume: continue the run even though its config or "
+                               "training pool changed (its checkpoints were trained under the old ones)."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
 ) -> None:
     """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
-    from prompt_r1.config import new_run_id, run_dir, runs_home
+    from prompt_r1.config import SAFE_NAME, new_run_id, run_dir, runs_home
     from prompt_r1.ingest import ingest as ingest_paths
-    from prompt_r1.train_loop import TrainingSession
+    from prompt_r1.run_record import ResumeError, find_resumable
+    from prompt_r1.train_loop import TrainingSession, training_pool_hash
 
     cfg = _load(config, set_)
-    if resume and not run_id:
-        runs = sorted(p.name for p in (runs_home() / cfg.name).glob("*") if (p / "checkpoints").is_dir())
-        if not runs:
-            _fail(f"--resume: no earlier run of `{cfg.name}` with checkpoints under {runs_home() / cfg.name}")
-        run_id = runs[-1]
-    run_id = run_id or new_run_id()
+    if force and not resume:
+        _fail("--force only applies to --resume (it continues a run under a changed config)")
+    if run_id is not None and not SAFE_NAME.match(run_id):
+        _fail(f"--run-id {run_id!r}: use letters, digits, `.`, `_`, `-` (it becomes a folder name)")
     with _open_db(db) as wh:
         ingest_paths(wh, cfg.data.sources)
-        with TrainingSession(cfg, wh, run_id, run_dir(cfg.name, run_id), resume=resume) as session:
-            final = session.run()
+        if resume and not run_id:
+            try:
+                pool = training_pool_hash(wh, cfg)
+            except ValueError as err:
+                _fail(str(err))
+            run_id, skipped = find_resumable(runs_home() / cfg.name, cfg.hash(), pool)
+            if run_id is None:
+                passed = "".join(f"\n  passed over {reason}" for reason in skipped)
+                _fail(f"--resume: no unfinished run of `{cfg.name}` with config hash {cfg.hash()} and this "
+                      f"training pool ({pool}) under {runs_home() / cfg.name}.{passed}\nStart a new run (drop "
+                      "--resume), or continue a run by id under the new config with --run-id ID --resume --force")
+        elif resume and not run_dir(cfg.name, run_id).is_dir():
+            _fail(f"--resume: no run {run_id!r} under {runs_home() / cfg.name}")
+        run_id = run_id or new_run_id()
+        folder = run_dir(cfg.name, run_id)
+        console.print(f"{'resuming' if resume else 'starting'} run {run_id} ({folder}; config hash {cfg.hash()})",
+                      highlight=False)
+        try:
+            with TrainingSession(cfg, wh, run_id, folder, resume=resume, force=force) as session:
+                final = session.run()
+        except ResumeError as err:
+            _fail(str(err))
     console.print(f"run {run_id}: {cfg.train.steps} steps; trained agent (plain HF folder): {final}")
 
 

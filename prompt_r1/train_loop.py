@@ -4,7 +4,8 @@
 order) and exposes each stage as a method, so the Prefect flow can wrap every stage in its own
 task while `prompt-r1 train` simply calls `run()`. Resuming loads the newest checkpoint
 (weights, optimiser, RNG, data position) and drops warehouse rows of steps after it, so a
-resumed run reaches the same step count with no repeated or skipped data.
+resumed run reaches the same step count with no repeated or skipped data; it continues only
+the same run (same config and training pool, see `run_record`) unless forced.
 """
 
 from __future__ import annotations
@@ -45,6 +46,18 @@ def training_pool(warehouse: Warehouse, cfg: Config) -> tuple[list[QuestionRow],
     return pool[n_val:], pool[:n_val]
 
 
+def questions_hash(train: list[QuestionRow], val: list[QuestionRow]) -> str:
+    """Identifies a training pool (train + validation ids, in order): a resume must see the same."""
+    from prompt_r1.run_record import pool_hash
+
+    return pool_hash([q.question_id for q in train], [q.question_id for q in val])
+
+
+def training_pool_hash(warehouse: Warehouse, cfg: Config) -> str:
+    """`questions_hash` of the pool `cfg` trains on (to pick the run to resume before starting)."""
+    return questions_hash(*training_pool(warehouse, cfg))
+
+
 def trajectory_rows(trajectories: list[Trajectory]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Warehouse rows (trajectories, env_calls) of one step."""
     trajs, calls = [], []
@@ -58,9 +71,12 @@ def trajectory_rows(trajectories: list[Trajectory]) -> tuple[list[dict[str, Any]
 class TrainingSession:
     """One training run; use as a context manager (it starts and stops servers and actors)."""
 
-    def __init__(self, cfg: Config, warehouse: Warehouse, run_id: str, run_dir: Path, resume: bool = False):
+    def __init__(self, cfg: Config, warehouse: Warehouse, run_id: str, run_dir: Path, resume: bool = False,
+                 force: bool = False):
+        """`resume`: continue the run in `run_dir` if it holds one (refused when its config or
+        pool changed, unless `force`, or when it finished); without it the folder must be new."""
         self.cfg, self.warehouse, self.run_id, self.run_dir = cfg, warehouse, run_id, run_dir
-        self.resume = resume
+        self.resume, self.force = resume, force
         self.ckpt_dir = run_dir / "checkpoints"
         self._stack = ExitStack()
         self.step = 0
@@ -70,18 +86,23 @@ class TrainingSession:
     def __enter__(self) -> "TrainingSession":
         from prompt_r1.checkpoint import latest_checkpoint, load_checkpoint
         from prompt_r1.models import resolve_model
+        from prompt_r1.run_record import open_run
         from prompt_r1.trainer import GRPOLearner
 
         self.train_questions, self.val_questions = training_pool(self.warehouse, self.cfg)
         self.by_id = {q.question_id: q for q in self.train_questions}
+        # Checked before any model loads, so a refused resume fails in a second.
+        open_run(self.run_dir, self.cfg.name, self.cfg.hash(), questions_hash(self.train_questions, self.val_questions),
+                 self.resume, self.force)
         self.model_path = resolve_model(self.cfg.agent.model)
         self.learner = GRPOLearner(self.cfg, self.model_path)
         latest = latest_checkpoint(self.ckpt_dir) if self.resume else None
         if latest is not None:
             self.step, data_position = load_checkpoint(self.learner, latest)
             self.position = int(data_position.get("position", 0))
-            self.warehouse.delete_steps_after(self.run_id, self.step - 1)
             log.info("resumed from %s: next step %d, data position %d", latest, self.step, self.position)
+        if self.resume:  # rows of steps after the checkpoint (or of all steps, without one) are redone
+            self.warehouse.delete_steps_after(self.run_id, self.step - 1)
         self.env_cfg = self._start_environment()
         self.pool = self._start_pool()
         if latest is not None:
@@ -90,6 +111,12 @@ class TrainingSession:
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()
+
+    def mark_finished(self) -> None:
+        """The run is complete: later resumes of it are refused."""
+        from prompt_r1.run_record import mark_finished
+
+        mark_finished(self.run_dir)
 
     def _start_environment(self) -> EnvConfig:
         """Managed vLLM servers start here (driver) and actors reach them as `openai`."""
@@ -166,7 +193,7 @@ class TrainingSession:
         from prompt_r1.checkpoint import export_checkpoint, latest_checkpoint
 
         final = latest_checkpoint(self.ckpt_dir)
-        return export_checkpoint(final, self.run_dir / "agent") if final else None
+        return export_checkpoint(final, self.run_dir / "agent", overwrite=True) if final else None
 
     def run(self, on_step: Callable[[StepResult], None] | None = None) -> Path | None:
         """Train to `train.steps`; returns the exported final agent folder."""
@@ -180,4 +207,6 @@ class TrainingSession:
                 on_step(result)
             bar.update()
         bar.close()
-        return self.export_agent()
+        final = self.export_agent()
+        self.mark_finished()
+        return final

@@ -95,3 +95,168 @@ def test_export_gives_a_plain_model_with_the_same_logits(tiny_model_path, tmp_pa
 def test_export_cli_names_a_bad_folder(tmp_path) -> None:
     result = CliRunner().invoke(app, ["export", str(tmp_path / "nope"), str(tmp_path / "out")])
     assert result.exit_code == 2 and "not a checkpoint" in result.output
+
+
+# -- export never deletes what it did not write --------------------------------------------
+def _fake_checkpoint(folder):
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.pt").write_bytes(b"")  # enough to pass the "is a checkpoint" check
+    return folder
+
+
+def test_export_refuses_a_folder_with_user_files_even_with_overwrite(tmp_path) -> None:
+    ckpt = _fake_checkpoint(tmp_path / "ckpt")
+    target = tmp_path / "my-project"
+    target.mkdir()
+    (target / "notes.txt").write_text("precious")
+    for extra in ([], ["--overwrite"]):
+        result = CliRunner().invoke(app, ["export", str(ckpt), str(target), *extra])
+        assert result.exit_code == 2, result.output
+        assert "not an earlier export" in result.output
+        assert (target / "notes.txt").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "my-project"]  # no temp folders left
+    plain_file = tmp_path / "file.bin"
+    plain_file.write_text("x")
+    result = CliRunner().invoke(app, ["export", str(ckpt), str(plain_file), "--overwrite"])
+    assert result.exit_code == 2 and plain_file.read_text() == "x"
+
+
+def test_export_replaces_only_an_earlier_export(tiny_model_path, tmp_path) -> None:
+    from prompt_r1.checkpoint import EXPORT_MARKER
+
+    cfg = make_config()
+    learner = GRPOLearner(cfg, tiny_model_path)
+    ckpt = save_checkpoint(learner, tmp_path / "ckpts", 1, {"position": 1}, cfg)
+    target = tmp_path / "out"
+    target.mkdir()  # an empty folder is fine
+    assert CliRunner().invoke(app, ["export", str(ckpt), str(target)]).exit_code == 0
+    assert (target / EXPORT_MARKER).is_file() and (target / "config.json").is_file()
+    (target / "stale.txt").write_text("from the earlier export")
+    again = CliRunner().invoke(app, ["export", str(ckpt), str(target)])
+    assert again.exit_code == 2 and "--overwrite" in again.output and (target / "stale.txt").exists()
+    replaced = CliRunner().invoke(app, ["export", str(ckpt), str(target), "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert not (target / "stale.txt").exists() and (target / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpts", "out"]  # no temp or old folders left
+
+
+# -- resume continues only the same run ------------------------------------------------------
+def test_open_run_refuses_changed_or_finished_runs(tmp_path) -> None:
+    from prompt_r1.run_record import ResumeError, mark_finished, open_run, read_record
+
+    run = tmp_path / "r1"
+    first = open_run(run, "smoke", "cfgA", "poolP", resume=False)
+    assert read_record(run) == first and first["finished_at"] is None
+    with pytest.raises(ResumeError, match="already holds a run"):
+        open_run(run, "smoke", "cfgA", "poolP", resume=False)
+    assert open_run(run, "smoke", "cfgA", "poolP", resume=True)["config_hash"] == "cfgA"
+    for cfg_hash, pool, needle in [("cfgB", "poolP", "config hash cfgA -> cfgB"),
+                                   ("cfgA", "poolQ", "training pool hash poolP -> poolQ")]:
+        with pytest.raises(ResumeError, match="refusing to resume") as err:
+            open_run(run, "smoke", cfg_hash, pool, resume=True)
+        assert needle in str(err.value) and "--force" in str(err.value)
+    assert read_record(run)["config_hash"] == "cfgA"  # a refusal changes nothing
+    forced = open_run(run, "smoke", "cfgB", "poolP", resume=True, force=True)
+    assert forced["config_hash"] == "cfgB" and forced["forced"][0]["from_config_hash"] == "cfgA"
+    assert read_record(run) == forced
+    mark_finished(run)
+    for force in (False, True):
+        with pytest.raises(ResumeError, match="never resumed"):
+            open_run(run, "smoke", "cfgB", "poolP", resume=True, force=force)
+
+
+def test_find_resumable_is_the_newest_unfinished_matching_run(tmp_path) -> None:
+    """Random run folders against a brute-force statement of the rule."""
+    import random
+
+    from prompt_r1.run_record import find_resumable, write_record
+
+    rng = random.Random(5)
+    for case in range(60):
+        root = tmp_path / f"case{case}"
+        runs = []
+        for i in range(rng.randint(0, 6)):
+            run = {"name": f"{rng.choice('abz')}{i}", "config_hash": rng.choice(["A", "B"]),
+                   "pool_hash": rng.choice(["P", "Q"]), "started_at": f"2025-01-01T00:00:{rng.randint(0, 59):02d}.{i:06d}",
+                   "finished_at": rng.choice([None, "2025-01-02"])}
+            write_record(root / run["name"], {k: v for k, v in run.items() if k != "name"})
+            runs.append(run)
+        found, skipped = find_resumable(root, "A", "P")
+        eligible = [r for r in runs if r["config_hash"] == "A" and r["pool_hash"] == "P" and not r["finished_at"]]
+        expected = max(eligible, key=lambda r: r["started_at"])["name"] if eligible else None
+        assert found == expected, (case, runs)
+        newer = [r for r in runs if expected is None or r["started_at"] > max(e["started_at"] for e in eligible)]
+        assert len(skipped) == len(newer)
+
+
+class _FakeSession:
+    """Stands in for TrainingSession in CLI tests: runs the real identity check, trains nothing."""
+
+    seen: list[str] = []
+
+    def __init__(self, cfg, wh, run_id, run_dir, resume=False, force=False):
+        self.args = (cfg, wh, run_id, run_dir, resume, force)
+
+    def __enter__(self):
+        from prompt_r1.run_record import open_run
+        from prompt_r1.train_loop import training_pool_hash
+
+        cfg, wh, run_id, run_dir, resume, force = self.args
+        open_run(run_dir, cfg.name, cfg.hash(), training_pool_hash(wh, cfg), resume, force)
+        _FakeSession.seen.append(run_id)
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def run(self):
+        return None
+
+
+def test_cli_resume_picks_the_same_unfinished_run(home, monkeypatch) -> None:
+    from prompt_r1 import train_loop
+    from prompt_r1.config import load_config
+    from prompt_r1.ingest import ingest
+    from prompt_r1.run_record import write_record
+    from warehouse.store import Warehouse
+
+    monkeypatch.setattr(train_loop, "TrainingSession", _FakeSession)
+    cfg = load_config("configs/smoke.yaml")
+    with Warehouse(home / "warehouse.duckdb") as wh:
+        ingest(wh, cfg.data.sources)
+        pool = train_loop.training_pool_hash(wh, cfg)
+    same = {"config_hash": cfg.hash(), "pool_hash": pool, "finished_at": None}
+    write_record(home / "smoke" / "20250101-000000-aaaaaa", {**same, "started_at": "2025-01-01T00:00:00"})
+    write_record(home / "smoke" / "20250102-000000-bbbbbb", {**same, "config_hash": "other", "started_at": "2025-01-02"})
+    write_record(home / "smoke" / "20991231-000000-zzzzzz", {**same, "started_at": "2099-12-31",
+                                                              "finished_at": "2099-12-31"})
+    result = CliRunner().invoke(app, ["train", "-c", "configs/smoke.yaml", "--resume"])
+    assert result.exit_code == 0, result.output
+    assert _FakeSession.seen[-1] == "20250101-000000-aaaaaa" and "resuming run 20250101-000000-aaaaaa" in result.output
+
+    changed = CliRunner().invoke(app, ["train", "-c", "configs/smoke.yaml", "--resume", "--set", "train.lr=0.5"])
+    assert changed.exit_code == 2 and "no unfinished run" in changed.output
+    assert "20991231-000000-zzzzzz: finished" in changed.output
+    by_id = ["train", "-c", "configs/smoke.yaml", "--resume", "--run-id", "20250102-000000-bbbbbb"]
+    refused = CliRunner().invoke(app, by_id)
+    assert refused.exit_code == 2 and "refusing to resume" in refused.output
+    assert CliRunner().invoke(app, [*by_id, "--force"]).exit_code == 0
+    assert _FakeSession.seen[-1] == "20250102-000000-bbbbbb"
+    finished = CliRunner().invoke(app, ["train", "-c", "configs/smoke.yaml", "--resume", "--force",
+                                        "--run-id", "20991231-000000-zzzzzz"])
+    assert finished.exit_code == 2 and "never resumed" in finished.output
+
+
+def test_training_session_checks_the_run_before_loading_anything(home, warehouse) -> None:
+    from prompt_r1.config import load_config, run_dir
+    from prompt_r1.ingest import ingest
+    from prompt_r1.run_record import ResumeError, write_record
+    from prompt_r1.train_loop import TrainingSession
+
+    cfg = load_config("configs/smoke.yaml", {"agent.model": "no-such-model"})  # loading it would fail
+    ingest(warehouse, cfg.data.sources)
+    folder = run_dir(cfg.name, "r1")
+    write_record(folder, {"config_hash": "old", "pool_hash": "old", "started_at": "x", "finished_at": None})
+    with pytest.raises(ResumeError, match="config hash old -> "):
+        with TrainingSession(cfg, warehouse, "r1", folder, resume=True):
+            pass

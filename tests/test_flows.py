@@ -122,3 +122,29 @@ def test_train_flow_killed_mid_run_resumes_without_duplicates(home, tmp_path):
         assert wh.steps_recorded(run_id) == list(range(steps))
         per_step = wh.query("SELECT step, COUNT(*) FROM trajectories WHERE run_id = ? GROUP BY 1 ORDER BY 1", [run_id])
         assert [n for _, n in per_step] == [4] * steps
+
+
+def test_train_flow_continues_only_a_run_with_the_same_config_and_pool(home):
+    """The unfinished run of a changed config (or pool, or a finished run folder) is left alone."""
+    from flows.train import unfinished_run
+    from prompt_r1.config import run_dir
+    from prompt_r1.run_record import write_record
+    from tasks.tracking import setup_mlflow
+
+    exp = setup_mlflow("smoke")
+    client = _client()
+
+    def run(status: str, **tags: str) -> str:
+        made = client.create_run(exp, tags={"flow": "train", **tags})
+        client.set_terminated(made.info.run_id, status)
+        time.sleep(0.01)  # distinct start times
+        return made.info.run_id
+
+    same = run("FAILED", config_hash="A", pool_hash="P")
+    run("FAILED", config_hash="A", pool_hash="Q")  # other training questions
+    run("KILLED", config_hash="B", pool_hash="P")  # changed config (newest of these)
+    run("FINISHED", config_hash="A", pool_hash="P")
+    assert unfinished_run(exp, "smoke", "A", "P") == same
+    assert unfinished_run(exp, "smoke", "C", "P") is None
+    write_record(run_dir("smoke", same), {"config_hash": "A", "pool_hash": "P", "finished_at": "2025-01-01"})
+    assert unfinished_run(exp, "smoke", "A", "P") is None
