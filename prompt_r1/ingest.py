@@ -1,27 +1,45 @@
 """Dataset ingestion: Prompt-R1 Parquet files, JSONL files and Hugging Face datasets -> warehouse.
 
 Every source becomes rows of the `questions` table with its dataset, split, task family and
-primary metric. A source is identified by the hash of its content, so re-ingesting the same
-file is a no-op, and one source is one transaction: a bad row rolls the whole source back and
-the error names the file and the row.
+primary metric. One source row is one question, even when two rows share their text: its id is
+a hash of (dataset, split, row key), the row key being the source's own `id` value when it has
+an `id` column and `<file name>:<row index>` otherwise. So re-ingesting finds the same ids, and a
+corrected file updates its questions in place (the report says how many).
+
+A source is identified by the hash of its content and of how that content maps to questions,
+so re-ingesting an unchanged source is a no-op. Sources are read in bulk (DuckDB reads Parquet
+and JSONL itself, HF datasets are Arrow already), every row is checked in one pass over the
+columns, and one source is one transaction: a bad row rolls the whole source back and the error
+names the file, the row and the field.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
+import pyarrow as pa
+
+from prompt_r1.config import DataConfig
 from prompt_r1.protocol import split_question
-from warehouse.store import QuestionRow, Warehouse
+from warehouse.store import QUESTION_COLUMNS, Warehouse
 
 log = logging.getLogger(__name__)
 
 FAMILIES = ("multihop_qa", "standard_qa", "math", "generation")
+METRICS = ("f1", "em", "ssim")
+SPLITS = ("train", "test", "ood")
 DEFAULT_METRIC = {"multihop_qa": "f1", "standard_qa": "f1", "math": "em", "generation": "ssim"}
+MAX_QUESTION_CHARS: int = DataConfig.model_fields["max_question_chars"].default
+ID_COLUMN = "id"  # a source column with this name gives each row its key
+# Part of every content hash: when the way rows become questions changes, sources re-ingest.
+INGEST_FORMAT = 2
 
 # The reference release: file stem -> (task family, primary metric). See shared data README.
 PROMPT_R1_FILES: dict[str, tuple[str, str]] = {
@@ -54,19 +72,53 @@ class IngestReport:
     dataset: str
     inserted: int
     skipped: bool  # already ingested (same content hash)
+    updated: int = 0  # stored questions whose text, gold answers or labels changed
+    removed: int = 0  # questions of an earlier version of this source that it no longer holds
+
+    def describe(self) -> str:
+        """What the ingest changed, in words.
+
+        >>> IngestReport("f.jsonl", "f", 0, False, updated=2).describe()
+        '0 new, 2 updated (question text, gold answers or labels changed)'
+        """
+        if self.skipped:
+            return "already ingested (same content)"
+        parts = [f"{self.inserted} new"]
+        if self.updated:
+            parts.append(f"{self.updated} updated (question text, gold answers or labels changed)")
+        if self.removed:
+            parts.append(f"{self.removed} removed (no longer in the source)")
+        return ", ".join(parts)
 
 
-def question_id(dataset: str, split: str, question: str) -> str:
-    """Stable id of a question.
+@dataclass
+class Columns:
+    """One source read in bulk, one list entry per row; a plain string is the value of every row."""
 
-    >>> question_id("hotpot", "test", "Who?")
-    '1ee13860829e256c'
+    questions: list
+    golds: list
+    dataset: str | list
+    split: str | list
+    task_family: str | list
+    primary_metric: str | list
+    ids: list | None  # the source's own `id` column, when it has one
+    key_prefix: str  # row key without an id column: f"{key_prefix}:{row index}"
+    gold_field: str  # where the gold answers come from, for error messages
+
+
+def question_id(dataset: str, split: str, row_key: str) -> str:
+    """Stable id of one source row.
+
+    >>> question_id("hotpot", "test", "hotpot.parquet:0")
+    '43d58b68b8d957a8'
     """
-    return hashlib.sha256(f"{dataset}\x1f{split}\x1f{question}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{dataset}\x1f{split}\x1f{row_key}".encode()).hexdigest()[:16]
 
 
-def file_hash(path: Path) -> str:
-    digest = hashlib.sha256()
+def source_hash(path: Path) -> str:
+    """Content hash of a file together with what its path decides (dataset name, split), so two
+    files with the same bytes but different names, empty ones included, are different sources."""
+    digest = hashlib.sha256(f"{INGEST_FORMAT}\x1f{path.name}\x1f{split_for(path)}\x1f".encode())
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
@@ -82,84 +134,290 @@ def split_for(path: Path) -> str:
     return "test"
 
 
-def _golds(value: object, where: str) -> list[str]:
-    if isinstance(value, str):
+def _golds(value: object) -> list[str]:
+    """Gold answers of one row: a string or a list of strings (numbers are written as text).
+
+    >>> _golds(["4", 4])
+    ['4', '4']
+    >>> _golds([" "])
+    Traceback (most recent call last):
+    ...
+    ValueError: no gold answer (fix or drop the row, then ingest again)
+    """
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         value = [value]
-    try:
-        golds = [str(g) for g in value]  # type: ignore[union-attr]
-    except TypeError:
-        raise IngestError(f"{where}: gold answers must be a list of strings, got {value!r}") from None
-    if not golds or not any(g.strip() for g in golds):
-        raise IngestError(f"{where}: no gold answer (fix or drop the row, then ingest again)")
+    if value is None:
+        value = []
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"gold answers must be a string or a list of strings, "
+                         f"got {type(value).__name__} {str(value)[:80]!r}")
+    golds = []
+    for g in value:
+        if isinstance(g, str):
+            golds.append(g)
+        elif isinstance(g, (int, float)) and not isinstance(g, bool):
+            golds.append(str(g))
+        else:
+            raise ValueError(f"gold answer {str(g)[:80]!r} is not a string")
+    if not any(g.strip() for g in golds):
+        raise ValueError("no gold answer (fix or drop the row, then ingest again)")
     return golds
 
 
-def _row(dataset: str, split: str, question: str, golds: list[str], family: str, metric: str,
-         index: int, where: str) -> QuestionRow:
-    if not isinstance(question, str) or not question.strip():
-        raise IngestError(f"{where}: empty or missing question text")
-    if family not in FAMILIES:
-        raise IngestError(f"{where}: task_family {family!r} is not one of {', '.join(FAMILIES)}")
-    if metric not in ("f1", "em", "ssim"):
-        raise IngestError(f"{where}: primary_metric {metric!r} is not one of f1, em, ssim")
-    question = question.strip()
-    return QuestionRow(question_id(dataset, split, question), dataset, split, question, golds,
-                       family, metric, row_index=index)
+def _check_labels(values: str | list, allowed: Sequence[str], field: str, where: Callable[[int], str]) -> None:
+    """Every row's `field` is one of `allowed`; else the first offending row is named."""
+    rows = [values] if isinstance(values, str) else values
+    bad = set(rows) - set(allowed)
+    if bad:
+        i = next(i for i, v in enumerate(rows) if v in bad)
+        raise IngestError(f"{where(i)}: {field} {rows[i]!r} is not one of {', '.join(allowed)}")
 
 
-def read_parquet(path: Path) -> Iterator[QuestionRow]:
-    """Rows of a Prompt-R1 (verl RL layout) Parquet file."""
-    import duckdb
+def build_table(cols: Columns, where: Callable[[int], str], max_question_chars: int) -> pa.Table:
+    """Check every row of a source and turn it into the warehouse's question table.
 
+    `where(i)` names row i for error messages (file and row or line).
+    """
+    n = len(cols.questions)
+    _check_labels(cols.task_family, FAMILIES, "task_family", where)
+    _check_labels(cols.primary_metric, METRICS, "primary_metric", where)
+    _check_labels(cols.split, SPLITS, "split", where)
+    questions, golds = [], []
+    for i, (q, g) in enumerate(zip(cols.questions, cols.golds)):
+        if type(q) is str and type(g) is list and 0 < len(q) <= max_question_chars and not q[0].isspace() \
+                and not q[-1].isspace() and all(type(x) is str for x in g) and any(x.strip() for x in g):
+            questions.append(q)  # the common case, checked without the slower general path
+            golds.append(g)
+            continue
+        if not isinstance(q, str) or not q.strip():
+            raise IngestError(f"{where(i)}: empty or missing question text")
+        q = q.strip()
+        if len(q) > max_question_chars:
+            raise IngestError(
+                f"{where(i)}: question is {len(q):,} characters, over the limit of {max_question_chars:,} "
+                "(shorten or drop the row, or raise data.max_question_chars / --max-question-chars)")
+        questions.append(q)
+        try:
+            golds.append(_golds(g))
+        except ValueError as err:
+            raise IngestError(f"{where(i)} field {cols.gold_field}: {err}") from None
+    keys = _row_keys(cols, where)
+    per_row = {f: getattr(cols, f) if isinstance(getattr(cols, f), list) else [getattr(cols, f)] * n
+               for f in ("dataset", "split", "task_family", "primary_metric")}
+    ids = [question_id(d, s, k) for d, s, k in zip(per_row["dataset"], per_row["split"], keys)]
+    return pa.table({"question_id": ids, **{f: per_row[f] for f in ("dataset", "split")},
+                     "question": questions, "golds": golds,
+                     **{f: per_row[f] for f in ("task_family", "primary_metric")},
+                     "row_index": list(range(n))}, schema=QUESTION_COLUMNS)
+
+
+def _row_keys(cols: Columns, where: Callable[[int], str]) -> list[str]:
+    if cols.ids is None:
+        return [f"{cols.key_prefix}:{i}" for i in range(len(cols.questions))]
+    seen: dict[str, int] = {}
+    for i, value in enumerate(cols.ids):
+        if value is None or str(value).strip() == "":
+            raise IngestError(f"{where(i)}: field `{ID_COLUMN}` is empty; give every row an id or none")
+        first = seen.setdefault(str(value), i)
+        if first != i:
+            raise IngestError(f"{where(i)}: `{ID_COLUMN}` {str(value)!r} repeats {where(first)}; ids must be unique")
+    return [f"{ID_COLUMN}:{v}" for v in cols.ids]
+
+
+@functools.cache
+def _reader() -> duckdb.DuckDBPyConnection:
+    """One in-memory DuckDB for reading files (opening one costs ~50 ms; callers take a cursor)."""
+    return duckdb.connect()
+
+
+def _arrow(sql: str, path: Path) -> pa.Table:
+    """Run `sql` with `{path}` bound to the file, as an Arrow table (a quoted literal: a bound
+    parameter makes DuckDB re-plan the file scan, twice as slow here)."""
+    literal = "'" + str(path).replace("'", "''") + "'"
+    with _reader().cursor() as cur:
+        return cur.sql(sql.replace("{path}", literal)).to_arrow_table()
+
+
+def _struct_fields(dtype: duckdb.typing.DuckDBPyType) -> dict[str, duckdb.typing.DuckDBPyType]:
+    return dict(dtype.children) if dtype.id == "struct" else {}
+
+
+def _parquet_columns(path: Path) -> Columns:
+    try:
+        with _reader().cursor() as cur:
+            rel = cur.read_parquet(str(path))
+            types = dict(zip(rel.columns, rel.types))
+    except duckdb.Error as err:
+        raise IngestError(f"{path}: not a readable Prompt-R1 Parquet file ({err})") from None
+    layout = "(verl RL layout: see the Prompt-R1 data README)"
+    prompt = types.get("prompt")
+    if prompt is None or prompt.id != "list" or "content" not in _struct_fields(dict(prompt.children)["child"]):
+        raise IngestError(f"{path} row 0 field prompt: expected a list of {{content, role}} messages {layout}, "
+                          f"but the column is {prompt or 'missing'} in every row")
+    reward = types.get("reward_model")
+    if reward is None or "ground_truth" not in _struct_fields(reward):
+        raise IngestError(f"{path} row 0 field reward_model: expected a struct with a `ground_truth` list of "
+                          f"gold answers {layout}, but the column is {reward or 'missing'} in every row")
+    id_sql = f", {ID_COLUMN}::VARCHAR AS id" if ID_COLUMN in types else ""
+    try:
+        table = _arrow(f"SELECT prompt[1].content AS content, reward_model.ground_truth AS golds{id_sql} "
+                       "FROM read_parquet({path})", path)
+    except duckdb.Error as err:
+        raise IngestError(_parquet_read_problem(path, err)) from None
+    family, metric = PROMPT_R1_FILES[path.stem]
+    return Columns(table.column("content").to_pylist(), table.column("golds").to_pylist(), path.stem,
+                   split_for(path), family, metric,
+                   table.column("id").to_pylist() if id_sql else None, path.name, "reward_model.ground_truth")
+
+
+def _parquet_read_problem(path: Path, err: duckdb.Error) -> str:
+    """Name the row DuckDB could not read (text that is not UTF-8); runs only after a failure."""
+    import pyarrow.parquet as pq
+
+    try:
+        for start, batch in _batches(pq.ParquetFile(path)):
+            try:
+                batch.to_pylist()
+                continue
+            except UnicodeDecodeError:
+                pass
+            for i in range(batch.num_rows):
+                for name in batch.schema.names:
+                    try:
+                        batch.column(name).slice(i, 1).to_pylist()
+                    except UnicodeDecodeError as bad:
+                        return (f"{path} row {start + i} field {name}: text is not UTF-8 ({bad.reason} at "
+                                f"byte {bad.start}); re-encode the file's strings as UTF-8")
+    except Exception:  # the diagnosis is best effort; DuckDB's own message follows
+        pass
+    return f"{path}: not a readable Prompt-R1 Parquet file ({err})"
+
+
+def _batches(pf) -> Iterable[tuple[int, pa.RecordBatch]]:
+    start = 0
+    for batch in pf.iter_batches(batch_size=4096):
+        yield start, batch
+        start += batch.num_rows
+
+
+def read_parquet(path: Path, max_question_chars: int = MAX_QUESTION_CHARS) -> pa.Table:
+    """Questions of a Prompt-R1 (verl RL layout) Parquet file."""
     if path.stem not in PROMPT_R1_FILES:
         raise IngestError(
             f"{path}: unknown Prompt-R1 file name; expected one of {', '.join(PROMPT_R1_FILES)} "
             "(or convert it to JSONL with question/answers/task_family fields)"
         )
-    family, metric = PROMPT_R1_FILES[path.stem]
-    split = split_for(path)
-    try:
-        rows = duckdb.connect().execute(
-            "SELECT prompt, reward_model FROM read_parquet(?)", [str(path)]).fetchall()
-    except duckdb.Error as err:
-        raise IngestError(f"{path}: not a readable Prompt-R1 Parquet file ({err})") from None
-    for i, (prompt, reward_model) in enumerate(rows):
-        where = f"{path} row {i}"
-        if not prompt or not isinstance(prompt[0], dict) or not prompt[0].get("content"):
-            raise IngestError(f"{where}: field `prompt` has no user message content")
-        golds = _golds((reward_model or {}).get("ground_truth"), f"{where} field reward_model.ground_truth")
-        yield _row(path.stem, split, split_question(prompt[0]["content"]), golds, family, metric, i, where)
+    cols = _parquet_columns(path)
+    where = lambda i: f"{path} row {i}"  # noqa: E731
+    for i, content in enumerate(cols.questions):
+        if not isinstance(content, str) or not content:
+            raise IngestError(f"{where(i)}: field `prompt` has no user message content")
+    cols.questions = [split_question(c) for c in cols.questions]
+    return build_table(_not_empty(cols, path), where, max_question_chars)
 
 
-def read_jsonl(path: Path) -> Iterator[QuestionRow]:
-    """Rows of a JSONL file: `question`, `answers`, `task_family`; optional `dataset`, `split`,
-    `primary_metric` (defaults: file stem, split from the path, the family's metric)."""
-    with path.open(encoding="utf-8") as fh:
-        for i, line in enumerate(fh):
+# JSONL: DuckDB parses each line; the SQL below checks each record's shape and names the first
+# problem of each row, so the Python pass only sees well-typed values.
+_SCALAR = "'VARCHAR', 'BIGINT', 'UBIGINT', 'DOUBLE'"
+_JSONL_SQL = f"""
+SELECT j->>'$.question' AS question,
+       CASE json_type(j, '$.answers') WHEN 'ARRAY' THEN json_extract_string(j, '$.answers[*]')
+            ELSE [j->>'$.answers'] END AS golds,
+       j->>'$.dataset' AS dataset, j->>'$.split' AS split, j->>'$.task_family' AS task_family,
+       j->>'$.primary_metric' AS primary_metric, j->>'$.{ID_COLUMN}' AS id,
+       CASE
+         WHEN json_type(j) <> 'OBJECT' THEN 'expected a JSON object, got ' || lower(json_type(j))
+         WHEN json_type(j, '$.question') IS NULL THEN 'missing field `question`'
+         WHEN json_type(j, '$.answers') IS NULL THEN 'missing field `answers`'
+         WHEN json_type(j, '$.task_family') IS NULL THEN 'missing field `task_family`'
+         WHEN json_type(j, '$.question') <> 'VARCHAR'
+           THEN 'field `question` must be a string, got ' || lower(json_type(j, '$.question'))
+         WHEN json_type(j, '$.answers') NOT IN ('ARRAY', 'NULL', {_SCALAR})
+           THEN 'field `answers` must be a string or a list of strings, got ' || lower(json_type(j, '$.answers'))
+         WHEN json_type(j, '$.answers') = 'ARRAY' AND list_bool_or(list_transform(
+                json_extract(j, '$.answers[*]'), lambda x: json_type(x) NOT IN ({_SCALAR})))
+           THEN 'field `answers` holds a null, list or object; gold answers are strings'
+         WHEN json_type(j, '$.{ID_COLUMN}') NOT IN ({_SCALAR})
+           THEN 'field `{ID_COLUMN}` must be a string or a number'
+         ELSE 'field `' || list_first(list_filter(
+                ['dataset', 'split', 'task_family', 'primary_metric'],
+                lambda f: json_type(j, '$.' || f) IS NOT NULL AND json_type(j, '$.' || f) <> 'VARCHAR'))
+              || '` must be a string' END AS problem
+FROM (SELECT json AS j FROM read_json_objects({{path}}, format = 'newline_delimited',
+                                                maximum_object_size = 1073741824))
+"""
+
+
+def _line_of(path: Path, record: int) -> int:
+    """Physical line (from 1) of the record-th non-blank line; runs only to word an error."""
+    seen = -1
+    with path.open("rb") as fh:
+        for number, line in enumerate(fh, start=1):
+            if line.strip(b" \t\r\n"):
+                seen += 1
+                if seen == record:
+                    return number
+    return record + 1
+
+
+def _jsonl_read_problem(path: Path, err: duckdb.Error) -> str:
+    """Name the line DuckDB could not parse (not UTF-8, not JSON); runs only after a failure."""
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return (f"{path} line {number}: not UTF-8 text (byte 0x{raw[bad.start]:02x} at column "
+                        f"{bad.start + 1}); save the file as UTF-8")
             if not line.strip():
                 continue
-            where = f"{path} line {i + 1}"
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise IngestError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(obj, dict):
-                raise IngestError(f"{where}: expected a JSON object")
-            for field in ("question", "answers", "task_family"):
-                if field not in obj:
-                    raise IngestError(f"{where}: missing field `{field}`")
-            family = obj["task_family"]
-            yield _row(obj.get("dataset", path.stem), obj.get("split", split_for(path)), obj["question"],
-                       _golds(obj["answers"], f"{where} field answers"), family,
-                       obj.get("primary_metric", DEFAULT_METRIC.get(family, "f1")), i, where)
+                json.loads(line)
+            except json.JSONDecodeError as bad:
+                return f"{path} line {number}: not valid JSON ({bad.msg} at column {bad.colno})"
+    return f"{path}: not readable as JSONL ({err})"
+
+
+def read_jsonl(path: Path, max_question_chars: int = MAX_QUESTION_CHARS) -> pa.Table:
+    """Questions of a JSONL file: `question`, `answers`, `task_family`; optional `dataset`,
+    `split`, `primary_metric`, `id` (defaults: file stem, split from the path, the family's
+    metric, the line's position)."""
+    try:
+        table = _arrow(_JSONL_SQL, path)
+    except duckdb.Error as err:
+        raise IngestError(_jsonl_read_problem(path, err)) from None
+    where = lambda i: f"{path} line {_line_of(path, i)}"  # noqa: E731
+    problems = table.column("problem").to_pylist()
+    bad = next((i for i, p in enumerate(problems) if p), None)
+    if bad is not None:
+        raise IngestError(f"{where(bad)}: {problems[bad]}")
+    families = table.column("task_family").to_pylist()
+    ids = table.column("id").to_pylist()
+    default_split, stem = split_for(path), path.stem
+    cols = Columns(
+        table.column("question").to_pylist(), table.column("golds").to_pylist(),
+        [d or stem for d in table.column("dataset").to_pylist()],
+        [s or default_split for s in table.column("split").to_pylist()],
+        families,
+        [m or DEFAULT_METRIC.get(f, "f1") for m, f in zip(table.column("primary_metric").to_pylist(), families)],
+        None if all(v is None for v in ids) else ids, path.name, "answers",
+    )
+    return build_table(_not_empty(cols, path), where, max_question_chars)
+
+
+def _not_empty(cols: Columns, source: object) -> Columns:
+    if not cols.questions:
+        raise IngestError(f"{source}: no rows (empty file); nothing was ingested. Remove it or fill it.")
+    return cols
 
 
 def read_hf(name: str, question_col: str, answers_col: str, task_family: str, split: str = "test",
             hf_split: str = "train", config: str | None = None, dataset: str | None = None,
-            ) -> tuple[str, str, list[QuestionRow]]:
+            max_question_chars: int = MAX_QUESTION_CHARS) -> tuple[str, str, pa.Table]:
     """A Hugging Face dataset (hub name, or a local folder/file for `datasets.load_dataset`).
 
-    Returns (dataset name, content hash, rows); the hash is the dataset fingerprint + mapping.
+    Returns (source label, content hash, questions); the hash is the dataset fingerprint +
+    mapping. An `id` column, when the dataset has one, keys the rows.
     """
     import datasets
 
@@ -170,16 +428,18 @@ def read_hf(name: str, question_col: str, answers_col: str, task_family: str, sp
     for col in (question_col, answers_col):
         if col not in ds.column_names:
             raise IngestError(f"hf:{name}: no column `{col}` (columns: {', '.join(ds.column_names)})")
+    label = f"hf:{name}:{config or ''}:{hf_split}"
+    has_id = ID_COLUMN in ds.column_names and ID_COLUMN not in (question_col, answers_col)
+    table = ds.select_columns([question_col, answers_col] + ([ID_COLUMN] if has_id else [])) \
+              .with_format("arrow")[:]
     dataset = dataset or Path(name).stem.replace("/", "_")
-    metric = DEFAULT_METRIC.get(task_family, "f1")
-    rows = [
-        _row(dataset, split, rec[question_col], _golds(rec[answers_col], f"hf:{name} row {i} column {answers_col}"),
-             task_family, metric, i, f"hf:{name} row {i}")
-        for i, rec in enumerate(ds)
-    ]
-    mapping = json.dumps([name, config, hf_split, question_col, answers_col, task_family, split])
+    cols = Columns(table.column(question_col).to_pylist(), table.column(answers_col).to_pylist(),
+                   dataset, split, task_family, DEFAULT_METRIC.get(task_family, "f1"),
+                   table.column(ID_COLUMN).to_pylist() if has_id else None, label, answers_col)
+    where = lambda i: f"hf:{name} row {i}"  # noqa: E731
+    mapping = json.dumps([INGEST_FORMAT, name, config, hf_split, question_col, answers_col, task_family, split])
     content_hash = hashlib.sha256(f"{ds._fingerprint}{mapping}".encode()).hexdigest()
-    return dataset, content_hash, rows
+    return label, content_hash, build_table(_not_empty(cols, f"hf:{name}"), where, max_question_chars)
 
 
 def discover(source: Path) -> list[Path]:
@@ -194,72 +454,42 @@ def discover(source: Path) -> list[Path]:
     raise IngestError(f"{source}: no such file or directory")
 
 
-def ingest_file(wh: Warehouse, path: Path) -> IngestReport:
+READERS: dict[str, Callable[[Path, int], pa.Table]] = {".parquet": read_parquet, ".jsonl": read_jsonl}
+
+
+def _store(wh: Warehouse, source: str, content_hash: str, table: pa.Table) -> IngestReport:
+    dataset = table.column("dataset")[0].as_py()
+    counts = wh.add_source(source, content_hash, dataset, table)
+    report = IngestReport(source, dataset, counts.inserted, False, counts.updated, counts.removed)
+    (log.warning if counts.updated or counts.removed else log.info)("%s: %s", source, report.describe())
+    return report
+
+
+def ingest_file(wh: Warehouse, path: Path, max_question_chars: int = MAX_QUESTION_CHARS) -> IngestReport:
     path = path.resolve()
-    content_hash = file_hash(path)
+    reader = READERS.get(path.suffix)
+    if reader is None:
+        raise IngestError(f"{path}: unsupported file type (use .parquet or .jsonl)")
+    content_hash = source_hash(path)
     if wh.source_ingested(content_hash):
         log.info("already ingested, skipping: %s", path)
         return IngestReport(str(path), path.stem, 0, True)
-    if path.suffix == ".parquet":
-        rows = list(read_parquet(path))
-    elif path.suffix == ".jsonl":
-        rows = list(read_jsonl(path))
-    else:
-        raise IngestError(f"{path}: unsupported file type (use .parquet or .jsonl)")
-    rows = _merged(rows, path)
-    dataset = rows[0].dataset if rows else path.stem
-    inserted = wh.add_source(str(path), content_hash, dataset,
-                             [_with_source(r, str(path), content_hash) for r in rows])
-    log.info("ingested %d questions from %s", inserted, path)
-    return IngestReport(str(path), dataset, inserted, False)
+    return _store(wh, str(path), content_hash, reader(path, max_question_chars))
 
 
-def merge_duplicates(rows: list[QuestionRow]) -> list[QuestionRow]:
-    """One row per question (same id): the first occurrence, with the gold answers of all of them.
-
-    Some published files repeat a question with a different reference answer (BookSum has 2
-    such questions, the training pool 6); both references are valid, and scoring takes the max
-    over golds, so none is dropped.
-
-    >>> a = QuestionRow("q1", "d", "test", "Q?", ["x"], "standard_qa", "f1", row_index=0)
-    >>> b = QuestionRow("q1", "d", "test", "Q?", ["y", "x"], "standard_qa", "f1", row_index=5)
-    >>> [(r.row_index, r.golds) for r in merge_duplicates([a, b])]
-    [(0, ['x', 'y'])]
-    """
-    merged: dict[str, QuestionRow] = {}
-    for row in rows:
-        first = merged.setdefault(row.question_id, row)
-        if first is not row:
-            extra = [g for g in row.golds if g not in first.golds]
-            if extra:
-                merged[row.question_id] = replace(first, golds=first.golds + extra)
-    return list(merged.values())
-
-
-def _merged(rows: list[QuestionRow], source: object) -> list[QuestionRow]:
-    unique = merge_duplicates(rows)
-    if len(unique) < len(rows):
-        log.info("%s: %d repeated questions merged into their first occurrence (gold answers combined)",
-                 source, len(rows) - len(unique))
-    return unique
-
-
-def _with_source(row: QuestionRow, source_file: str, content_hash: str) -> QuestionRow:
-    return replace(row, source_file=source_file, source_hash=content_hash)
-
-
-def ingest(wh: Warehouse, sources: Iterable[str | Path]) -> list[IngestReport]:
+def ingest(wh: Warehouse, sources: Iterable[str | Path],
+           max_question_chars: int = MAX_QUESTION_CHARS) -> list[IngestReport]:
     """Ingest files and folders; each file is its own transaction, so earlier ones stay."""
     reports = []
     for source in sources:
         for path in discover(Path(source)):
-            reports.append(ingest_file(wh, path))
+            reports.append(ingest_file(wh, path, max_question_chars))
     return reports
 
 
-def ingest_hf(wh: Warehouse, name: str, **mapping: str) -> IngestReport:
-    dataset, content_hash, rows = read_hf(name, **mapping)
+def ingest_hf(wh: Warehouse, name: str, max_question_chars: int = MAX_QUESTION_CHARS,
+              **mapping: str) -> IngestReport:
+    label, content_hash, table = read_hf(name, max_question_chars=max_question_chars, **mapping)
     if wh.source_ingested(content_hash):
-        return IngestReport(f"hf:{name}", dataset, 0, True)
-    rows = [_with_source(r, f"hf:{name}", content_hash) for r in _merged(rows, f"hf:{name}")]
-    return IngestReport(f"hf:{name}", dataset, wh.add_source(f"hf:{name}", content_hash, dataset, rows), False)
+        return IngestReport(label, table.column("dataset")[0].as_py(), 0, True)
+    return _store(wh, label, content_hash, table)

@@ -1,8 +1,17 @@
-"""Warehouse module: transactions, per-step replacement, cache, eval rows, locked-file errors."""
+"""Warehouse module: transactions, per-step replacement, cache, eval rows, source upserts, and
+the file lock (read-only readers, bounded waits, errors naming the holder)."""
+
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-from warehouse.store import QuestionRow, Warehouse, WarehouseError
+from warehouse.store import QuestionRow, SourceCounts, Warehouse, WarehouseError, WarehouseLockedError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _traj(qid, g, total=0.5):
@@ -43,14 +52,75 @@ def test_cache_and_questions(warehouse):
     assert [q.question_id for q in warehouse.questions(limit_per_dataset=2)] == ["id0", "id1"]
 
 
-def test_second_process_gets_clear_error(home):
-    import subprocess
-    import sys
+def test_add_source_upserts_in_place_and_drops_gone_rows(warehouse):
+    rows = [QuestionRow(f"id{i}", "ds", "test", f"q{i}", ["a"], "math", "em", row_index=i) for i in range(5)]
+    assert warehouse.add_source("f", "h1", "ds", rows) == SourceCounts(5, 0, 0, 0)
+    fixed = rows[:3]
+    fixed[1] = QuestionRow("id1", "ds", "test", "q1", ["b"], "math", "em", row_index=1)
+    assert warehouse.add_source("f", "h2", "ds", fixed) == SourceCounts(0, 1, 2, 2)
+    assert [q.golds for q in warehouse.questions()] == [["a"], ["b"], ["a"]]
+    assert warehouse.query("SELECT content_hash FROM sources") == [("h2",)]
 
+
+HOLD = """import sys, time
+from warehouse.store import Warehouse
+with Warehouse(sys.argv[1], read_only=sys.argv[2] == "ro"):
+    print("holding", flush=True)
+    time.sleep(float(sys.argv[3]))
+"""
+
+
+@contextmanager
+def holder(path, mode, seconds):
+    """Another process holding the warehouse (read-only or writing) for `seconds`."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path), mode, str(seconds)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout.readline().strip() == "holding"  # the child exits (EOF) if it cannot open
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_second_writer_waits_bounded_then_names_the_holder(home):
     path = home / "locked.duckdb"
-    with Warehouse(path):
-        code = f"from warehouse.store import Warehouse; Warehouse({str(path)!r})"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode != 0
-    assert "cannot open warehouse" in out.stderr and str(path) in out.stderr
-    assert WarehouseError.__name__ in out.stderr
+    Warehouse(path).close()
+    with holder(path, "rw", 60) as proc:
+        start = time.monotonic()
+        with pytest.raises(WarehouseLockedError) as err:
+            Warehouse(path, wait_s=1.0)
+        assert 0.9 < time.monotonic() - start < 10
+        assert f"PID {proc.pid}" in str(err.value) and str(path) in str(err.value)
+        assert isinstance(err.value, WarehouseError)
+
+
+def test_writer_gets_the_file_once_the_holder_finishes(home):
+    path = home / "busy.duckdb"
+    Warehouse(path).close()
+    with holder(path, "rw", 1.5):
+        start = time.monotonic()
+        with Warehouse(path, wait_s=30) as wh:
+            assert wh.table_counts()["questions"] == 0
+        assert time.monotonic() - start > 0.3
+
+
+def test_cli_summary_reads_only_and_second_writer_exits_2(home):
+    exe = [sys.executable, "-m", "prompt_r1.cli"]
+    db = home / "warehouse.duckdb"
+    assert subprocess.run(exe + ["ingest", "data/sample"], capture_output=True, text=True, cwd=ROOT).returncode == 0
+    with holder(db, "ro", 60):  # a reader elsewhere: summary (a reader too) still works
+        out = subprocess.run(exe + ["summary", "--lock-wait", "5"], capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "'questions': 40" in out.stdout
+    with holder(db, "rw", 60) as proc:
+        out = subprocess.run(exe + ["ingest", "data/sample", "--lock-wait", "1"], capture_output=True,
+                             text=True, cwd=ROOT)
+        assert out.returncode == 2 and "Traceback" not in out.stdout + out.stderr
+        assert f"PID {proc.pid}" in out.stdout and "in use by" in out.stdout
+
+
+def test_summary_of_missing_warehouse_is_a_clear_error(home):
+    out = subprocess.run([sys.executable, "-m", "prompt_r1.cli", "summary"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "no warehouse at" in out.stdout
+    assert not (home / "warehouse.duckdb").exists()  # a reader creates nothing

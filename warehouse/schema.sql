@@ -3,15 +3,15 @@
 -- evaluation rows per (run, environment, method, dataset, question).
 
 CREATE TABLE IF NOT EXISTS sources (
-    source_file   VARCHAR NOT NULL,     -- path as given (resolved)
-    content_hash  VARCHAR PRIMARY KEY,  -- sha256 of the file bytes (+ mapping for HF datasets)
+    source_file   VARCHAR NOT NULL,     -- resolved path (hf:NAME:... for HF datasets); its latest version only
+    content_hash  VARCHAR PRIMARY KEY,  -- sha256 of the file bytes + how they map to questions
     dataset       VARCHAR NOT NULL,
     n_questions   INTEGER NOT NULL,
     ingested_at   TIMESTAMP NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS questions (
-    question_id     VARCHAR PRIMARY KEY,   -- stable hash of (dataset, split, question text)
+    question_id     VARCHAR PRIMARY KEY,   -- hash of (dataset, split, row key): one per source row
     dataset         VARCHAR NOT NULL,
     split           VARCHAR NOT NULL,      -- train / test / ood
     question        VARCHAR NOT NULL,      -- without the instruction template
@@ -20,7 +20,7 @@ CREATE TABLE IF NOT EXISTS questions (
     primary_metric  VARCHAR NOT NULL,      -- f1 / em / ssim
     source_file     VARCHAR NOT NULL,
     source_hash     VARCHAR NOT NULL,
-    row_index       INTEGER NOT NULL,
+    row_index       INTEGER NOT NULL,      -- position in its source (records, blank lines not counted)
     ingested_at     TIMESTAMP NOT NULL
 );
 

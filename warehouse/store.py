@@ -2,13 +2,18 @@
 
 Everything durable goes through `Warehouse`: ingested questions, rollout trajectories and
 their environment calls, the environment reply cache, and evaluation rows. SQL lives here
-and in `schema.sql`; callers pass and receive plain Python values. Only the driver process
-opens the file (DuckDB allows one writing process); Ray actors return data instead.
+and in `schema.sql`; callers pass and receive plain Python values (questions also as one Arrow
+table per source, so a whole source is written in one statement). Only the driver process opens
+the file (DuckDB lets one process write it, and no other process even read it meanwhile); Ray
+actors return data instead. Readers open it read-only, so they never block each other, and an
+open that finds the file locked waits a bounded time, then names the process holding it.
 """
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 SCHEMA = Path(__file__).with_name("schema.sql")
+# How long an open waits for another process to release the file before giving up.
+LOCK_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,55 @@ class QuestionRow:
     row_index: int = 0
 
 
+# Columns of the Arrow table a source's questions arrive in (`add_source`), in table order.
+QUESTION_COLUMNS = pa.schema([
+    ("question_id", pa.string()), ("dataset", pa.string()), ("split", pa.string()),
+    ("question", pa.string()), ("golds", pa.list_(pa.string())), ("task_family", pa.string()),
+    ("primary_metric", pa.string()), ("row_index", pa.int64()),
+])
+# A question counts as updated when one of these differs from the stored row.
+_CONTENT = ("dataset", "split", "question", "golds", "task_family", "primary_metric", "row_index")
+
+
+def questions_table(rows: Iterable[QuestionRow]) -> pa.Table:
+    """QuestionRows as the Arrow table `add_source` takes."""
+    rows = list(rows)
+    return pa.table({name: [getattr(r, name) for r in rows] for name in QUESTION_COLUMNS.names},
+                    schema=QUESTION_COLUMNS)
+
+
+@dataclass(frozen=True)
+class SourceCounts:
+    """What writing one source changed: questions new, changed in place, dropped (gone from the
+    source), and present already with the same content."""
+
+    inserted: int
+    updated: int
+    removed: int
+    unchanged: int
+
+
+def lock_holder(message: str) -> str:
+    """The process named in DuckDB's lock error, or '' when the text names none.
+
+    >>> lock_holder('Could not set lock on file "w.duckdb": Conflicting lock is held in '
+    ...             '/usr/bin/python3.11 (PID 4242) by user ann. See also https://duckdb.org')
+    'PID 4242 (/usr/bin/python3.11)'
+    """
+    found = re.search(r"held in (.*?) \(PID (\d+)\)", message)
+    return f"PID {found.group(2)} ({found.group(1)})" if found else ""
+
+
+def _command_line(holder: str) -> str:
+    """The holder's command line where /proc shows it (Linux), so the message says what runs."""
+    pid = re.search(r"PID (\d+)", holder)
+    try:
+        raw = Path(f"/proc/{pid.group(1)}/cmdline").read_bytes() if pid else b""
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
@@ -43,23 +100,62 @@ class WarehouseError(RuntimeError):
     """The warehouse file cannot be opened or written; the message names the file."""
 
 
+class WarehouseLockedError(WarehouseError):
+    """Another process held the file for longer than the open was willing to wait."""
+
+
 class Warehouse:
     """A DuckDB warehouse file. Thread-safe: one connection, one lock, a cursor per call."""
 
-    def __init__(self, path: str | Path, read_only: bool = False):
+    def __init__(self, path: str | Path, read_only: bool = False, wait_s: float = LOCK_WAIT_S):
+        """Open (a writer also creates) the file; `read_only` for processes that only read.
+
+        DuckDB holds a file-level lock: while one process writes, no other may open the file, and
+        while any reads, none may write. A busy file is retried until `wait_s` has passed, then
+        `WarehouseLockedError` names the process holding it.
+        """
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._con = duckdb.connect(str(self.path), read_only=read_only)
-            if not read_only:
+        if read_only and not self.path.is_file():
+            raise WarehouseError(f"no warehouse at {self.path}: nothing has been ingested there yet "
+                                 "(run `prompt-r1 ingest ...` first, or pass --db with the right file)")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + wait_s
+        delay = 0.05
+        while True:
+            try:
+                self._con = duckdb.connect(str(self.path), read_only=read_only)
+                break
+            except duckdb.IOException as err:
+                holder = lock_holder(str(err))
+                if not holder and "lock" not in str(err).lower():
+                    raise self._open_error(err) from None
+                if time.monotonic() + delay > deadline:
+                    raise self._locked_error(holder or str(err), wait_s) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except duckdb.Error as err:
+                raise self._open_error(err) from None
+        if not read_only:
+            try:
                 self._con.execute(SCHEMA.read_text())
-        except duckdb.Error as err:
-            raise WarehouseError(
-                f"cannot open warehouse {self.path}: {err}. If another prompt-r1 process is "
-                "running, wait for it or pass --db with another file; if the file is corrupt, "
-                "move it aside and re-ingest."
-            ) from None
+            except duckdb.Error as err:
+                self._con.close()
+                raise self._open_error(err) from None
         self._lock = threading.RLock()
+
+    def _open_error(self, err: Exception) -> WarehouseError:
+        return WarehouseError(f"cannot open warehouse {self.path}: {err}. If the file is corrupt, "
+                              "move it aside and re-ingest.")
+
+    def _locked_error(self, holder: str, wait_s: float) -> WarehouseLockedError:
+        cmd = _command_line(holder)
+        return WarehouseLockedError(
+            f"cannot open warehouse {self.path}: it is in use by {holder}"
+            + (f", running `{cmd}`" if cmd else "")
+            + f"; waited {wait_s:g} s. Let that process finish (or stop it), or pass --db with "
+            "another file. DuckDB lets one process write a warehouse, and none read it meanwhile."
+        )
 
     def close(self) -> None:
         self._con.close()
@@ -100,29 +196,44 @@ class Warehouse:
         return bool(self.query("SELECT 1 FROM sources WHERE content_hash = ?", [content_hash]))
 
     def add_source(
-        self, source_file: str, content_hash: str, dataset: str, rows: Iterable[QuestionRow]
-    ) -> int:
-        """Insert one source's questions in one transaction; returns the count inserted.
+        self, source_file: str, content_hash: str, dataset: str,
+        rows: pa.Table | Iterable[QuestionRow],
+    ) -> SourceCounts:
+        """Write one source's questions in one transaction; the source is the truth about its rows.
 
-        Questions already present (same id from another file) are left as they are.
+        `rows` is an Arrow table with `QUESTION_COLUMNS` (or QuestionRows). A question whose id
+        is stored already is updated in place when its content differs (a corrected gold answer),
+        questions stored from an earlier version of `source_file` that it no longer holds are
+        removed, and the source replaces that file's earlier `sources` row.
         """
-        rows = list(rows)
+        table = rows if isinstance(rows, pa.Table) else questions_table(rows)
+        table = table.select(QUESTION_COLUMNS.names).cast(QUESTION_COLUMNS)
         now = _now()
+        changed = " OR ".join(f"i.{c} IS DISTINCT FROM q.{c}" for c in _CONTENT)
+        changed_excluded = " OR ".join(f"questions.{c} IS DISTINCT FROM excluded.{c}" for c in _CONTENT)
         with self.transaction() as cur:
-            if rows:
-                cur.executemany(
-                    "INSERT INTO questions VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                    [
-                        (r.question_id, r.dataset, r.split, r.question, r.golds, r.task_family,
-                         r.primary_metric, source_file, content_hash, r.row_index, now)
-                        for r in rows
-                    ],
-                )
-            cur.execute(
-                "INSERT INTO sources VALUES (?,?,?,?,?)",
-                [source_file, content_hash, dataset, len(rows), now],
-            )
-        return len(rows)
+            cur.register("incoming", table)
+            try:
+                inserted, updated = cur.execute(
+                    f"SELECT count(*) FILTER (WHERE q.question_id IS NULL), "
+                    f"count(*) FILTER (WHERE q.question_id IS NOT NULL AND ({changed})) "
+                    "FROM incoming i LEFT JOIN questions q USING (question_id)").fetchone()
+                cur.execute(
+                    "INSERT INTO questions SELECT question_id, dataset, split, question, golds, task_family, "
+                    "primary_metric, ?, ?, row_index, ? FROM incoming ON CONFLICT (question_id) DO UPDATE SET "
+                    + ", ".join(f"{c} = excluded.{c}" for c in (*_CONTENT, "source_file", "source_hash"))
+                    + f", ingested_at = CASE WHEN {changed_excluded} THEN excluded.ingested_at "
+                    "ELSE questions.ingested_at END",
+                    [source_file, content_hash, now])
+                removed = cur.execute(
+                    "DELETE FROM questions WHERE source_file = ? AND question_id NOT IN "
+                    "(SELECT question_id FROM incoming)", [source_file]).fetchone()[0]
+            finally:
+                cur.unregister("incoming")
+            cur.execute("DELETE FROM sources WHERE source_file = ?", [source_file])
+            cur.execute("INSERT INTO sources VALUES (?,?,?,?,?)",
+                        [source_file, content_hash, dataset, table.num_rows, now])
+        return SourceCounts(inserted, updated, removed, table.num_rows - inserted - updated)
 
     def questions(
         self,
