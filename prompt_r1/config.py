@@ -78,7 +78,12 @@ class AgentConfig(_Strict):
     backend: Literal["transformers", "vllm"] = Field(
         "transformers", description="Policy backend used for rollouts."
     )
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights dtype.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Compute dtype. Rollout policies hold their weights in it; the learner always keeps "
+        "float32 master weights and optimiser state and, for `bfloat16`, runs forward/backward under "
+        "autocast (see `train.autocast`), since at lr 1e-6 a bfloat16 weight update rounds away.",
+    )
     max_new_tokens: int = Field(128, ge=1, description="Token limit of one agent turn.")
     max_response_tokens: int = Field(
         1024, ge=1, description="Token budget of the whole response (agent + environment tokens)."
@@ -86,9 +91,27 @@ class AgentConfig(_Strict):
     max_env_reply_tokens: int = Field(
         256, ge=1, description="Environment reply tokens kept in the agent context (longer are cut)."
     )
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature for rollouts.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling for rollouts.")
-    lora: LoraConfig = Field(default_factory=LoraConfig)
+    temperature: float = Field(
+        1.0, ge=0.0,
+        description="Sampling temperature for rollouts; the learner's old, new and reference log-probs are "
+        "those of the same tempered distribution (logits / temperature). Training needs > 0.",
+    )
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="Nucleus sampling for rollouts. Training needs 1.0: the learner's log-probs do not "
+        "model the nucleus cut, so with top_p < 1 the optimised policy is not the one that sampled.",
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter training (off = full fine-tuning).")
+
+
+# What the environment is told before the conversation (the reference's wording): the agent's earlier
+# prompts and the environment's own replies come as chat turns, and the new prompt builds on them.
+ENV_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Please read the provided content (including previous conversations "
+    "and the current task) and help the user complete the task or answer the question."
+)
+MAX_TIMEOUT_S = 3600.0
+MAX_RETRIES = 20
 
 
 class EnvConfig(_Strict):
@@ -156,19 +179,42 @@ class RewardConfig(_Strict):
 class TrainConfig(_Strict):
     steps: int = Field(2, ge=0, description="GRPO steps (each = one rollout batch).")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay (the reference uses 0.01).")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps, then constant.")
     mini_batch_questions: int = Field(
         64, ge=1, description="Questions per optimiser step (a rollout batch may give several)."
     )
     micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.2, ge=0)
+    clip_low: float = Field(0.2, ge=0, description="PPO clip range below 1: ratio clipped at 1 - clip_low.")
+    clip_high: float = Field(0.2, ge=0, description="PPO clip range above 1: ratio clipped at 1 + clip_high.")
+    clip_ratio_c: float | None = Field(
+        None, gt=1.0,
+        description="Dual-clip bound for negative advantages: the per-token loss is capped at "
+        "-clip_ratio_c * A (the reference uses 3.0); None = plain PPO clipping.",
+    )
     kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL to the reference policy.")
-    loss_agg: Literal["token-mean", "seq-mean-token-sum-norm"] = Field("token-mean")
+    loss_agg: Literal["token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean",
+        description="`token-mean`: mean over all agent tokens of the mini-batch; `seq-mean-token-sum-norm` "
+        "(Dr.GRPO): per-sequence token sum / max response length, mean over sequences.",
+    )
     scale_by_std: bool = Field(True, description="Divide advantages by the group std (False = Dr.GRPO).")
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm, per optimiser step.")
+    device: str = Field(
+        "auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$",
+        description="Where the learner (policy and reference) runs: `auto` (first CUDA GPU if there is "
+        "one, else CPU), `cpu`, `cuda` or `cuda:N`.",
+    )
+    autocast: bool = Field(
+        True,
+        description="With agent.dtype bfloat16, run the learner's forward/backward under torch autocast "
+        "to bfloat16 where the device supports it (CPU, CUDA with bf16); weights and optimiser "
+        "state stay float32 either way. False = float32 compute.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory, about a third more compute."
+    )
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N steps (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
     validate_every: int = Field(0, ge=0, description="Validation every N steps (0 = only at the end).")
@@ -216,6 +262,30 @@ class Config(_Strict):
 
     def eval_environments(self) -> list[EnvConfig]:
         return self.eval.environments or [self.environment]
+
+    def training_problems(self) -> list[str]:
+        """Why this config cannot train (empty = it can).
+
+        Checked where training starts, not at load: evaluation-only configs may use a group of
+        one or nucleus sampling, and must still validate.
+        """
+        problems = []
+        if self.rollout.group_size < 2:
+            problems.append(f"rollout.group_size is {self.rollout.group_size}: GRPO needs >= 2 (a group of "
+                            "one has advantage 0 and learns nothing)")
+        if self.agent.temperature <= 0:
+            problems.append("agent.temperature is 0: greedy groups are identical samples with advantage 0, "
+                            "and the ratio of a greedy policy is undefined; use e.g. 1.0")
+        if self.agent.top_p < 1:
+            problems.append(f"agent.top_p is {self.agent.top_p}: the learner's log-probs do not model the "
+                            "nucleus cut, so the optimised policy would not be the one that sampled; use 1.0")
+        return problems
+
+    def check_trainable(self, source: str = "config") -> None:
+        """Raise ConfigError listing every setting that makes GRPO training wrong or useless."""
+        problems = self.training_problems()
+        if problems:
+            raise ConfigError(f"{source} cannot be used for training:\n  " + "\n  ".join(problems))
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -6,8 +6,11 @@ Kept free of models, configs and I/O so the maths that must be exactly right (se
 - advantage of trajectory i = (r_i - mean(r_group)) / (std(r_group) + eps), unbiased std, or
   r_i - mean(r_group) without std scaling ("Dr.GRPO"); a group of one gets 0;
 - loss per token = max(-A*rho, -A*clip(rho, 1-eps_low, 1+eps_high)) + beta * k3-KL to the
-  reference, k3 = exp(ref - logp) - (ref - logp) - 1 clamped to [-10, 10];
-- aggregation "token-mean" over all mask-1 tokens, or "seq-mean-token-sum-norm" (Dr.GRPO).
+  reference, k3 = exp(ref - logp) - (ref - logp) - 1 clamped to [-10, 10]; optional dual clip
+  for A < 0: the policy term is capped at -c*A (as in verl's `clip_ratio_c`);
+- aggregation "token-mean" over all mask-1 tokens, or "seq-mean-token-sum-norm" (Dr.GRPO);
+- log-probs are those of the sampling distribution, softmax(logits / temperature), so the
+  ratio compares the policy that sampled with the one being optimised.
 """
 
 from __future__ import annotations
@@ -59,24 +62,39 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
                 advantages: torch.Tensor, mask: torch.Tensor, clip_low: float = 0.2,
                 clip_high: float = 0.2, kl_coef: float = 0.001, agg: LossAgg = "token-mean",
-                max_len: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                max_len: int | None = None, clip_ratio_c: float | None = None,
+                ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped GRPO loss with a k3 KL penalty; per-token tensors are [B, T], advantages [B].
 
     Returns `(loss, stats)`; stats (floats): pg_loss and kl (aggregated like the loss),
-    clip_fraction (share of mask-1 tokens taking the clipped branch), ratio_mean, tokens.
+    clip_fraction (share of mask-1 tokens taking the clipped branch), dual_clip_fraction
+    (share capped by `clip_ratio_c`), ratio_mean, tokens.
     `ref_logprobs=None` (or kl_coef 0 with None) leaves the KL term out.
 
     >>> lp = torch.log(torch.tensor([[0.5, 0.5]]))
     >>> loss, stats = policy_loss(lp, lp, lp, torch.tensor([2.0]), torch.tensor([[1.0, 0.0]]))
     >>> round(loss.item(), 4), stats["clip_fraction"], stats["ratio_mean"]
     (-2.0, 0.0, 1.0)
+
+    Dual clip: with A = -1 and ratio 5, plain clipping gives 5; the bound c = 3 caps it at 3.
+
+    >>> far = torch.log(torch.tensor([[5.0]]))
+    >>> policy_loss(far, torch.zeros(1, 1), None, torch.tensor([-1.0]), torch.ones(1, 1), clip_ratio_c=3.0)[0].item()
+    3.0
     """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (the reference uses 3.0), got {clip_ratio_c}")
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1)
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     pg = torch.maximum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(pg, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        cap = -adv * clip_ratio_c
+        dual_clipped = (adv < 0) & (pg > cap)
+        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
     kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None else torch.zeros_like(pg)
     n_tokens = mask.sum()
     safe_tokens = n_tokens.clamp(min=1.0)
@@ -96,32 +114,42 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs
             "pg_loss": pg_term.item(),
             "kl": kl_term.item(),
             "clip_fraction": ((took_clipped * mask).sum() / safe_tokens).item(),
+            "dual_clip_fraction": ((dual_clipped.to(mask.dtype) * mask).sum() / safe_tokens).item(),
             "ratio_mean": ((ratio * mask).sum() / safe_tokens).item() if n_tokens > 0 else 1.0,
             "tokens": n_tokens.item(),
         }
     return loss, stats
 
 
-def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk_rows: int = 4) -> torch.Tensor:
-    """log softmax(logits)[target] in float32 via logsumexp, `chunk_rows` rows at a time.
+def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk_rows: int = 4,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature)[target] in float32 via logsumexp, `chunk_rows` rows at a time.
 
-    Avoids holding a full-vocabulary float32 log_softmax for the whole batch.
+    Avoids holding a full-vocabulary float32 log_softmax for the whole batch. The temperature is
+    the sampling one, so these are the log-probs of the distribution the tokens were drawn from.
 
     >>> logits = torch.tensor([[[0.0, 0.0], [2.0, 0.0]]])
     >>> [round(x, 4) for x in gather_logprobs(logits, torch.tensor([[1, 0]]))[0].tolist()]
     [-0.6931, -0.1269]
+    >>> [round(x, 4) for x in gather_logprobs(logits, torch.tensor([[1, 0]]), temperature=2.0)[0].tolist()]
+    [-0.6931, -0.3133]
     """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (greedy decoding has no log-probs to train on), got {temperature}")
     out = []
     for start in range(0, logits.shape[0], chunk_rows):
         rows = logits[start:start + chunk_rows].float()
+        if temperature != 1.0:
+            rows = rows / temperature
         picked = rows.gather(-1, targets[start:start + chunk_rows].unsqueeze(-1)).squeeze(-1)
         out.append(picked - torch.logsumexp(rows, dim=-1))
     return torch.cat(out, dim=0)
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   response_start: int) -> torch.Tensor:
-    """Log-probs [B, L - response_start] of `input_ids[:, response_start:]` under `model`.
+                   response_start: int, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs [B, L - response_start] of `input_ids[:, response_start:]` under `model` at
+    sampling `temperature`.
 
     Only the logits that predict those tokens are computed (`logits_to_keep`), so a long shared
     prompt costs no vocabulary projection. `response_start` must be >= 1 (the first token has no
@@ -132,4 +160,4 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     n_keep = input_ids.shape[1] - response_start + 1
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=n_keep,
                    use_cache=False).logits
-    return gather_logprobs(logits[:, :-1], input_ids[:, response_start:])
+    return gather_logprobs(logits[:, :-1], input_ids[:, response_start:], temperature=temperature)

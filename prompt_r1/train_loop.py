@@ -89,6 +89,7 @@ class TrainingSession:
         from prompt_r1.run_record import open_run
         from prompt_r1.trainer import GRPOLearner
 
+        self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
         self.train_questions, self.val_questions = training_pool(self.warehouse, self.cfg)
         self.by_id = {q.question_id: q for q in self.train_questions}
         # Checked before any model loads, so a refused resume fails in a second.

@@ -7,11 +7,20 @@ the ratio), then runs `ppo_epochs` x mini-batches (`mini_batch_questions` questi
 optimiser step) x micro-batches (`micro_batch_size` trajectories, gradients accumulated so the
 sum equals the full mini-batch loss). Under LoRA the reference is the same model with the
 adapter disabled; under full fine-tuning it is a frozen copy of the initial weights.
+
+Precision: weights, gradients and AdamW state are always float32 ("master weights"); with
+`agent.dtype: bfloat16` only the forward/backward compute runs in bfloat16 under autocast. At
+lr 1e-6 a bfloat16 weight cannot take the update (its spacing near 0.02 is about 1e-4), so
+updating bfloat16 weights directly would leave almost every weight unchanged.
+
+Log-probs (old, new and reference) are those of the sampling distribution, softmax(logits / T)
+at `agent.temperature`, which is what the policy backends report for each sampled token.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 from contextlib import nullcontext
@@ -25,7 +34,45 @@ from prompt_r1.config import Config
 from prompt_r1.grpo import group_advantages, policy_loss, token_logprobs
 from prompt_r1.trajectory import Trajectory
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+log = logging.getLogger(__name__)
+ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """`train.device` as a torch device: `auto` is the first CUDA GPU if torch sees one, else CPU.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"train.device is {name!r} but torch {torch.__version__} sees no CUDA GPU; "
+                             "use `auto` or `cpu`")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"train.device is {name!r} but only {torch.cuda.device_count()} CUDA "
+                             "device(s) are visible (check CUDA_VISIBLE_DEVICES)")
+    return device
+
+
+def autocast_dtype(device: torch.device, agent_dtype: str, enabled: bool = True) -> torch.dtype | None:
+    """The autocast compute dtype for the learner, or None for plain float32 compute.
+
+    >>> autocast_dtype(torch.device("cpu"), "bfloat16")
+    torch.bfloat16
+    >>> autocast_dtype(torch.device("cpu"), "float32") is None
+    True
+    """
+    if not enabled or agent_dtype != "bfloat16":
+        return None
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        log.warning("%s has no bfloat16 support: the learner computes in float32", device)
+        return None
+    if not torch.amp.is_autocast_available(device.type):
+        return None
+    return torch.bfloat16
 
 
 @dataclass
@@ -56,7 +103,8 @@ class MicroBatch:
         return out
 
 
-def collate(trajectories: list[Trajectory], indices: list[int], pad_id: int, device: str) -> MicroBatch:
+def collate(trajectories: list[Trajectory], indices: list[int], pad_id: int,
+            device: torch.device | str) -> MicroBatch:
     """Right-pad `prompt_ids + token_ids` of the chosen trajectories."""
     chosen = [trajectories[i] for i in indices]
     length = max(len(t.prompt_ids) + len(t.token_ids) for t in chosen)
@@ -79,12 +127,18 @@ def collate(trajectories: list[Trajectory], indices: list[int], pad_id: int, dev
 class GRPOLearner:
     """Policy + reference + optimiser; `step(trajectories)` is one GRPO update."""
 
-    def __init__(self, cfg: Config, model_path: str | Path, device: str = "cpu") -> None:
-        self.cfg, self.model_path, self.device = cfg, str(model_path), device
+    def __init__(self, cfg: Config, model_path: str | Path, device: str | None = None) -> None:
+        """`device` overrides `cfg.train.device` (same spellings)."""
+        cfg.check_trainable()
+        self.cfg, self.model_path = cfg, str(model_path)
+        self.device = resolve_device(device or cfg.train.device)
+        self.compute_dtype = autocast_dtype(self.device, cfg.agent.dtype, cfg.train.autocast)
+        self.temperature = cfg.agent.temperature
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=DTYPES[cfg.agent.dtype])
-        model.to(device)
+        # float32 master weights whatever agent.dtype says: that is the rollout/compute dtype
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        model.to(self.device)
         self.use_lora = cfg.agent.lora.enabled
         self.reference: torch.nn.Module | None = None
         if self.use_lora:
@@ -99,7 +153,14 @@ class GRPOLearner:
         self.model = model
         self.model.config.use_cache = False
         train = cfg.train
+        if train.gradient_checkpointing:
+            # non-reentrant: works with frozen inputs (LoRA) and needs no input-grad hooks
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        low = sorted({str(p.dtype) for p in self.params if p.dtype != torch.float32})
+        if low:  # AdamW on low-precision weights loses nearly every update at RL learning rates
+            raise ValueError(f"trainable weights in {low}: the learner needs float32 master weights; "
+                             "set the low-precision dtype as agent.dtype (autocast compute) instead")
         self.optimizer = torch.optim.AdamW(self.params, lr=train.lr, weight_decay=train.weight_decay)
         warmup = train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -109,11 +170,36 @@ class GRPOLearner:
     def _reference_context(self):
         return self.model.disable_adapter() if self.use_lora else nullcontext()
 
+    def _logprobs(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+        """Float32 log-probs of the tempered distribution; the forward runs under autocast if set."""
+        autocast = (torch.autocast(self.device.type, dtype=self.compute_dtype) if self.compute_dtype
+                    else nullcontext())
+        with autocast:
+            return token_logprobs(model, batch.input_ids, batch.attention_mask, batch.start, self.temperature)
+
     @torch.no_grad()
     def _logprobs_no_grad(self, batch: MicroBatch, reference: bool) -> torch.Tensor:
         model = self.model if (self.use_lora or not reference) else self.reference
         with self._reference_context() if reference else nullcontext():
-            return token_logprobs(model, batch.input_ids, batch.attention_mask, batch.start)
+            return self._logprobs(model, batch)
+
+    def response_logprobs(self, trajectories: list[Trajectory], reference: bool = False) -> list[torch.Tensor]:
+        """Per-trajectory log-probs of `token_ids` under the current (or reference) policy, as the
+        learner computes them for the ratio: comparable 1:1 with `Trajectory.logprobs`."""
+        if reference and not self.use_lora and self.reference is None:
+            raise ValueError("no reference policy: train.kl_coef is 0 under full fine-tuning")
+        prompt_lens = [len(t.prompt_ids) for t in trajectories]
+        resp_lens = [len(t.token_ids) for t in trajectories]
+        was_training = self.model.training
+        self.model.eval()
+        out: list[torch.Tensor] = [torch.empty(0)] * len(trajectories)
+        size = self.cfg.train.micro_batch_size
+        for m in range(0, len(trajectories), size):
+            batch = collate(trajectories, list(range(m, min(m + size, len(trajectories)))), self.pad_id, self.device)
+            for i, v in zip(batch.indices, batch.split(self._logprobs_no_grad(batch, reference), prompt_lens, resp_lens)):
+                out[i] = v
+        self.model.train(was_training)
+        return out
 
     # -- the update --------------------------------------------------------------------------
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -157,7 +243,8 @@ class GRPOLearner:
                         ref_lp[i] = v
 
         self.model.train()
-        totals: dict[str, float] = {"pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+        totals: dict[str, float] = {"pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
+                                    "ratio_mean": 0.0}
         grad_norms: list[float] = []
         tokens_seen = 0.0
         diff_sum, diff_tokens = 0.0, 0.0
@@ -167,7 +254,7 @@ class GRPOLearner:
                 mini_seqs = sum(len(b.indices) for b in mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 for batch in mini:
-                    logprobs = token_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.start)
+                    logprobs = self._logprobs(self.model, batch)
                     if old_lp[batch.indices[0]] is None:  # lazy: first and only pass, weights untouched
                         for i, v in zip(batch.indices, batch.split(logprobs, prompt_lens, resp_lens)):
                             old_lp[i] = v
@@ -175,7 +262,8 @@ class GRPOLearner:
                     ref = batch.scatter(ref_lp, prompt_lens).to(self.device) if train.kl_coef > 0 else None
                     adv = advantages[batch.indices].to(self.device)
                     loss, stats = policy_loss(logprobs, old, ref, adv, batch.loss_mask, train.clip_low,
-                                              train.clip_high, train.kl_coef, train.loss_agg, max_len)
+                                              train.clip_high, train.kl_coef, train.loss_agg, max_len,
+                                              clip_ratio_c=train.clip_ratio_c)
                     if train.loss_agg == "token-mean":
                         weight = stats["tokens"] / max(mini_tokens, 1.0)
                     else:
@@ -231,9 +319,11 @@ class GRPOLearner:
 
     @torch.no_grad()
     def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
-        """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched)."""
+        """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched), on
+        CPU in the rollout dtype (`agent.dtype`): what the policies hold, at half the transfer for bf16."""
+        dtype = ROLLOUT_DTYPES[self.cfg.agent.dtype]
         if not self.use_lora:
-            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            return {k: v.detach().to("cpu", dtype, copy=True) for k, v in self.model.state_dict().items()}
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
@@ -247,8 +337,8 @@ class GRPOLearner:
             if ".lora_" in key or "lora_embedding" in key:
                 continue
             clean = key.replace(".base_layer.", ".")
-            tensor = value.detach().clone()
+            tensor = value.detach().float()
             if clean in deltas:
-                tensor = (tensor.float() + deltas[clean].float()).to(value.dtype)
-            out[clean] = tensor
+                tensor = tensor + deltas[clean].float()
+            out[clean] = tensor.to("cpu", dtype, copy=True)
         return out

@@ -15,10 +15,11 @@ from prompt_r1.reward import RewardBreakdown
 from prompt_r1.trajectory import Trajectory
 
 
-def make_config(lora: bool = False, **train: Any) -> Config:
-    settings = {"lr": 1e-3, "micro_batch_size": 4, "mini_batch_questions": 64, "kl_coef": 0.001}
+def make_config(lora: bool = False, temperature: float = 1.0, **train: Any) -> Config:
+    """A learner config on the tiny model; keyword arguments are `train.*` settings."""
+    settings = {"lr": 1e-3, "micro_batch_size": 4, "mini_batch_questions": 64, "kl_coef": 0.001, "device": "cpu"}
     settings.update(train)
-    agent = {"model": "tiny", "max_response_tokens": 16}
+    agent = {"model": "tiny", "max_response_tokens": 16, "temperature": temperature}
     if lora:
         agent["lora"] = {"enabled": True, "r": 4, "alpha": 8}
     return parse_config({"seed": 0, "agent": agent, "train": settings})

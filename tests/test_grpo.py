@@ -119,3 +119,63 @@ def test_gather_logprobs_matches_log_softmax() -> None:
     targets = torch.randint(0, 50, (5, 7))
     expected = torch.log_softmax(logits.float(), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(gather_logprobs(logits, targets, chunk_rows=2), expected, atol=1e-5)
+
+
+def _reference_token_loss(rho: float, adv: float, low: float, high: float, c: float | None) -> float:
+    """The per-token policy loss written out in scalars (verl's dual-clip PPO)."""
+    plain = max(-adv * rho, -adv * min(max(rho, 1 - low), 1 + high))
+    if c is not None and adv < 0:
+        return min(plain, -c * adv)
+    return plain
+
+
+@pytest.mark.parametrize("clip_ratio_c", [None, 3.0, 1.5])
+def test_dual_clip_matches_the_scalar_rule_on_random_tokens(clip_ratio_c) -> None:
+    gen = torch.Generator().manual_seed(int((clip_ratio_c or 0) * 10))
+    rows, cols = 64, 9
+    # ratios from 0.05 to 20 so every branch (unclipped, clipped, dual-clipped) occurs
+    log_rho = (torch.rand(rows, cols, generator=gen) * 6 - 3)
+    adv = torch.randn(rows, generator=gen) * 2
+    old = torch.randn(rows, cols, generator=gen)
+    logprobs = (old + log_rho).requires_grad_(True)
+    mask = (torch.rand(rows, cols, generator=gen) > 0.2).float()
+    loss, stats = policy_loss(logprobs, old, None, adv, mask, clip_low=0.2, clip_high=0.28, kl_coef=0.0,
+                              clip_ratio_c=clip_ratio_c)
+    expected, capped, n = 0.0, 0, 0
+    for b in range(rows):
+        for t in range(cols):
+            if mask[b, t]:
+                rho, a = math.exp(log_rho[b, t].item()), adv[b].item()
+                value = _reference_token_loss(rho, a, 0.2, 0.28, clip_ratio_c)
+                expected += value
+                n += 1
+                capped += clip_ratio_c is not None and a < 0 and value == -clip_ratio_c * a
+    assert loss.item() == pytest.approx(expected / n, rel=1e-5)
+    assert stats["dual_clip_fraction"] == pytest.approx(capped / n)
+    if clip_ratio_c is not None:
+        assert capped > 10  # the bound was exercised, not vacuous
+        loss.backward()
+        rho = log_rho.exp()
+        hit = (adv[:, None] < 0) & (rho * -adv[:, None] > clip_ratio_c * -adv[:, None]) & mask.bool()
+        assert torch.all(logprobs.grad[hit] == 0)  # a capped token carries no gradient
+
+
+def test_dual_clip_leaves_positive_advantages_alone_and_rejects_bad_bounds() -> None:
+    logprobs, old = _ratios([5.0, 0.1])
+    for c in (None, 3.0):
+        loss, _ = policy_loss(logprobs, old, None, torch.tensor([1.0]), torch.ones(1, 2), kl_coef=0.0, clip_ratio_c=c)
+        assert loss.item() == pytest.approx((-1.2 - 0.1) / 2)
+    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
+        policy_loss(logprobs, old, None, torch.tensor([-1.0]), torch.ones(1, 2), clip_ratio_c=1.0)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.0, 1.6])
+def test_gather_logprobs_is_the_tempered_log_softmax(temperature) -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(3, 5, 40) * 4
+    targets = torch.randint(0, 40, (3, 5))
+    probs = torch.softmax(logits.double() / temperature, -1)  # independent: probabilities, then log
+    expected = probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).log().float()
+    assert torch.allclose(gather_logprobs(logits, targets, temperature=temperature), expected, atol=1e-5)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        gather_logprobs(logits, targets, temperature=0.0)

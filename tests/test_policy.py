@@ -1,11 +1,12 @@
-"""Policy backends: stops at (multi-token) tags and EOS, per-row limits, log-probs, weight loading."""
+"""Policy backends: stops at (multi-token) tags and EOS, per-row limits, log-probs, weight loading;
+the learner's log-probs equal the ones each backend sampled with (tempered distribution)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from prompt_r1.config import AgentConfig
+from prompt_r1.config import AgentConfig, parse_config
 from prompt_r1.policy import make_policy
 from prompt_r1.policy.hf import TransformersPolicy, top_p_filter
 from prompt_r1.rollout import agent_prompt_ids
@@ -149,3 +150,44 @@ def test_vllm_policy_generates_and_reloads_weights(smollm2_path):
         assert [s.token_ids for s in changed] != [s.token_ids for s in samples]
     finally:
         policy.close()
+
+
+@pytest.mark.parametrize("backend,model", [
+    ("transformers", "tiny"),
+    pytest.param("vllm", "smollm2-135m-instruct", marks=pytest.mark.slow),
+])
+def test_learner_logprobs_equal_the_sampled_ones_at_temperature_07(backend, model, _model_cache):
+    """Old/new/reference log-probs must be those of the distribution the backend sampled from."""
+    if backend == "vllm":
+        pytest.importorskip("vllm")
+    from grpo_helpers import reward_of
+
+    from prompt_r1.models import resolve_model
+    from prompt_r1.trainer import GRPOLearner
+    from prompt_r1.trajectory import Trajectory
+
+    path = resolve_model(model)
+    agent = {"model": model, "backend": backend, "temperature": 0.7}
+    policy = make_policy(AgentConfig(**agent), path, seed=0)
+    try:
+        trajectories = []
+        for q, prompt in enumerate(prompts_for(policy.tokenizer)):
+            for g, sample in enumerate(policy.generate([prompt, prompt], [12, 7], seed=q)):
+                trajectories.append(Trajectory(
+                    question_id=f"q{q}", group_index=g, prompt_ids=prompt, token_ids=sample.token_ids,
+                    loss_mask=[1] * len(sample.token_ids), logprobs=sample.logprobs, agent_turns=[sample.text],
+                    reward=reward_of(0.5 * g)))
+    finally:
+        policy.close()
+    tolerance = 1e-5 if backend == "transformers" else 2e-3  # vLLM's CPU kernels vs torch's
+    train = {"lr": 1e-3, "device": "cpu", "micro_batch_size": 4}
+    learner = GRPOLearner(parse_config({"agent": agent, "train": train}), path)
+    for traj, mine in zip(trajectories, learner.response_logprobs(trajectories)):
+        assert torch.allclose(mine, torch.tensor(traj.logprobs), atol=tolerance), (traj.logprobs, mine)
+    metrics = learner.step(trajectories)
+    assert metrics["logprob_diff"] < tolerance
+    # raw logits (temperature 1) are another policy: the comparison above has teeth
+    raw = GRPOLearner(parse_config({"agent": {**agent, "temperature": 1.0}, "train": train}), path)
+    gaps = [(mine - torch.tensor(t.logprobs)).abs().mean().item()
+            for t, mine in zip(trajectories, raw.response_logprobs(trajectories))]
+    assert min(gaps) > 20 * tolerance, gaps

@@ -1,16 +1,20 @@
-"""GRPOLearner on real tiny models: weights move, LoRA keeps its base, accumulation is exact, it learns."""
+"""GRPOLearner on real tiny models: weights move, LoRA keeps its base, accumulation is exact, it learns;
+float32 master weights under bf16 autocast, device and training-config checks (tempered log-probs:
+test_policy.py, per backend)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from grpo_helpers import hand_trajectories, make_config, rollout
 from transformers import AutoModelForCausalLM
 
+from prompt_r1.config import ConfigError, load_config, parse_config
 from prompt_r1.models import build_tiny_model
-from prompt_r1.trainer import GRPOLearner
+from prompt_r1.trainer import GRPOLearner, resolve_device
 
 
 def _params(model) -> dict[str, torch.Tensor]:
@@ -101,3 +105,97 @@ def test_grpo_learns_a_simple_reward(tmp_path) -> None:
     print(f"reward curve ({time.perf_counter() - start:.1f} s):", [round(r, 3) for r in curve])
     first, last = sum(curve[:5]) / 5, sum(curve[-5:]) / 5
     assert last > first + 0.3, curve
+
+
+# -- precision, device, temperature, training checks ----------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _paper_precision_config():
+    """configs/paper.yaml as it is (bf16 agent, lr 1e-6, weight decay, autocast), on CPU, tiny sizes."""
+    return load_config(ROOT / "configs" / "paper.yaml", {
+        "train.device": "cpu", "train.micro_batch_size": 3, "agent.max_response_tokens": 16})
+
+
+def _changed_share(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
+    changed = sum((before[k] != after[k]).sum().item() for k in before)
+    return changed / sum(v.numel() for v in before.values())
+
+
+def test_paper_precision_one_step_at_lr_1e6_changes_nearly_all_weights(tiny_model_path) -> None:
+    cfg = _paper_precision_config()
+    assert (cfg.agent.dtype, cfg.train.lr, cfg.train.weight_decay) == ("bfloat16", 1e-6, 0.01)
+    learner = GRPOLearner(cfg, tiny_model_path)
+    assert learner.compute_dtype == torch.bfloat16  # bf16 compute under autocast on CPU
+    assert all(p.dtype == torch.float32 for p in learner.params)
+    before = _params(learner.model)
+    learner.step(hand_trajectories(learner.tokenizer))
+    share = _changed_share(before, _params(learner.model))
+    assert share > 0.99, share
+    for state in learner.optimizer.state.values():
+        assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
+    # rollouts get the weights in their own dtype
+    sent = learner.state_dict_for_broadcast()
+    assert {v.dtype for v in sent.values()} == {torch.bfloat16}
+    assert torch.equal(sent["lm_head.weight"], learner.model.lm_head.weight.detach().bfloat16())
+
+
+def test_adamw_on_bf16_weights_loses_the_update_that_fp32_masters_keep(tiny_model_path) -> None:
+    """The failure the master weights prevent: the same AdamW step applied to bf16 weights."""
+    bf16 = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.bfloat16)
+    before = _params(bf16)
+    optimizer = torch.optim.AdamW(bf16.parameters(), lr=1e-6, weight_decay=0.01)
+    ids = torch.tensor([list(range(40))])
+    bf16(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    assert _changed_share(before, _params(bf16)) < 0.1  # measured: about 2%
+
+
+def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path) -> None:
+    norms = {}
+    for checkpointing in (False, True):
+        learner = GRPOLearner(make_config(gradient_checkpointing=checkpointing, kl_coef=0.05), tiny_model_path)
+        assert learner.model.is_gradient_checkpointing == checkpointing
+        norms[checkpointing] = learner.step(hand_trajectories(learner.tokenizer))["grad_norm"]
+    assert norms[True] == pytest.approx(norms[False], rel=1e-5)
+
+
+def test_device_setting(tiny_model_path) -> None:
+    learner = GRPOLearner(make_config(device="cpu"), tiny_model_path)
+    assert learner.device == torch.device("cpu") and learner.compute_dtype is None  # float32 agent
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ConfigError, match="train.device"):
+        make_config(device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no CUDA GPU"):
+            GRPOLearner(make_config(device="cuda:0"), tiny_model_path)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_learner_and_reference_run_on_the_gpu(tiny_model_path) -> None:
+    cfg = _paper_precision_config().model_copy(deep=True)
+    cfg.train.device = "cuda"
+    learner = GRPOLearner(cfg, tiny_model_path)
+    assert {p.device.type for p in learner.model.parameters()} == {"cuda"}
+    assert {p.device.type for p in learner.reference.parameters()} == {"cuda"}
+    before = _params(learner.model)
+    learner.step(hand_trajectories(learner.tokenizer))
+    assert _changed_share(before, _params(learner.model)) > 0.99
+    assert {v.device.type for v in learner.state_dict_for_broadcast().values()} == {"cpu"}
+
+
+@pytest.mark.parametrize("setting,field", [
+    ({"rollout": {"group_size": 1}}, "rollout.group_size"),
+    ({"agent": {"top_p": 0.8}}, "agent.top_p"),
+    ({"agent": {"temperature": 0.0}}, "agent.temperature"),
+])
+def test_configs_that_cannot_train_are_refused_where_training_starts(tiny_model_path, tmp_path, setting, field):
+    from prompt_r1.train_loop import TrainingSession
+
+    cfg = parse_config({"agent": {"model": "tiny"}, **setting})  # still a valid (evaluation) config
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        GRPOLearner(cfg, tiny_model_path)
+    session = TrainingSession(cfg, warehouse=None, run_id="r", run_dir=tmp_path)  # fails before any I/O
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        session.__enter__()
+    assert parse_config({}).training_problems() == []
