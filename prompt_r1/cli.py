@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from prompt_r1.config import ConfigError, default_db_path, load_config
+from prompt_r1.config import ConfigError, DataConfig, default_db_path, load_config
 from prompt_r1.logging_setup import setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -32,10 +32,19 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _open_db(db: Optional[Path]):
-    from warehouse.store import Warehouse
+def _open_db(db: Optional[Path], read_only: bool = False, wait_s: Optional[float] = None):
+    """The warehouse, or exit 2 with a message naming the file (and the process holding it)."""
+    from warehouse.store import LOCK_WAIT_S, Warehouse, WarehouseError
 
-    return Warehouse(db or default_db_path())
+    try:
+        return Warehouse(db or default_db_path(), read_only=read_only,
+                         wait_s=LOCK_WAIT_S if wait_s is None else wait_s)
+    except WarehouseError as err:
+        _fail(str(err))
+
+
+LockWaitOpt = typer.Option(None, "--lock-wait", min=0.0, help="Seconds to wait while another process holds "
+                           "the warehouse before giving up (default 30).")
 
 
 def parse_overrides(items: list[str] | None) -> dict:
@@ -77,27 +86,31 @@ def ingest(
     task_family: str = typer.Option("standard_qa", help="hf: task family of the dataset."),
     split: str = typer.Option("test", help="hf: split to record (train / test / ood)."),
     hf_split: str = typer.Option("train", help="hf: split of the HF dataset to load."),
+    max_question_chars: int = typer.Option(
+        DataConfig.model_fields["max_question_chars"].default, min=1,
+        help="Longest question accepted (characters); a longer row is an error naming it."),
+    lock_wait: Optional[float] = LockWaitOpt,
 ) -> None:
-    """Ingest datasets into the warehouse (re-ingesting the same file is a no-op)."""
+    """Ingest datasets into the warehouse: one question per source row. Re-ingesting an unchanged
+    source is a no-op; a changed one updates its questions in place and says how many."""
     from prompt_r1.ingest import IngestError, ingest as ingest_paths, ingest_hf
 
-    with _open_db(db) as wh:
+    with _open_db(db, wait_s=lock_wait) as wh:
         reports = []
         try:
             for source in sources:
                 if source.startswith("hf:"):
-                    reports.append(ingest_hf(wh, source[3:], question_col=question_col,
+                    reports.append(ingest_hf(wh, source[3:], max_question_chars, question_col=question_col,
                                              answers_col=answers_col, task_family=task_family,
                                              split=split, hf_split=hf_split))
                 else:
-                    reports.extend(ingest_paths(wh, [source]))
+                    reports.extend(ingest_paths(wh, [source], max_question_chars))
         except IngestError as err:
             for r in reports:
                 console.print(f"kept: {r.source} ({r.inserted} questions)")
             _fail(f"{err}\nNothing from that source was written; sources before it are kept.")
         for r in reports:
-            state = "already ingested" if r.skipped else f"{r.inserted} questions"
-            console.print(f"{r.source}: {state}")
+            console.print(f"{r.source}: {r.describe()}", highlight=False, soft_wrap=True)
         print_summary(wh)
 
 
@@ -111,9 +124,9 @@ def print_summary(wh) -> None:
 
 
 @app.command()
-def summary(db: Optional[Path] = DbOpt) -> None:
-    """Print what the warehouse holds."""
-    with _open_db(db) as wh:
+def summary(db: Optional[Path] = DbOpt, lock_wait: Optional[float] = LockWaitOpt) -> None:
+    """Print what the warehouse holds (opens it read-only: readers never block each other)."""
+    with _open_db(db, read_only=True, wait_s=lock_wait) as wh:
         print_summary(wh)
         console.print(wh.table_counts())
 

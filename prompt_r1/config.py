@@ -57,6 +57,12 @@ class DataConfig(_Strict):
     max_train_questions: int | None = Field(
         None, ge=1, description="Cap on the training pool (after a seeded shuffle)."
     )
+    max_question_chars: int = Field(
+        20_000, ge=1,
+        description="Longest question text ingestion accepts, in characters (after the instruction "
+        "template is stripped); a longer row is an error naming its file and row, since one huge "
+        "prompt stalls a rollout worker.",
+    )
 
 
 class LoraConfig(_Strict):
