@@ -175,11 +175,20 @@ class RolloutConfig(_Strict):
 
 
 class RewardConfig(_Strict):
-    think_prompt_score: float = Field(0.4, description="Per well-formed non-final turn.")
-    answer_present_score: float = Field(0.25, description="Final turn has an <answer>.")
-    answer_nonempty_score: float = Field(0.25, description="That answer is non-empty.")
-    final_format_score: float = Field(0.1, description="Final turn is exactly think + answer.")
-    format_cap: float = Field(1.0, description="Cap of the format score (epsilon).")
+    """Weights of the dual-constrained reward; the defaults are the reference's."""
+
+    think_prompt_score: float = Field(
+        0.4, description="Per non-final turn that is exactly <think>..</think>, optional white space, then "
+        "<interaction_prompt>..</interaction_prompt> (one of each tag, nothing around it).",
+    )
+    nonblank_answer_score: float = Field(
+        0.5, description="Final turn's first <answer> is non-blank after stripping (a blank or missing one earns 0).",
+    )
+    final_format_score: float = Field(
+        0.1, description="Added to a non-blank answer when the final turn starts with <think>..</think> and "
+        "ends with </answer>.",
+    )
+    format_cap: float = Field(1.0, description="Cap of the format score (epsilon); the answer F1 counts only at the cap.")
 
 
 class TrainConfig(_Strict):

@@ -42,10 +42,14 @@ INSTRUCTION_MARKER = "First, provide a simple explanation"
 # Strings that end an agent turn during generation.
 STOP_STRINGS = ("</interaction_prompt>", "</answer>")
 
+# The reference's exact turn grammar, applied with `re.search` and DOTALL: `^` anchors at the
+# start only, `$` also matches before one final newline, and no white space may lead a turn.
+_INTERACTION_TURN = re.compile(
+    r"^<think>(.*?)</think>(\s*)<interaction_prompt>(.*?)</interaction_prompt>$", re.DOTALL
+)
+_ANSWER_TURN = re.compile(r"^<think>(.*?)</think>(.*?)<answer>(.*?)</answer>$", re.DOTALL)
 _TAG = r"<{0}>(.*?)</{0}>"
-_INTERACTION_TURN = re.compile(r"^\s*<think>(.*?)</think>\s*<interaction_prompt>(.*?)</interaction_prompt>\s*$", re.S)
-_ANSWER_TURN = re.compile(r"^\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*$", re.S)
-_TAGS = ("think", "interaction_prompt", "answer")
+_INTERACTION_TAGS = ("<think>", "</think>", "<interaction_prompt>", "</interaction_prompt>")
 
 
 @dataclass(frozen=True)
@@ -88,60 +92,61 @@ def split_question(prompt_text: str) -> str:
     return head.strip()
 
 
-def _last(tag: str, text: str) -> str | None:
-    found = re.findall(_TAG.format(tag), text, re.S)
-    return found[-1] if found else None
+def _first(tag: str, text: str) -> str | None:
+    found = re.search(_TAG.format(tag), text, re.DOTALL)
+    return found.group(1) if found else None
 
 
 def parse_turn(text: str) -> AgentTurn:
-    """Split an agent message into think / interaction_prompt / answer (last occurrence wins).
+    """Split an agent message into think / interaction_prompt / answer (first occurrence wins).
 
     An `<answer>` takes precedence over an interaction prompt in the same message.
 
     >>> parse_turn("<think>hm</think><interaction_prompt>Ask X</interaction_prompt>").kind
     'interaction'
-    >>> parse_turn("<think>ok</think><answer> Paris </answer>").answer
+    >>> parse_turn("<think>ok</think><answer> Paris </answer><answer>Lyon</answer>").answer
     ' Paris '
     >>> parse_turn("no tags").kind
     'invalid'
     """
-    return AgentTurn(_last("think", text), _last("interaction_prompt", text), _last("answer", text))
-
-
-def _one_of_each(text: str, tags: tuple[str, ...]) -> bool:
-    for tag in _TAGS:
-        want = 1 if tag in tags else 0
-        if text.count(f"<{tag}>") != want or text.count(f"</{tag}>") != want:
-            return False
-    return True
+    return AgentTurn(_first("think", text), _first("interaction_prompt", text), _first("answer", text))
 
 
 def is_interaction_turn(text: str) -> bool:
-    """Exactly one `<think>` block then one `<interaction_prompt>` block, nothing else.
+    """A well-formed non-final turn: exactly one of each think / interaction_prompt tag, and
+    `<think>..</think>`, optional white space, `<interaction_prompt>..</interaction_prompt>`,
+    nothing before or after (one trailing newline aside).
 
-    >>> is_interaction_turn("<think>a</think>\\n<interaction_prompt>b</interaction_prompt>")
+    >>> is_interaction_turn("<think>a</think>\\n<interaction_prompt>b</interaction_prompt>\\n")
     True
-    >>> is_interaction_turn("<think>a</think><interaction_prompt>b</interaction_prompt> extra")
+    >>> is_interaction_turn(" <think>a</think><interaction_prompt>b</interaction_prompt>")
+    False
+    >>> is_interaction_turn("<think>a</think><interaction_prompt>b</interaction_prompt> ")
     False
     """
-    return bool(_INTERACTION_TURN.match(text)) and _one_of_each(text, ("think", "interaction_prompt"))
+    if any(text.count(tag) != 1 for tag in _INTERACTION_TAGS):
+        return False
+    return _INTERACTION_TURN.search(text) is not None
 
 
 def is_answer_turn(text: str) -> bool:
-    """Exactly one `<think>` block then one `<answer>` block, nothing else.
+    """A final turn in full format: starts with `<think>..</think>`, ends with `</answer>`
+    (one trailing newline aside); any text may stand between `</think>` and `<answer>`.
 
-    >>> is_answer_turn("<think>a</think> <answer>b</answer>")
+    >>> is_answer_turn("<think>a</think>\\nSo: <answer>b</answer>")
     True
     >>> is_answer_turn("<answer>b</answer>")
     False
     """
-    return bool(_ANSWER_TURN.match(text)) and _one_of_each(text, ("think", "answer"))
+    return _ANSWER_TURN.search(text) is not None
 
 
 def extract_answer(final_turn: str) -> str:
-    """The answer text of the agent's final turn, stripped ('' when it gave none).
+    """The first `<answer>` of the agent's final turn, stripped ('' when it gave none).
 
-    >>> extract_answer("<think>x</think><answer> 42 </answer>")
+    The reward scores this text and evaluation reports it, so both read the same answer.
+
+    >>> extract_answer("<think>x</think><answer> 42 </answer><answer>7</answer>")
     '42'
     >>> extract_answer("<think>x</think>")
     ''
