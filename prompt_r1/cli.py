@@ -72,9 +72,20 @@ def _load(config: Path, overrides: list[str] | None = None):
         _fail(str(err))
 
 
+def _interrupt_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (a process manager, `kill`) stops a command as Ctrl-C does: `finally` blocks and
+    context managers run, so managed servers and Ray actors stop, instead of Python dying at once."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @app.callback()
 def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    import signal
+    import threading
+
     setup_logging("DEBUG" if verbose else None)
+    if threading.current_thread() is threading.main_thread():  # Python handles signals there only
+        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
 
 
 @app.command()
@@ -146,8 +157,7 @@ def serve_env(
     config: Path = ConfigOpt,
     env: Optional[str] = typer.Option(None, "--env", help="Name of an `eval.environments` entry (default: `environment`)."),
 ) -> None:
-    """Start the managed vLLM server of an environment, print its URL, and serve until Ctrl-C."""
-    import signal
+    """Start the managed vLLM server of an environment, print its URL, and serve until Ctrl-C or SIGTERM."""
     import time
 
     from prompt_r1.config import runs_home
@@ -165,8 +175,6 @@ def serve_env(
     if env_cfg.kind != "vllm":
         _fail(f"{config}: environment {env_cfg.name!r} has kind={env_cfg.kind}; serve-env starts managed "
               "vLLM servers only (kind: vllm)")
-    # SIGTERM (e.g. from a process manager) must stop the server too, like Ctrl-C.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     log_dir = runs_home() / "logs"
     console.print(f"starting vLLM for {env_cfg.model} (log under {log_dir}); this takes a minute on CPU ...")
     try:

@@ -172,6 +172,14 @@ class RolloutConfig(_Strict):
     num_workers: int = Field(1, ge=1, description="Ray rollout actors.")
     ray_address: str | None = Field(None, description="Ray cluster address; None = local ray.init().")
     ray_num_cpus: int | None = Field(2, ge=1, description="CPUs for a local Ray instance.")
+    ray_connect_timeout_s: float = Field(
+        30.0, gt=0, description="Deadline for reaching `ray_address` (an unreachable address fails with "
+        "a message instead of hanging).")
+    actor_start_timeout_s: float = Field(
+        600.0, gt=0, description="Deadline for the rollout actors to start and load the policy (a cluster "
+        "without enough free CPUs for `num_workers` actors fails with a message instead of waiting).")
+    rollout_timeout_s: float = Field(
+        3600.0, gt=0, description="Deadline for the actors to finish one rollout batch or load new weights.")
 
 
 class RewardConfig(_Strict):

@@ -9,6 +9,11 @@ step `broadcast` puts the new weights in the object store once and every actor l
 Environment clients: `inprocess` and `openai` environments are built inside each actor. A
 `vllm` environment is a server the driver starts (`actor_environment`); actors reach it as
 `openai` at its base URL. One laptop = a local Ray instance; a cluster = `ray_address`.
+
+Every wait on Ray has a deadline from `RolloutConfig` and fails with a `RayWaitError` that says
+what to change: reaching `ray_address` (`ray.init` alone retries an unreachable address for
+minutes), actors starting (a cluster without free CPUs for them would wait forever), and each
+rollout batch or weight broadcast.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -36,14 +43,66 @@ _FORWARDED_ENV = ("PROMPT_R1_HOME", "PROMPT_R1_MODELS", "HF_HUB_OFFLINE", "HF_HO
                   "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")
 
 
+SHUTDOWN_TIMEOUT_S = 60.0  # an actor's own clean-up (environment client, policy) before ray.kill
+
+
+class RayWaitError(RuntimeError):
+    """A Ray wait passed its deadline, or Ray could not be reached; the message says what to change."""
+
+
+def address_host_port(address: str) -> tuple[str, int] | None:
+    """Host and port of a Ray address; None when Ray looks it up itself (`auto`, `local`).
+
+    >>> address_host_port("ray://10.0.0.5:10001")
+    ('10.0.0.5', 10001)
+    >>> address_host_port("head-node:6379")
+    ('head-node', 6379)
+    >>> address_host_port("auto") is None
+    True
+    """
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    return (host.strip("[]"), int(port)) if sep and port.isdigit() else None
+
+
 def init_ray(rollout_cfg: RolloutConfig) -> None:
     """Connect to `ray_address`, or start a quiet local instance; reuse one already initialised."""
     if ray.is_initialized():
         return
     if rollout_cfg.ray_address:
-        ray.init(address=rollout_cfg.ray_address, logging_level=logging.WARNING)
+        _connect(rollout_cfg.ray_address, rollout_cfg.ray_connect_timeout_s)
     else:
         ray.init(num_cpus=rollout_cfg.ray_num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+
+
+def _connect(address: str, timeout_s: float) -> None:
+    """`ray.init(address)` within `timeout_s`: a TCP check first (says why an address is wrong at
+    once), then `ray.init` in a helper thread, since it cannot be given a deadline itself."""
+    fix = (f"rollout.ray_address={address!r}: check it (the head node's host:port, e.g. 10.0.0.5:6379, "
+           "or ray://host:10001), that Ray runs there (`ray status` on the head), or leave ray_address "
+           "empty for a local Ray")
+    target = address_host_port(address)
+    if target is not None:
+        try:
+            socket.create_connection(target, timeout=timeout_s).close()
+        except OSError as err:
+            raise RayWaitError(f"cannot reach Ray at {target[0]}:{target[1]} within {timeout_s:g}s "
+                               f"(rollout.ray_connect_timeout_s): {err}. {fix}") from err
+    failure: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except BaseException as err:  # handed to the caller's thread
+            failure.append(err)
+
+    thread = threading.Thread(target=connect, name="ray-init", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise RayWaitError(f"Ray at {address} accepted a connection but did not answer as a Ray cluster "
+                           f"within {timeout_s:g}s (rollout.ray_connect_timeout_s). {fix}")
+    if failure:
+        raise RayWaitError(f"cannot connect to Ray at {address}: {failure[0]}. {fix}") from failure[0]
 
 
 @contextlib.contextmanager
@@ -147,9 +206,35 @@ class RolloutPool:
         actor_class = ray.remote(RolloutWorker).options(
             num_cpus=cpus_per_worker, num_gpus=gpus, runtime_env={"env_vars": env_vars})
         record = cfg.model_dump(mode="json")
+        cpus = self.num_workers * cpus_per_worker
+        total = ray.cluster_resources().get("CPU", 0.0)
+        if not cfg.rollout.ray_address and cpus > total:  # a local instance never grows: fail now
+            raise RayWaitError(f"{self._asked(cpus_per_worker)}, but the local Ray instance has {total:g} CPUs; "
+                               "lower rollout.num_workers or raise rollout.ray_num_cpus")
+        self._stuck = False
         self.workers = [actor_class.remote(record, str(model_path), cfg.seed * 1009 + index, env_factory)
                         for index in range(self.num_workers)]
-        ray.get([w.ping.remote() for w in self.workers])  # surface start-up errors here
+        try:  # start-up errors surface here
+            self._get([w.ping.remote() for w in self.workers], cfg.rollout.actor_start_timeout_s,
+                      "actor_start_timeout_s", f"starting the rollout actors ({self._asked(cpus_per_worker)}; "
+                      f"Ray has {ray.available_resources().get('CPU', 0.0):g} of {total:g} CPUs free)",
+                      "free CPUs (other Ray jobs), lower rollout.num_workers, or raise the deadline if "
+                      "loading the policy is slow")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _asked(self, cpus_per_worker: float) -> str:
+        return (f"the rollout pool asks for {self.num_workers} actors x {cpus_per_worker:g} CPUs = "
+                f"{self.num_workers * cpus_per_worker:g} CPUs")
+
+    def _get(self, refs: list[Any], timeout_s: float, field: str, what: str, fix: str) -> list[Any]:
+        """`ray.get` with a deadline (`rollout.<field>`); the actors are stuck after one passes."""
+        try:
+            return ray.get(refs, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as err:
+            self._stuck = True
+            raise RayWaitError(f"{what} did not finish within {timeout_s:g}s (rollout.{field}); {fix}") from err
 
     def rollout(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
                 group_size: int | None = None) -> list[Trajectory]:
@@ -160,17 +245,26 @@ class RolloutPool:
                                   greedy, group_size)
             for index, (worker, chunk) in enumerate(zip(self.workers, chunks)) if chunk
         ]
-        return [Trajectory.from_record(r) for records in ray.get(futures) for r in records]
+        results = self._get(futures, self.cfg.rollout.rollout_timeout_s, "rollout_timeout_s",
+                            f"rolling out {len(questions)} questions on {len(futures)} actors",
+                            "raise it for big batches, or check the environment (a server that stopped "
+                            "answering is retried for up to environment.timeout_s x max_retries per call)")
+        return [Trajectory.from_record(r) for records in results for r in records]
 
     def broadcast(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load new weights in every actor (one copy in the object store)."""
         ref = ray.put({name: tensor.detach().cpu() for name, tensor in state_dict.items()})
-        ray.get([w.load_weights.remote(ref) for w in self.workers])
+        self._get([w.load_weights.remote(ref) for w in self.workers], self.cfg.rollout.rollout_timeout_s,
+                  "rollout_timeout_s", f"loading new weights in {len(self.workers)} actors",
+                  "an actor is stuck or out of memory (see the Ray logs)")
 
     def shutdown(self) -> None:
+        """Each actor's own clean-up, then `ray.kill`; stuck actors (a deadline passed: their queue
+        is blocked) and actors that never started are killed at once."""
         for worker in self.workers:
-            with contextlib.suppress(Exception):
-                ray.get(worker.shutdown.remote(), timeout=60)
+            if not self._stuck:
+                with contextlib.suppress(Exception):
+                    ray.get(worker.shutdown.remote(), timeout=SHUTDOWN_TIMEOUT_S)
             ray.kill(worker)
         self.workers = []
 

