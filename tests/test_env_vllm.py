@@ -393,3 +393,38 @@ finally:
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=20)
     assert "cleanup ran" in rest and "KeyboardInterrupt" in rest
+
+
+@pytest.mark.slow  # about 40 s: a real server must be up before its parent is killed
+def test_a_managed_server_dies_with_its_kill_9d_parent(servable_tiny, tmp_path):
+    import os
+    import signal
+
+    from prompt_r1.env.server_guard import sweep_leftovers
+
+    records = tmp_path / "servers"
+    parent, (port, pgid) = _start_parent(f"""
+import time
+from pathlib import Path
+from prompt_r1.config import EnvConfig
+from prompt_r1.env.vllm_server import VLLMServer
+cfg = EnvConfig(name="orphan", kind="vllm", model={str(servable_tiny)!r}, startup_timeout_s=300)
+server = VLLMServer(cfg, Path({str(tmp_path)!r}), records_dir=Path({str(records)!r}))
+server.start()
+print(server.port, server.pgid, flush=True)
+time.sleep(600)
+""")
+    try:
+        assert _port_open(port) and _server_pids(port) == [pgid]
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        started = time.monotonic()
+        assert not wait_gone(pgid, 30), "the vLLM server outlived its kill -9'd parent by 30 s"
+        print(f"server group gone {time.monotonic() - started:.1f}s after its parent was killed")
+        assert not _port_open(port)
+        assert len(list(records.glob("*.json"))) == 1  # nobody cleaned up in the parent...
+        assert sweep_leftovers(records) == [] and not list(records.glob("*.json"))  # ...the next start does
+    finally:
+        parent.kill()
+        for pid in group_members(pgid):
+            os.kill(pid, signal.SIGKILL)
