@@ -120,6 +120,16 @@ MAX_TIMEOUT_S = 3600.0
 MAX_RETRIES = 20
 
 
+# What the environment is told before the conversation (the reference's wording): the agent's earlier
+# prompts and the environment's own replies come as chat turns, and the new prompt builds on them.
+ENV_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Please read the provided content (including previous conversations "
+    "and the current task) and help the user complete the task or answer the question."
+)
+MAX_TIMEOUT_S = 3600.0
+MAX_RETRIES = 20
+
+
 class EnvConfig(_Strict):
     name: SafeName = Field("env", description="Short name used in tables, MLflow tags and file names.")
     kind: Literal["openai", "vllm", "inprocess"] = Field(
@@ -132,19 +142,42 @@ class EnvConfig(_Strict):
     api_key_env: str | None = Field(
         None, description="Name of the environment variable holding the API key (never the key)."
     )
+    system_prompt: str | None = Field(
+        ENV_SYSTEM_PROMPT,
+        description="System message put before every conversation sent to the environment (rollouts and "
+        "the direct/cot baselines); None or empty = no system message.",
+    )
     max_tokens: int = Field(128, ge=1, description="Reply token limit.")
-    temperature: float = Field(0.0, ge=0.0, description="Environment sampling temperature.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(0, description="Sampling seed sent to the server.")
+    temperature: float = Field(0.0, ge=0.0, description="Environment sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Environment nucleus sampling.")
+    seed: int | None = Field(0, description="Sampling seed sent to the server (None = send none).")
     stop: list[str] = Field(
         default_factory=list,
         description="Strings that end a reply (e.g. `\\n\\nUser:` for base models that keep writing turns).",
     )
-    concurrency: int = Field(16, ge=1, description="Maximum simultaneous calls.")
-    timeout_s: float = Field(60.0, gt=0, description="Per-call timeout in seconds.")
-    max_retries: int = Field(4, ge=0, description="Retries on timeouts, 429 and 5xx.")
-    backoff_s: float = Field(0.5, ge=0, description="First backoff delay; doubles with jitter.")
-    cache: bool = Field(True, description="Cache replies in DuckDB keyed on (model, messages, sampling).")
+    concurrency: int = Field(16, ge=1, le=4096, description="Maximum simultaneous calls.")
+    timeout_s: float = Field(
+        60.0, gt=0, le=MAX_TIMEOUT_S, description="Timeout of one request (one attempt) in seconds."
+    )
+    max_retries: int = Field(4, ge=0, le=MAX_RETRIES, description="Retries on timeouts, 429 and 5xx.")
+    backoff_s: float = Field(
+        0.5, ge=0.01, le=60.0,
+        description="First backoff delay; doubles with jitter. Also the shortest pause before any retry "
+        "(a server's `Retry-After: 0` does not make the client retry at once).",
+    )
+    call_deadline_s: float = Field(
+        300.0, gt=0, le=4 * MAX_TIMEOUT_S,
+        description="Overall deadline of one environment call: waiting for a free slot, every attempt and "
+        "every backoff. A call that reaches it fails (recorded) instead of retrying further.",
+    )
+    max_reply_bytes: int = Field(
+        256 * 1024, ge=1024, le=64 * 1024 * 1024,
+        description="Largest response body read from an OpenAI-compatible server; a larger one fails the "
+        "call (recorded) instead of being read and tokenised.",
+    )
+    cache: bool = Field(
+        True, description="Cache replies in DuckDB keyed on endpoint, model, chat template, messages and sampling."
+    )
     chat_template: str | None = Field(
         None, description="Jinja chat template for base models without one (vllm/inprocess)."
     )
@@ -168,7 +201,12 @@ class EnvConfig(_Strict):
 class RolloutConfig(_Strict):
     batch_questions: int = Field(4, ge=1, description="Questions per training step.")
     group_size: int = Field(5, ge=1, description="Trajectories sampled per question (GRPO group).")
-    max_turns: int = Field(5, ge=1, description="Maximum environment calls per trajectory.")
+    max_turns: int = Field(
+        5, ge=1, le=100,
+        description="Maximum agent generations per trajectory, as in the reference: at most max_turns - 1 "
+        "environment calls, then the answer turn (an interaction prompt in the last one ends the "
+        "trajectory with stop reason `max_turns`).",
+    )
     num_workers: int = Field(1, ge=1, description="Ray rollout actors.")
     ray_address: str | None = Field(None, description="Ray cluster address; None = local ray.init().")
     ray_num_cpus: int | None = Field(2, ge=1, description="CPUs for a local Ray instance.")
@@ -261,6 +299,14 @@ class EvalConfig(_Strict):
         description="`base`, `trained` (this run's final checkpoint), `champion`, or a folder.",
     )
     examples_per_dataset: int = Field(2, ge=0, description="Trajectories kept for reading.")
+    temperature: float = Field(
+        0.0, ge=0.0, description="Agent sampling temperature in evaluation (0 = greedy; the reference uses 0.7)."
+    )
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Agent nucleus sampling in evaluation (the reference uses 0.8).")
+    max_turns: int | None = Field(
+        None, ge=1, le=100,
+        description="Agent generations per question in evaluation (None = rollout.max_turns; the reference uses 10).",
+    )
 
 
 class Config(_Strict):

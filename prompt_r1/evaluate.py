@@ -4,13 +4,16 @@ Methods, and the one rule each uses to extract its prediction:
 - `direct`: the bare question to the environment; prediction = the whole reply, stripped.
 - `cot`: the question plus a chain-of-thought instruction; prediction = the text after the last
   `Answer:` in the reply (or its last non-empty line when there is none).
-- `agent:<ckpt>`: the multi-turn Prompt-R1 protocol with an agent checkpoint (greedy);
-  prediction = the `<answer>` of the agent's final turn (never text the environment wrote).
+- `agent:<ckpt>`: the multi-turn Prompt-R1 protocol with an agent checkpoint, decoding with
+  `eval.temperature`/`eval.top_p` for at most `eval.max_turns` generations (greedy and
+  `rollout.max_turns` by default); prediction = the `<answer>` of the agent's final turn
+  (never text the environment wrote).
 - `agent_only:<ckpt>`: the agent answers alone, no environment (the paper's "w/o Env"
   ablation); prediction = its `<answer>` when present, else its whole reply.
 Every prediction is scored with EM, F1, substring match and SSim; `score` is the dataset's
 primary metric. Environment calls of a suite run concurrently (bounded by the environment's
-semaphore); temperature 0 and the environment cache make reruns reproduce every number.
+semaphore); greedy decoding (or seeded sampling) and the environment cache make reruns
+reproduce every number.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from prompt_r1.config import AgentConfig, Config, EnvConfig
+from prompt_r1.config import AgentConfig, Config, EnvConfig, RolloutConfig
 from prompt_r1.ingest import IN_DOMAIN, OOD
 from prompt_r1.metrics import score_all
 from prompt_r1.protocol import extract_answer, parse_turn
@@ -175,9 +178,27 @@ def resolve_agents(cfg: Config, given: dict[str, str] | None = None, champion: P
     return agents
 
 
-def greedy(agent_cfg: AgentConfig) -> AgentConfig:
-    """The agent's settings for evaluation: deterministic decoding."""
-    return agent_cfg.model_copy(update={"temperature": 0.0})
+def eval_agent(cfg: Config) -> AgentConfig:
+    """The agent's settings for evaluation: `eval.temperature` and `eval.top_p` (greedy by default).
+
+    >>> from prompt_r1.config import parse_config
+    >>> a = eval_agent(parse_config({"eval": {"temperature": 0.7, "top_p": 0.8}}))
+    >>> (a.temperature, a.top_p), (eval_agent(Config()).temperature, eval_agent(Config()).top_p)
+    ((0.7, 0.8), (0.0, 1.0))
+    """
+    return cfg.agent.model_copy(update={"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p})
+
+
+def eval_rollout(cfg: Config) -> RolloutConfig:
+    """The rollout settings for evaluation: `eval.max_turns` generations (default `rollout.max_turns`).
+
+    >>> from prompt_r1.config import parse_config
+    >>> eval_rollout(parse_config({"rollout": {"max_turns": 3}, "eval": {"max_turns": 10}})).max_turns
+    10
+    >>> eval_rollout(parse_config({"rollout": {"max_turns": 3}})).max_turns
+    3
+    """
+    return cfg.rollout.model_copy(update={"max_turns": cfg.eval.max_turns or cfg.rollout.max_turns})
 
 
 async def _agent_method(policy, env, questions, cfg: Config, label: str, seed: int) -> list[Prediction]:
@@ -187,7 +208,7 @@ async def _agent_method(policy, env, questions, cfg: Config, label: str, seed: i
     batch = max(1, cfg.rollout.batch_questions * cfg.rollout.group_size)
     for start in tqdm(range(0, len(questions), batch), desc=f"{env.name}:agent:{label}", leave=False):
         chunk = questions[start : start + batch]
-        trajs = await rollout_batch(policy, env, chunk, greedy(cfg.agent), cfg.rollout, cfg.reward,
+        trajs = await rollout_batch(policy, env, chunk, eval_agent(cfg), eval_rollout(cfg), cfg.reward,
                                     group_size=1, seed=seed)
         by_id = {t.question_id: t for t in trajs}
         for q in chunk:
@@ -269,13 +290,13 @@ def evaluate(
         raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
     environments = list(environments or cfg.eval_environments())
     outcome = EvalOutcome()
-    policies = {label: make_policy(greedy(cfg.agent), path, seed=cfg.seed) for label, path in agents.items()
+    policies = {label: make_policy(eval_agent(cfg), path, seed=cfg.seed) for label, path in agents.items()
                 if {"agent", "agent_only"} & set(cfg.eval.methods)}
     agent_only_rows: dict[str, list[dict[str, Any]]] = {}
     if "agent_only" in cfg.eval.methods:  # independent of the environment: run once per agent
         for label, policy in policies.items():
             t0 = time.perf_counter()
-            agent_only_rows[label] = score_predictions(_agent_only(policy, questions, greedy(cfg.agent), label, cfg.seed))
+            agent_only_rows[label] = score_predictions(_agent_only(policy, questions, eval_agent(cfg), label, cfg.seed))
             outcome.seconds[f"agent_only:{label}"] = time.perf_counter() - t0
     for env_cfg in environments:
         log.info("evaluating against environment %s (%s, %s)", env_cfg.name, env_cfg.kind, env_cfg.model)

@@ -5,9 +5,13 @@ One call samples `group_size` trajectories per question. Each trajectory is the 
 - agent turns: the ids the policy sampled, loss mask 1, with their sampling log-probs;
 - environment replies: `wrap_env_reply(reply)` tokenised and inserted with mask 0, log-prob 0.0
   (the reply is first cut to `max_env_reply_tokens` tokens; `env_replies` holds the cut text, so
-  decoding each mask-0 span gives back exactly `wrap_env_reply(env_replies[i])`).
-Stop reasons: `answered` (agent wrote `<answer>`), `invalid_turn` (neither tag), `max_turns`
-(an interaction prompt after `max_turns` environment calls), `token_budget` (no room left:
+  decoding each mask-0 span gives back exactly `wrap_env_reply(env_replies[i])`). A reply is text:
+  special tokens written in it (`<|im_end|>`...) are tokenised as plain text, never as the
+  control ids of the agent's chat template.
+`rollout.max_turns` counts agent generations: at most `max_turns - 1` environment calls, each
+followed by another agent turn. Stop reasons: `answered` (agent wrote `<answer>`), `invalid_turn`
+(neither tag), `max_turns` (an interaction prompt in generation `max_turns`, whose reply the agent
+could never read: the call is not made), `token_budget` (no room left:
 the response never exceeds `max_response_tokens`; a reply that would leave no room for another
 agent token is not inserted, though its call is still recorded in `env_calls`).
 The answer and the reward come from the agent's own turns only.
@@ -61,6 +65,13 @@ def agent_prompt_ids(tokenizer: Any, question: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of untrusted text: special tokens in it are split into ordinary tokens, so an
+    environment that writes `<|im_end|>` cannot end the agent's turn or fake a chat role. (The
+    protocol tags are ordinary added tokens and keep their ids.)"""
+    return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+
 async def _call_env(env: "Environment", messages: list[dict[str, str]], turn: int) -> tuple[str, EnvCall]:
     """One environment call that never raises: a failure becomes an error text and EnvCall.error."""
     started = time.perf_counter()
@@ -102,7 +113,7 @@ class _Loop:
         if turn.kind == "answer":
             traj.stop_reason = "answered"
         elif turn.kind == "interaction":
-            if len(episode.env_prompts) >= self.rollout_cfg.max_turns:
+            if len(traj.agent_turns) >= self.rollout_cfg.max_turns:
                 traj.stop_reason = "max_turns"
             elif self.room(episode) <= 0:
                 traj.stop_reason = "token_budget"
@@ -122,11 +133,11 @@ class _Loop:
         traj = episode.trajectory
         traj.env_calls.append(call)
         episode.env_history.append(text)
-        reply_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        reply_ids = text_ids(self.tokenizer, text)
         limit = self.agent_cfg.max_env_reply_tokens
         seen = text if len(reply_ids) <= limit else self.tokenizer.decode(
             reply_ids[:limit], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        wrapped_ids = self.tokenizer.encode(wrap_env_reply(seen), add_special_tokens=False)
+        wrapped_ids = text_ids(self.tokenizer, wrap_env_reply(seen))
         if len(wrapped_ids) >= self.room(episode):  # no agent token would fit after it
             traj.stop_reason = "token_budget"
             return False

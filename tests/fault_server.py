@@ -8,9 +8,10 @@ completion; the last action repeats. A request counter per content string lets t
 many attempts each call made, and the server records the peak number of requests in flight.
 
 Actions: ok, slow (0.3 s then ok), timeout (sleep `hang_s` then ok), 429, 503 (both with
-Retry-After: 1), 500, 400, 401, 401echo (401 whose body echoes the Authorization header, like
-servers that quote the rejected key), garbage (200 with invalid JSON), nochoices (200 JSON with no
-`choices`).
+Retry-After: 1), 429now (Retry-After: 0), 500, 400, 401, 401echo (401 whose body echoes the
+Authorization header, like servers that quote the rejected key), garbage (200 with invalid JSON),
+nochoices (200 JSON with no `choices`), huge (a valid completion whose reply is `huge_bytes` long,
+with its content-length), hugechunked (the same, chunked, with no content-length).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ MAX_REQUESTS = 2000  # bounded: refuse to run away if a client loops
 
 
 class FaultServer:
-    def __init__(self, hang_s: float = 3.0):
-        self.hang_s = hang_s
+    def __init__(self, hang_s: float = 3.0, huge_bytes: int = 300_000):
+        self.hang_s, self.huge_bytes = hang_s, huge_bytes
         self.counts: Counter[str] = Counter()
         self.requests: list[dict[str, Any]] = []
         self.in_flight = 0
@@ -51,16 +52,25 @@ class FaultServer:
                 server._handle(self, body)
 
             def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None,
-                      raw: bytes | None = None) -> None:
+                      raw: bytes | None = None, chunked: bool = False) -> None:
                 data = raw if raw is not None else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
+                if chunked:
+                    self.send_header("transfer-encoding", "chunked")
+                else:
+                    self.send_header("content-length", str(len(data)))
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
                 self.end_headers()
                 try:
-                    self.wfile.write(data)
+                    if not chunked:
+                        self.wfile.write(data)
+                        return
+                    for start in range(0, len(data), 16384):
+                        piece = data[start:start + 16384]
+                        self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                    self.wfile.write(b"0\r\n\r\n")
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
@@ -95,7 +105,7 @@ class FaultServer:
                 return
             index = self.counts[content]
             self.counts[content] += 1
-            self.requests.append({"content": content, "time": time.monotonic(),
+            self.requests.append({"content": content, "time": time.monotonic(), "messages": messages,
                                   "authorization": handler.headers.get("authorization", "")})
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -113,7 +123,14 @@ class FaultServer:
         if action == "timeout":
             self._stop.wait(self.hang_s)
             action = "ok"
-        if action == "ok":
+        if action in ("huge", "hugechunked"):
+            reply = "x" * self.huge_bytes
+            handler._send(200, {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()),
+                                "model": body.get("model", ""),
+                                "choices": [{"index": 0, "finish_reason": "length",
+                                             "message": {"role": "assistant", "content": reply}}]},
+                          chunked=action == "hugechunked")
+        elif action == "ok":
             reply = f"echo: {content}"
             handler._send(200, {
                 "id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()),
@@ -125,6 +142,8 @@ class FaultServer:
             })
         elif action in ("429", "503"):
             handler._send(int(action), error("slow down"), headers={"retry-after": "1"})
+        elif action == "429now":
+            handler._send(429, error("slow down"), headers={"retry-after": "0"})
         elif action in ("500", "400", "401"):
             handler._send(int(action), error(f"scripted {action}"))
         elif action == "401echo":

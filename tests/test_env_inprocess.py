@@ -8,6 +8,7 @@ import pytest
 
 from prompt_r1.config import EnvConfig
 from prompt_r1.env import open_environment
+from prompt_r1.env.base import with_system
 from prompt_r1.env.inprocess import InProcessEnvironment
 from prompt_r1.models import CHATML_TEMPLATE
 
@@ -34,7 +35,7 @@ def test_concurrent_replies_are_batched_with_real_token_counts(env):
     for turn, (messages, reply) in enumerate(zip(conversations, replies)):
         assert reply.call.error is None and isinstance(reply.text, str)
         assert reply.call.turn == turn and reply.call.env_name == "tiny-env" and reply.call.model == "tiny"
-        assert reply.call.prompt_tokens == len(env.encode(messages))
+        assert reply.call.prompt_tokens == len(env.encode(with_system(env.cfg, messages)))
         assert 1 <= reply.call.completion_tokens <= 12
         assert reply.call.attempts == 1 and not reply.call.cached and reply.call.latency_s > 0
     # the byte tokenizer: prompt length grows with the message
@@ -92,12 +93,17 @@ def test_open_environment_and_chat_template_override(tmp_path, _model_cache):
     template_file = tmp_path / "plain.jinja"
     template_file.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                              "{% if add_generation_prompt %}assistant: {% endif %}")
-    cfg = EnvConfig(name="t", kind="inprocess", model="tiny", max_tokens=4, chat_template=str(template_file))
+    cfg = EnvConfig(name="t", kind="inprocess", model="tiny", max_tokens=4, chat_template=str(template_file),
+                    system_prompt="Be brief.")
     with open_environment(cfg) as custom:
         assert isinstance(custom, InProcessEnvironment)
         ids = custom.encode([{"role": "user", "content": "hi"}])
         assert custom.tokenizer.decode(ids) == "user: hi\nassistant: "
         reply = asyncio.run(custom.reply([{"role": "user", "content": "hi"}]))
+        sent = "system: Be brief.\nuser: hi\nassistant: "  # the configured system message comes first
+        assert reply.call.error is None and reply.call.prompt_tokens == len(custom.tokenizer.encode(sent))
+    with open_environment(cfg.model_copy(update={"system_prompt": None})) as bare:
+        reply = asyncio.run(bare.reply([{"role": "user", "content": "hi"}]))
         assert reply.call.error is None and reply.call.prompt_tokens == len(ids)
     inline = InProcessEnvironment(cfg.model_copy(update={"chat_template": CHATML_TEMPLATE}))
     assert inline.tokenizer.decode(inline.encode([{"role": "user", "content": "hi"}])) == \

@@ -16,7 +16,7 @@ import pytest
 from fault_server import FaultServer
 from prompt_r1.config import EnvConfig
 from prompt_r1.env import open_environment
-from prompt_r1.env.base import cache_key, sampling_settings
+from prompt_r1.env.base import reply_cache_key, with_system
 from prompt_r1.env.openai_env import OpenAIEnvironment
 from prompt_r1.env.vllm_server import free_port
 
@@ -165,7 +165,7 @@ def test_cache_hit_skips_the_server(server, warehouse):
     assert server.attempts(content) == 1
     assert failed.call.error and failed_again.call.error and not failed_again.call.cached
     assert server.attempts("z script:400") == 2  # failures are not cached
-    key = cache_key("fault-model", [{"role": "user", "content": content}], sampling_settings(cfg))
+    key = reply_cache_key(cfg, with_system(cfg, [{"role": "user", "content": content}]))
     assert warehouse.cache_get(key)[0] == first.text
     # other sampling settings are another key
     hotter = OpenAIEnvironment(cfg.model_copy(update={"temperature": 0.7}), warehouse)
@@ -186,3 +186,118 @@ def test_bad_messages_fail_without_a_request(server):
     reply = asyncio.run(env.reply([]))
     assert reply.call.error == "no messages to send (environment fault)" and reply.call.attempts == 0
     assert not server.requests
+
+
+def test_cache_is_keyed_on_the_endpoint(warehouse):
+    """Two servers with the same model name are two environments: neither answers from the other's cache."""
+    content = "same question script:ok"
+    with FaultServer() as one, FaultServer() as two:
+        replies = []
+        for srv in (one, two, one, two):
+            env = OpenAIEnvironment(make_cfg(srv.base_url, cache=True), warehouse)
+            replies += asyncio.run(ask_all(env, [content]))
+        assert one.attempts(content) == two.attempts(content) == 1
+    assert [r.call.cached for r in replies] == [False, False, True, True]
+
+
+CHANGES = {"base_url": "http://127.0.0.1:2/v1", "model": "other-model", "chat_template": "{{ messages }}",
+           "system_prompt": "Answer in French.", "temperature": 0.5, "top_p": 0.9, "max_tokens": 17,
+           "seed": 1, "stop": ["\n\nUser:"]}
+
+
+@pytest.mark.parametrize("field", sorted(CHANGES))
+def test_every_setting_that_changes_a_reply_changes_the_key(field):
+    base = make_cfg("http://127.0.0.1:1/v1")
+    messages = [{"role": "user", "content": "q"}]
+    same = make_cfg("http://127.0.0.1:1/v1/", concurrency=2, timeout_s=9.0, max_retries=0, cache=True,
+                    name="other-name", price_per_1k_prompt=1.0)  # settings that cannot change a reply
+    assert reply_cache_key(same, messages) == reply_cache_key(base, messages)
+    changed = base.model_copy(update={field: CHANGES[field]})
+    assert reply_cache_key(changed, messages) != reply_cache_key(base, messages)
+    assert reply_cache_key(base, messages + [{"role": "user", "content": "r"}]) != reply_cache_key(base, messages)
+
+
+def test_a_managed_server_keeps_its_cache_across_restarts():
+    """A managed vLLM server gets a new port on every start; its replies are the same model's."""
+    first = EnvConfig(kind="vllm", model="smollm2-135m-instruct", base_url="http://127.0.0.1:4001/v1")
+    restarted = first.model_copy(update={"base_url": "http://127.0.0.1:4002/v1"})
+    other = first.model_copy(update={"model": "gemma3-270m"})
+    messages = [{"role": "user", "content": "q"}]
+    assert reply_cache_key(first, messages) == reply_cache_key(restarted, messages)
+    assert reply_cache_key(first, messages) != reply_cache_key(other, messages)
+    remote = EnvConfig(kind="openai", model=first.model, base_url=first.base_url)
+    assert reply_cache_key(remote, messages) != reply_cache_key(first, messages)
+
+
+@pytest.mark.parametrize("system_prompt", [EnvConfig().system_prompt, "Be brief.", None])
+def test_system_message_is_sent_first(server, system_prompt):
+    env = OpenAIEnvironment(make_cfg(server.base_url, system_prompt=system_prompt))
+    (reply,) = asyncio.run(ask_all(env, ["s script:ok"]))
+    assert reply.call.error is None
+    (sent,) = [r["messages"] for r in server.requests]
+    expected = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    assert sent == expected + [{"role": "user", "content": "s script:ok"}]
+    assert "previous conversations" in EnvConfig().system_prompt  # the default asks it to read the history
+
+
+@pytest.mark.parametrize("action", ["huge", "hugechunked"])
+def test_oversized_reply_fails_without_being_read(action):
+    with FaultServer(huge_bytes=300_000) as srv:
+        small = OpenAIEnvironment(make_cfg(srv.base_url, max_reply_bytes=100_000))
+        (too_big,) = asyncio.run(ask_all(small, [f"big script:{action}"]))
+        large = OpenAIEnvironment(make_cfg(srv.base_url, max_reply_bytes=400_000))
+        (fits,) = asyncio.run(ask_all(large, [f"fits script:{action}"]))
+    assert too_big.call.error and "larger than max_reply_bytes=100000" in too_big.call.error
+    assert too_big.call.attempts == 1 and srv.attempts(f"big script:{action}") == 1  # not retried
+    assert too_big.text.startswith("[environment error: ") and len(too_big.text) < 400
+    assert fits.call.error is None and fits.text == "x" * 300_000
+
+
+def test_retry_after_zero_still_waits_the_backoff(server):
+    env = OpenAIEnvironment(make_cfg(server.base_url, backoff_s=0.3))
+    content = "r script:429now,429now,ok"
+    (reply,) = asyncio.run(ask_all(env, [content]))
+    assert reply.call.error is None and reply.call.attempts == 3
+    times = [r["time"] for r in server.requests if r["content"] == content]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert gaps[0] >= 0.3 and gaps[1] >= 0.6  # backoff doubles; Retry-After: 0 does not shorten it
+
+
+def test_call_deadline_bounds_retries(server):
+    env = OpenAIEnvironment(make_cfg(server.base_url, timeout_s=1.0, max_retries=20, backoff_s=0.05,
+                                     call_deadline_s=2.5))
+    started = time.monotonic()
+    (reply,) = asyncio.run(ask_all(env, ["d script:timeout"]))
+    elapsed = time.monotonic() - started
+    assert reply.call.error and "call deadline of 2.5s" in reply.call.error
+    assert 2.4 <= elapsed < 3.5 and reply.call.latency_s < 3.5
+    assert 2 <= reply.call.attempts == server.attempts("d script:timeout") <= 3
+
+
+def test_call_deadline_covers_waiting_for_a_slot(server):
+    env = OpenAIEnvironment(make_cfg(server.base_url, concurrency=1, call_deadline_s=0.5))
+
+    async def while_the_slot_is_taken():
+        _, semaphore = env._bound()
+        await semaphore.acquire()  # another call holds the only slot for longer than the deadline
+        try:
+            return await ask(env, "wait script:ok")
+        finally:
+            semaphore.release()
+            await env.aclose()
+
+    started = time.monotonic()
+    reply = asyncio.run(while_the_slot_is_taken())
+    assert 0.5 <= time.monotonic() - started < 1.5
+    assert reply.call.error == "call deadline of 0.5s reached waiting for a free slot (concurrency 1)"
+    assert reply.call.attempts == 0 and server.attempts("wait script:ok") == 0
+
+
+@pytest.mark.parametrize("field,value", [("max_retries", 21), ("max_retries", -1), ("timeout_s", 3601.0),
+                                         ("timeout_s", 0.0), ("backoff_s", 0.0), ("call_deadline_s", 0.0),
+                                         ("max_reply_bytes", 10), ("concurrency", 0)])
+def test_retry_and_timeout_settings_are_bounded(field, value):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=field):
+        make_cfg("http://127.0.0.1:1/v1", **{field: value})

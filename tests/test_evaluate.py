@@ -12,6 +12,7 @@ import pytest
 from prompt_r1.config import load_config
 from prompt_r1.evaluate import EvalError, evaluate, extract_cot_answer, resolve_agents, suite_datasets
 from prompt_r1.ingest import IN_DOMAIN, OOD, PROMPT_R1_FILES, ingest
+from prompt_r1.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"direct", "cot", "agent:base", "agent_only:base"}
@@ -76,3 +77,32 @@ def test_cli_evaluate_writes_report(home, shared_data):
     assert (out / "results.csv").read_text().count("\n") == 1 + 8 * 2
     assert (out / "bars_tiny-env.png").exists() and (out / "averages_by_environment.png").exists()
     assert "cost (USD)" in (out / "costs.md").read_text()
+
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ({"eval.temperature": 0.7, "eval.top_p": 0.8, "eval.max_turns": 10}, (0.7, 0.8, 10)),  # the reference's
+    ({}, (0.0, 1.0, 3)),  # defaults: greedy, the rollout's turn budget
+])
+def test_agent_evaluation_uses_the_eval_decoding(monkeypatch, warehouse, overrides, expected):
+    """`eval.temperature/top_p/max_turns` reach the policy's settings and the rollout loop."""
+    import asyncio
+
+    import prompt_r1.rollout as rollout_module
+    from prompt_r1.evaluate import _agent_method, eval_agent
+
+    ingest(warehouse, [ROOT / "data" / "sample"])
+    questions = warehouse.questions(splits=["test"], limit_per_dataset=1)[:2]
+    seen = []
+
+    async def fake_rollout(policy, env, chunk, agent_cfg, rollout_cfg, reward_cfg, group_size=None, seed=0):
+        seen.append((agent_cfg.temperature, agent_cfg.top_p, rollout_cfg.max_turns, group_size))
+        return [Trajectory(q.question_id, 0, [1]) for q in chunk]
+
+    monkeypatch.setattr(rollout_module, "rollout_batch", fake_rollout)
+    cfg = load_config(ROOT / "configs" / "smoke.yaml", overrides)
+    preds = asyncio.run(_agent_method(None, type("Env", (), {"name": "e"})(), questions, cfg, "base", 0))
+    assert len(preds) == len(questions) and seen and all(s == (*expected, 1) for s in seen)
+    policy_cfg = eval_agent(cfg)  # what make_policy builds the evaluated policy from
+    assert (policy_cfg.temperature, policy_cfg.top_p) == expected[:2]
+    assert (cfg.agent.temperature, cfg.agent.top_p) == (1.0, 1.0)  # training sampling is untouched

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prompt_r1.config import EnvConfig
-from prompt_r1.env.base import EnvReply, Environment, cache_key, cost_usd
+from prompt_r1.env.base import EnvReply, Environment, cache_key, cost_usd, reply_cache_key
 
 if TYPE_CHECKING:
     from warehouse.store import Warehouse
 
 __all__ = [
     "EnvReply", "Environment", "InProcessEnvironment", "OpenAIEnvironment", "cache_key", "cost_usd",
-    "managed_vllm_server", "open_environment",
+    "managed_vllm_server", "open_environment", "reply_cache_key",
 ]
 
 

@@ -6,8 +6,11 @@ usage, latency, attempts, cache hit, error). A call that fails after its retries
 raise: it returns an error text the agent sees (`[environment error: ...]`) and the reason in
 `call.error`, so one bad call never kills a rollout batch and every failure is recorded.
 
-Also here: the reply-cache key (sha256 of canonical JSON of model, messages and sampling
-settings) and the cost of a call from the config's prices.
+Every backend sends `with_system(cfg, messages)`: the configured system message first.
+
+Also here: the reply-cache key (sha256 of canonical JSON of everything that can change a reply:
+the endpoint, model, chat template, messages and sampling settings) and the cost of a call from
+the config's prices.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prompt_r1.config import EnvConfig
@@ -59,28 +63,62 @@ def short_reason(reason: str, limit: int = MAX_ERROR_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def with_system(cfg: EnvConfig, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """`messages` after the configured system message (unchanged when none is set or one is there).
+
+    >>> with_system(EnvConfig(system_prompt="Be brief."), [{"role": "user", "content": "hi"}])
+    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'hi'}]
+    >>> with_system(EnvConfig(system_prompt=None), [{"role": "user", "content": "hi"}])
+    [{'role': 'user', 'content': 'hi'}]
+    """
+    if not cfg.system_prompt or (messages and messages[0].get("role") == "system"):
+        return list(messages)
+    return [{"role": "system", "content": cfg.system_prompt}, *messages]
+
+
 def sampling_settings(cfg: EnvConfig) -> dict[str, Any]:
-    """The settings that change a reply, hence part of the cache key."""
-    settings = {"max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                "seed": cfg.seed}
-    if cfg.stop:
-        settings["stop"] = list(cfg.stop)
-    return settings
+    """The request settings that change a reply, hence part of the cache key."""
+    return {"max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "seed": cfg.seed, "stop": list(cfg.stop), "system_prompt": cfg.system_prompt or None}
 
 
-def cache_key(model: str, messages: list[dict[str, str]], sampling: dict[str, Any]) -> str:
-    """sha256 of canonical JSON (sorted keys, no spaces) of model, messages and sampling.
+def endpoint_identity(cfg: EnvConfig) -> dict[str, Any]:
+    """What answers a request: the server (its base URL, or for a managed vLLM server, whose URL
+    changes every start, the model it serves), the model name and the chat template.
+
+    >>> endpoint_identity(EnvConfig(kind="openai", base_url="http://a:1/v1/", model="m"))["endpoint"]
+    'http://a:1/v1'
+    >>> endpoint_identity(EnvConfig(kind="vllm", base_url="http://127.0.0.1:5/v1", model="m"))["endpoint"]
+    'managed-vllm:m'
+    """
+    if cfg.kind == "openai":
+        endpoint = (cfg.base_url or "").rstrip("/")
+    else:
+        path = Path(cfg.model).expanduser()
+        served = str(path.resolve()) if path.exists() else cfg.model  # a folder: the same one from any cwd
+        endpoint = f"managed-{cfg.kind}:{served}"
+    return {"endpoint": endpoint, "model": cfg.model, "chat_template": cfg.chat_template}
+
+
+def reply_cache_key(cfg: EnvConfig, messages: list[dict[str, str]]) -> str:
+    """The reply-cache key of sending `messages` (as sent, system message included) under `cfg`."""
+    return cache_key(endpoint_identity(cfg), messages, sampling_settings(cfg))
+
+
+def cache_key(identity: dict[str, Any], messages: list[dict[str, str]], sampling: dict[str, Any]) -> str:
+    """sha256 of canonical JSON (sorted keys, no spaces) of endpoint identity, messages and sampling.
 
     Key order inside dicts does not matter; message order does.
 
-    >>> a = cache_key("m", [{"role": "user", "content": "hi"}], {"temperature": 0, "top_p": 1})
-    >>> b = cache_key("m", [{"content": "hi", "role": "user"}], {"top_p": 1, "temperature": 0})
+    >>> who = {"endpoint": "http://a/v1", "model": "m", "chat_template": None}
+    >>> a = cache_key(who, [{"role": "user", "content": "hi"}], {"temperature": 0, "top_p": 1})
+    >>> b = cache_key(dict(reversed(who.items())), [{"content": "hi", "role": "user"}], {"top_p": 1, "temperature": 0})
     >>> a == b, len(a)
     (True, 64)
-    >>> a == cache_key("other", [{"role": "user", "content": "hi"}], {"temperature": 0, "top_p": 1})
+    >>> a == cache_key({**who, "endpoint": "http://b/v1"}, [{"role": "user", "content": "hi"}], {"temperature": 0, "top_p": 1})
     False
     """
-    payload = {"model": model, "messages": messages, "sampling": sampling}
+    payload = {"identity": identity, "messages": messages, "sampling": sampling}
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

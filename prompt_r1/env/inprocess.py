@@ -11,7 +11,7 @@ loop free.
 Decoding: greedy when `temperature == 0` (same input -> same output, whatever the batch), else
 sampling with temperature/top-p under a per-batch seed derived from `cfg.seed` (the global torch
 RNG is restored afterwards). The chat template is the tokenizer's, or `cfg.chat_template`
-(template text, or a path to a file holding it).
+(template text, or a path to a file holding it); the configured system message comes first.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.config import EnvConfig
-from prompt_r1.env.base import EnvReply, Environment, check_messages
+from prompt_r1.env.base import EnvReply, Environment, check_messages, with_system
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class InProcessEnvironment(Environment):
         if problem:
             return self.failed(turn, f"{problem} (environment {self.name})", started, attempts=0)
         try:
-            prompt_ids = self.encode(messages)
+            prompt_ids = self.encode(with_system(self.cfg, messages))
         except Exception as err:
             return self.failed(turn, f"chat template failed for model {self.model_path}: "
                                      f"{type(err).__name__}: {err}", started, attempts=1)

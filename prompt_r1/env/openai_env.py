@@ -5,11 +5,16 @@ must be recorded per call (`EnvCall.attempts`, `EnvCall.error`), a failed call m
 error text instead of an exception (the rollout batch goes on), and garbage responses (invalid
 JSON, no `choices`) must be retried like 5xx. So the client runs with `max_retries=0` and this
 module retries timeouts, connection errors, 429 and 5xx with exponential backoff plus jitter,
-honouring `Retry-After` (capped) on 429/503; other 4xx fail at once.
+honouring `Retry-After` (capped) on 429/503 but never pausing less than the backoff; other 4xx
+fail at once. One call, slot wait and backoffs included, ends by `cfg.call_deadline_s`.
+
+The response body is read in chunks and the call fails once it passes `cfg.max_reply_bytes`:
+a runaway server cannot make the client hold, parse and tokenise megabytes of reply.
 
 An `asyncio.Semaphore(cfg.concurrency)` bounds requests in flight (held per attempt, released
-while backing off). Successful replies can be cached in the warehouse keyed on model, messages
-and sampling settings; a hit makes no request and has `cached=True`, `attempts=0`.
+while backing off). Successful replies can be cached in the warehouse keyed on everything that
+can change them (`reply_cache_key`: endpoint, model, chat template, messages as sent, sampling);
+a hit makes no request and has `cached=True`, `attempts=0`.
 
 The API key is read from `os.environ[cfg.api_key_env]` (or "EMPTY" for local servers), handed to
 the client and never kept, logged, stored, put in `repr` or in error texts (server error
@@ -23,6 +28,7 @@ environment, Ray actors their own loop).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -33,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import openai
 
 from prompt_r1.config import EnvConfig
-from prompt_r1.env.base import EnvReply, Environment, cache_key, check_messages, sampling_settings, short_reason
+from prompt_r1.env.base import EnvReply, Environment, check_messages, reply_cache_key, short_reason, with_system
 
 if TYPE_CHECKING:
     from warehouse.store import Warehouse
@@ -41,15 +47,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_CAP_S = 60.0
+MAX_BACKOFF_S = 60.0
 RETRYABLE_STATUS = {408, 409, 429}  # plus every 5xx
 
 
 class _Failure(Exception):
-    """One failed attempt: a short reason, whether to retry, and a server-requested delay."""
+    """One failed attempt: a short reason, whether to retry, a server-requested delay, and whether
+    a request went out at all (a call can end while waiting for a free slot)."""
 
-    def __init__(self, reason: str, retryable: bool, retry_after: float | None = None):
+    def __init__(self, reason: str, retryable: bool, retry_after: float | None = None, sent: bool = True):
         super().__init__(reason)
-        self.reason, self.retryable, self.retry_after = reason, retryable, retry_after
+        self.reason, self.retryable, self.retry_after, self.sent = reason, retryable, retry_after, sent
 
 
 @dataclass
@@ -91,9 +99,34 @@ def parse_retry_after(value: str | None, cap: float = RETRY_AFTER_CAP_S) -> floa
 
 
 def backoff_delay(backoff_s: float, attempt: int, rng: random.Random) -> float:
-    """`backoff_s * 2**attempt` plus up to 25% jitter (attempt 0 = first retry)."""
-    base = backoff_s * (2 ** attempt)
+    """`backoff_s * 2**attempt` (at most MAX_BACKOFF_S) plus up to 25% jitter (attempt 0 = first retry)."""
+    base = min(backoff_s * (2 ** min(attempt, 32)), MAX_BACKOFF_S)
     return base + rng.uniform(0.0, 0.25 * base)
+
+
+def retry_delay(retry_after: float | None, backoff_s: float, attempt: int, rng: random.Random) -> float:
+    """Pause before a retry: the server's `Retry-After` when it asks for longer than our backoff,
+    else the backoff (so `Retry-After: 0` cannot make a tight retry loop).
+
+    >>> rng = random.Random(0)
+    >>> retry_delay(0.0, 0.5, 0, rng) >= 0.5, retry_delay(3.0, 0.5, 0, rng)
+    (True, 3.0)
+    """
+    return max(retry_after or 0.0, backoff_delay(backoff_s, attempt, rng))
+
+
+def read_json_body(data: bytes, where: str) -> Any:
+    """A response body parsed as JSON; garbage is a retryable failure."""
+    try:
+        return json.loads(data)
+    except ValueError as err:
+        raise _Failure(f"malformed response from {where}: {type(err).__name__}: "
+                       f"{short_reason(str(err), 120)}", retryable=True) from None
+
+
+def _count(value: Any) -> int:
+    """A token count from a usage field; anything but a non-negative number counts 0."""
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0
 
 
 class OpenAIEnvironment(Environment):
@@ -142,7 +175,8 @@ class OpenAIEnvironment(Environment):
         problem = check_messages(messages)
         if problem:
             return self.failed(turn, f"{problem} (environment {self.name})", started, attempts=0)
-        key = cache_key(self.model, messages, sampling_settings(self.cfg)) if self.warehouse else None
+        messages = with_system(self.cfg, messages)
+        key = reply_cache_key(self.cfg, messages) if self.warehouse else None
         if key is not None:
             hit = await self._cache_get(key)
             if hit is not None:
@@ -151,22 +185,28 @@ class OpenAIEnvironment(Environment):
                     turn, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                     latency_s=time.perf_counter() - started, attempts=0, cached=True))
         client, semaphore = self._bound()
+        deadline = started + self.cfg.call_deadline_s
         attempts = 0
         while True:
             attempts += 1
             try:
-                async with semaphore:
-                    result = await self._attempt(client, messages)
+                result = await self._attempt(client, semaphore, messages, deadline)
             except _Failure as failure:
-                retries_left = self.cfg.max_retries - (attempts - 1)
-                if not failure.retryable or retries_left <= 0:
-                    why = failure.reason if not failure.retryable else \
-                        f"{failure.reason} (gave up after {attempts} attempts)"
+                if not failure.sent:
+                    attempts -= 1
+                delay = retry_delay(failure.retry_after, self.cfg.backoff_s, attempts - 1, self._rng)
+                why = None
+                if not failure.retryable:
+                    why = failure.reason
+                elif attempts > self.cfg.max_retries:
+                    why = f"{failure.reason} (gave up after {attempts} attempts)"
+                elif time.perf_counter() + delay >= deadline:
+                    why = (f"{failure.reason} (gave up after {attempts} attempts: the call deadline of "
+                           f"{self.cfg.call_deadline_s:g}s comes before the next retry)")
+                if why is not None:
                     log.warning("environment %s (%s at %s) call failed: %s", self.name, self.model,
                                 self.base_url, self._scrub(why))
                     return self.failed(turn, self._scrub(why), started, attempts)
-                delay = failure.retry_after if failure.retry_after is not None else \
-                    backoff_delay(self.cfg.backoff_s, attempts - 1, self._rng)
                 log.warning("environment %s: attempt %d failed (%s); retry %d of %d in %.2fs",
                             self.name, attempts, self._scrub(failure.reason), attempts, self.cfg.max_retries, delay)
                 await asyncio.sleep(delay)
@@ -177,33 +217,60 @@ class OpenAIEnvironment(Environment):
                 turn, prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
                 latency_s=time.perf_counter() - started, attempts=attempts))
 
-    async def _attempt(self, client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> _Success:
-        """One request; raises `_Failure` saying whether it may be retried."""
+    async def _attempt(self, client: openai.AsyncOpenAI, semaphore: asyncio.Semaphore,
+                       messages: list[dict[str, str]], deadline: float) -> _Success:
+        """One request inside a free slot, ending by `deadline`; raises `_Failure` saying whether
+        it may be retried."""
+        cfg = self.cfg
+        try:
+            await asyncio.wait_for(semaphore.acquire(), timeout=max(0.0, deadline - time.perf_counter()))
+        except TimeoutError:
+            raise _Failure(f"call deadline of {cfg.call_deadline_s:g}s reached waiting for a free slot "
+                           f"(concurrency {cfg.concurrency})", retryable=False, sent=False) from None
+        try:
+            limit = min(cfg.timeout_s, deadline - time.perf_counter())
+            try:
+                return await asyncio.wait_for(self._request(client, messages), timeout=max(0.0, limit))
+            except (TimeoutError, openai.APITimeoutError):
+                if limit < cfg.timeout_s:
+                    raise _Failure(f"call deadline of {cfg.call_deadline_s:g}s reached waiting for "
+                                   f"{self.base_url}", retryable=False) from None
+                raise _Failure(f"timeout after {cfg.timeout_s:g}s from {self.base_url}", retryable=True) from None
+        finally:
+            semaphore.release()
+
+    async def _request(self, client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> _Success:
+        """Send one chat completion and read at most `cfg.max_reply_bytes` of its body."""
         cfg = self.cfg
         extra: dict[str, Any] = {} if cfg.seed is None else {"seed": cfg.seed}
         if cfg.stop:
             extra["stop"] = list(cfg.stop)
+        too_large = (f"reply from {self.base_url} is larger than max_reply_bytes={cfg.max_reply_bytes}; "
+                     "lower max_tokens or raise max_reply_bytes in the environment config")
         try:
-            response = await asyncio.wait_for(
-                client.chat.completions.create(
+            async with client.chat.completions.with_streaming_response.create(
                     model=self.model, messages=messages,  # type: ignore[arg-type]
-                    max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p, **extra),
-                timeout=cfg.timeout_s)
-        except (asyncio.TimeoutError, openai.APITimeoutError):
-            raise _Failure(f"timeout after {cfg.timeout_s:g}s from {self.base_url}", retryable=True) from None
+                    max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p, **extra) as response:
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > cfg.max_reply_bytes:
+                    raise _Failure(f"{too_large} (content-length {declared})", retryable=False)
+                body = bytearray()
+                async for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > cfg.max_reply_bytes:
+                        raise _Failure(too_large, retryable=False)
+        except openai.APITimeoutError:
+            raise
         except openai.APIConnectionError as err:
             cause = err.__cause__ or err
             raise _Failure(f"cannot connect to {self.base_url} ({type(cause).__name__}); "
                            "is the server running?", retryable=True) from None
         except openai.APIStatusError as err:
             raise self._status_failure(err) from None
-        except ValueError as err:  # invalid JSON in the body
-            raise _Failure(f"malformed response from {self.base_url}: {type(err).__name__}: "
-                           f"{short_reason(str(err), 120)}", retryable=True) from None
         except openai.APIError as err:  # e.g. response validation errors
             raise _Failure(f"bad response from {self.base_url}: {type(err).__name__}: "
                            f"{short_reason(str(err), 120)}", retryable=True) from None
-        return self._read(response)
+        return self._read(read_json_body(bytes(body), self.base_url))
 
     def _status_failure(self, err: openai.APIStatusError) -> _Failure:
         status = err.status_code
@@ -221,22 +288,22 @@ class OpenAIEnvironment(Environment):
         return _Failure(f"HTTP {status} from {self.base_url} for model {self.model}: {body}{hint}",
                         retryable=retryable, retry_after=retry_after)
 
-    def _read(self, response: Any) -> _Success:
-        """Reply text and usage of a chat completion; garbage is a retryable failure."""
-        choices = getattr(response, "choices", None)
+    def _read(self, data: Any) -> _Success:
+        """Reply text and usage of a parsed chat completion; garbage is a retryable failure."""
+        choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices:
-            kind = "a non-JSON body" if isinstance(response, str) else "no `choices`"
+            kind = "no `choices`" if isinstance(data, dict) else "a body that is not a JSON object"
             raise _Failure(f"malformed response from {self.base_url}: {kind}", retryable=True)
-        message = getattr(choices[0], "message", None)
-        content = getattr(message, "content", None)
-        if content is None and getattr(message, "refusal", None):
-            content = message.refusal  # type: ignore[union-attr]
+        message = choices[0].get("message") if isinstance(choices[0], dict) else None
+        message = message if isinstance(message, dict) else {}
+        content = message.get("content")
+        if content is None and message.get("refusal"):
+            content = message["refusal"]
         if not isinstance(content, str):
             raise _Failure(f"malformed response from {self.base_url}: no message content", retryable=True)
-        usage = getattr(response, "usage", None)
-        prompt_tokens = getattr(usage, "prompt_tokens", 0) or 0
-        completion_tokens = getattr(usage, "completion_tokens", 0) or 0
-        return _Success(content, int(prompt_tokens), int(completion_tokens))
+        usage = data.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        return _Success(content, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
 
     def _scrub(self, text: str) -> str:
         """`text` with the API key (if any) replaced, for logs and error texts."""
