@@ -130,9 +130,10 @@ class Warehouse:
                 holder = lock_holder(str(err))
                 if not holder and "lock" not in str(err).lower():
                     raise self._open_error(err) from None
-                if time.monotonic() + delay > deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise self._locked_error(holder or str(err), wait_s) from None
-                time.sleep(delay)
+                time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 1.0)
             except duckdb.Error as err:
                 raise self._open_error(err) from None
