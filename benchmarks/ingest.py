@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 import duckdb  # noqa: E402
 
-from prompt_r1.ingest import READERS, discover, ingest, source_hash  # noqa: E402
+from prompt_r1.ingest import discover, ingest, source_hash  # noqa: E402
+from prompt_r1.ingest_files import READERS  # noqa: E402
 from prompt_r1.protocol import build_agent_prompt  # noqa: E402
 from warehouse.store import Warehouse  # noqa: E402
 
