@@ -12,7 +12,8 @@ from typing import Optional
 
 import typer
 
-from prompt_r1.cli import _fail, _load, app, console, parse_overrides
+from prompt_r1.cli import _fail, _fail_environment, _load, app, console, parse_overrides
+from prompt_r1.failures import EnvironmentFailure
 
 
 @app.command()
@@ -25,7 +26,10 @@ def pipeline(
     from flows.pipeline import pipeline_flow
 
     _load(config, set_)  # validate before starting anything
-    result = pipeline_flow(str(config), data, parse_overrides(set_) or None)
+    try:
+        result = pipeline_flow(str(config), data, parse_overrides(set_) or None)
+    except EnvironmentFailure as err:
+        _fail_environment(err)
     console.print(f"pipeline run {result['run_id']}; report: {result['evaluate']['report']}")
 
 
@@ -36,12 +40,19 @@ def run_flow(
     set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
 ) -> None:
     """Run one flow locally (the same code the deployments run)."""
+    _load(config, set_)
+    overrides = parse_overrides(set_) or None
+    try:
+        _run_named_flow(name, config, overrides)
+    except EnvironmentFailure as err:
+        _fail_environment(err)
+
+
+def _run_named_flow(name: str, config: Path, overrides: dict | None) -> None:
     from flows.evaluate import evaluate_flow
     from flows.ingest import ingest_flow
     from flows.train import train_flow
 
-    _load(config, set_)
-    overrides = parse_overrides(set_) or None
     if name == "ingest":
         console.print(ingest_flow(str(config)))
     elif name == "train":

@@ -15,9 +15,10 @@ from prefect import flow
 from prompt_r1.config import default_db_path, load_config, run_dir
 from prompt_r1.eval_report import markdown_table, write_report
 from prompt_r1.evaluate import EvalOutcome, resolve_agents
+from prompt_r1.failures import EnvironmentFailure
 from tasks.evaluate import evaluate_environment
 from tasks.ingest import ingest_sources
-from tasks.tracking import champion_path, log_eval_environment, log_run_identity, setup_mlflow
+from tasks.tracking import champion_path, log_eval_environment, log_run_identity, metric_key, setup_mlflow
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,12 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
             mlflow.log_params({f"eval_agent.{k}": v for k, v in resolved.items()})
             mlflow.set_tag("use_champion", str(use_champion))
             for env_cfg in cfg.eval_environments():
-                outcome = evaluate_environment(cfg, wh, run_id, resolved, env_cfg, out / "logs")
+                try:
+                    outcome = evaluate_environment(cfg, wh, run_id, resolved, env_cfg, out / "logs")
+                except EnvironmentFailure as err:  # the flow run fails; MLflow says why
+                    mlflow.log_metric(metric_key(env_cfg.name, "env_error_rate"), err.error_rate)
+                    mlflow.set_tag("env_failure", str(err)[:5000])
+                    raise
                 log_eval_environment(run_id, env_cfg.name, env_cfg.model, cfg.eval.suites, outcome.results)
                 total.results += outcome.results
                 total.examples += outcome.examples

@@ -18,6 +18,7 @@ from mlflow import MlflowClient
 from prefect import flow
 
 from prompt_r1.config import default_db_path, load_config, run_dir
+from prompt_r1.failures import EnvironmentFailure
 from prompt_r1.run_record import mismatches, read_record
 from prompt_r1.train_loop import TrainingSession, training_pool_hash
 from tasks import train as t
@@ -78,7 +79,11 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
             while session.step < cfg.train.steps:
                 questions = t.next_batch(session)
                 trajectories = t.rollout(session, questions)
-                metrics = t.grpo_update(session, trajectories)
+                try:
+                    metrics = t.grpo_update(session, trajectories)
+                except EnvironmentFailure as err:  # the flow and MLflow run fail; nothing is registered
+                    mlflow.set_tag("env_failure", str(err)[:5000])
+                    raise
                 buffer.add(session.step - 1, metrics)
                 t.broadcast_weights(session)
                 every = cfg.train.validate_every

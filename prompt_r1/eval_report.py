@@ -29,9 +29,21 @@ def averages(results: list[dict[str, Any]], env_name: str, method: str) -> dict[
     """Mean primary score over in-domain and OOD datasets (None when a group is absent)."""
     groups: dict[str, list[float]] = defaultdict(list)
     for r in results:
-        if r["env_name"] == env_name and r["method"] == method:
+        if r["env_name"] == env_name and r["method"] == method and r["score"] is not None:  # None: all failed
             groups["ood" if r["dataset"] in OOD else "in_domain"].append(r["score"])
     return {g: (sum(v) / len(v) if v else None) for g, v in (("in_domain", groups["in_domain"]), ("ood", groups["ood"]))}
+
+
+def _cell_text(row: dict[str, Any] | None) -> str:
+    """A table cell: the score x 100, with the count of failed environment calls it leaves out.
+
+    >>> _cell_text({"score": 0.5, "errors": 0}), _cell_text({"score": 0.5, "errors": 1}), _cell_text({"score": None, "errors": 2})
+    ('50.0', '50.0 (1 err)', 'n/a (2 err)')
+    """
+    if row is None:
+        return ""
+    text = "n/a" if row["score"] is None else f"{row['score'] * 100:.1f}"
+    return text + (f" ({row['errors']} err)" if row.get("errors") else "")
 
 
 def markdown_table(results: list[dict[str, Any]]) -> str:
@@ -46,7 +58,7 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
                   "|---|---|" + "---:|" * len(methods)]
         for d in datasets:
             metric = next(r["primary_metric"] for (dd, _), r in cell.items() if dd == d)
-            vals = [f"{cell[(d, m)]['score'] * 100:.1f}" if (d, m) in cell else "" for m in methods]
+            vals = [_cell_text(cell.get((d, m))) for m in methods]
             lines.append(f"| {d}{' (OOD)' if d in OOD else ''} | {metric} | " + " | ".join(vals) + " |")
         for group in ("in_domain", "ood"):
             avg = {m: averages(results, env_name, m)[group] for m in methods}
@@ -94,7 +106,7 @@ def plot_results(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         width = 0.8 / max(1, len(methods))
         for i, m in enumerate(methods):
             xs = [j + i * width for j in range(len(datasets))]
-            ax.bar(xs, [cell.get((d, m), 0) * 100 for d in datasets], width, label=m)
+            ax.bar(xs, [(cell.get((d, m)) or 0) * 100 for d in datasets], width, label=m)  # absent/failed: no bar
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(datasets))])
         ax.set_xticklabels(datasets, rotation=35, ha="right", fontsize=8)
         ax.set_ylabel("primary metric x 100")

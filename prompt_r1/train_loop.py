@@ -6,6 +6,10 @@ task while `prompt-r1 train` simply calls `run()`. Resuming loads the newest che
 (weights, optimiser, RNG, data position) and drops warehouse rows of steps after it, so a
 resumed run reaches the same step count with no repeated or skipped data; it continues only
 the same run (same config and training pool, see `run_record`) unless forced.
+
+Environment failures: trajectories ended by a failed environment call are recorded but left out
+of the update; a step whose share of failed calls passes `environment.max_error_rate` stops the
+run with `EnvironmentFailure` before its update, so no agent is exported from it.
 """
 
 from __future__ import annotations
@@ -56,6 +60,21 @@ def questions_hash(train: list[QuestionRow], val: list[QuestionRow]) -> str:
 def training_pool_hash(warehouse: Warehouse, cfg: Config) -> str:
     """`questions_hash` of the pool `cfg` trains on (to pick the run to resume before starting)."""
     return questions_hash(*training_pool(warehouse, cfg))
+
+
+def usable_for_update(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """The trajectories GRPO may learn from: those no environment failure ended, in groups
+    (questions) that keep at least 2 of them, so group statistics are over real rewards only.
+
+    >>> t = lambda q, err=None: Trajectory(q, 0, [], error=err)
+    >>> [x.question_id for x in usable_for_update([t("a"), t("a", "500"), t("a"), t("b"), t("b", "500")])]
+    ['a', 'a']
+    """
+    ok = [t for t in trajectories if t.error is None]
+    sizes: dict[str, int] = {}
+    for t in ok:
+        sizes[t.question_id] = sizes.get(t.question_id, 0) + 1
+    return [t for t in ok if sizes[t.question_id] >= 2]
 
 
 def trajectory_rows(trajectories: list[Trajectory]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -153,7 +172,29 @@ class TrainingSession:
         return self.pool.rollout(questions, self.step)
 
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        return self.learner.step(trajectories)
+        """The GRPO update on the trajectories no environment failure ended (see `usable_for_update`).
+
+        When the step's share of failed environment calls passes `environment.max_error_rate`,
+        the step's rows are recorded (failures included) and `EnvironmentFailure` is raised
+        instead: no update, no step advance."""
+        from prompt_r1.failures import EnvironmentFailure, call_errors, check_error_rate
+
+        try:
+            rate = check_error_rate(self.cfg.environment.name, call_errors(trajectories),
+                                    self.cfg.environment.max_error_rate, f"training step {self.step}")
+        except EnvironmentFailure:
+            trajs, calls = trajectory_rows(trajectories)
+            self.warehouse.replace_step(self.run_id, self.step, trajs, calls)
+            raise
+        kept = usable_for_update(trajectories)
+        if kept:
+            metrics = self.learner.step(kept)
+        else:  # every group lost its pairs to failures: nothing to learn from, the step still counts
+            log.warning("step %d: no group kept 2 trajectories without environment failures; no update", self.step)
+            metrics = {"update_skipped": 1.0}
+        metrics.update({"env_error_rate": rate, "trajectories_used": float(len(kept)),
+                        "env_error_trajectories": float(sum(1 for t in trajectories if t.error is not None))})
+        return metrics
 
     def finish_step(self, trajectories: list[Trajectory]) -> None:
         """Record the step's trajectories and env calls, then advance the step counter."""
@@ -173,15 +214,18 @@ class TrainingSession:
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts on held-out questions: mean reward and answer score."""
+        from prompt_r1.failures import call_errors, error_rate
+
         if not self.val_questions:
             return {}
         questions = self.val_questions[: self.cfg.train.validation_questions]
         trajs = self.pool.rollout(questions, self.step, greedy=True, group_size=1)
-        n = max(1, len(trajs))
+        n = max(1, sum(1 for t in trajs if t.error is None))  # a failed environment call is not a score
         return {
             "val_reward": sum(t.reward.total for t in trajs if t.reward) / n,
             "val_answer": sum(t.reward.answer for t in trajs if t.reward) / n,
             "val_format_valid": sum(1 for t in trajs if t.reward and t.reward.format >= 1.0) / n,
+            "val_env_error_rate": error_rate(call_errors(trajs)),
         }
 
     def train_step(self) -> StepResult:

@@ -42,7 +42,8 @@ class Trajectory:
     answer: str = ""
     reward: RewardBreakdown | None = None
     env_calls: list[EnvCall] = field(default_factory=list)
-    stop_reason: str = ""                 # answered / max_turns / token_budget / invalid_turn
+    stop_reason: str = ""                 # answered / max_turns / token_budget / invalid_turn / env_error
+    error: str | None = None              # why an environment call ended it (stop_reason env_error): no reward
 
     def to_record(self) -> dict[str, Any]:
         """JSON-able dict (the `rollout --out` line and the warehouse row)."""

@@ -9,11 +9,24 @@ from prefect.cache_policies import NO_CACHE
 
 from prompt_r1.config import Config, EnvConfig
 from prompt_r1.evaluate import EvalOutcome, evaluate
+from prompt_r1.failures import EnvironmentFailure
 from warehouse.store import Warehouse
 
 
+def retry_unless_environment_failure(task, task_run, state) -> bool:
+    """Prefect retry condition: retry a crash, never a run stopped for environment failures (the
+    client already retried each call; running the whole evaluation again would not help)."""
+    try:
+        state.result()
+    except EnvironmentFailure:
+        return False
+    except Exception:
+        return True
+    return True
+
+
 @task(name="evaluate-environment", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=10,
-      task_run_name="evaluate-{env_cfg.name}")
+      retry_condition_fn=retry_unless_environment_failure, task_run_name="evaluate-{env_cfg.name}")
 def evaluate_environment(cfg: Config, warehouse: Warehouse, run_id: str, agents: dict[str, str],
                          env_cfg: EnvConfig, log_dir: Path) -> EvalOutcome:
     return evaluate(cfg, warehouse, run_id, {k: Path(v) for k, v in agents.items()}, [env_cfg], log_dir=log_dir)

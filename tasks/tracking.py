@@ -150,7 +150,10 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
     suite = ",".join(suites)
     with mlflow.start_run(run_name=f"eval-{env_name}", nested=True, parent_run_id=parent_run_id) as env_run:
         mlflow.set_tags({"env_model": env_model, "env_name": env_name, "suite": suite, "method": "all"})
-        metrics = {metric_key(r["method"], r["dataset"], "score"): r["score"] for r in rows}
+        metrics = {metric_key(r["method"], r["dataset"], "score"): r["score"] for r in rows
+                   if r["score"] is not None}  # None: every row of the cell failed
+        with_env = [r for r in rows if not r["method"].startswith("agent_only")]
+        metrics["env_error_rate"] = (sum(r.get("errors", 0) for r in with_env) / max(1, sum(r["n"] for r in with_env)))
         for method in sorted({r["method"] for r in rows}):
             avg = averages(results, env_name, method)
             metrics.update({metric_key(method, f"avg_{g}"): v for g, v in avg.items() if v is not None})
@@ -158,7 +161,9 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
                                   parent_run_id=env_run.info.run_id):
                 mlflow.set_tags({"env_model": env_model, "env_name": env_name, "suite": suite, "method": method})
                 per = [r for r in rows if r["method"] == method]
-                m = {metric_key(r["dataset"], k): r[k] for r in per for k in ("score", "em", "f1", "substring", "ssim")}
+                m = {metric_key(r["dataset"], k): r[k] for r in per for k in ("score", "em", "f1", "substring", "ssim")
+                     if r[k] is not None}
+                m["env_errors"] = sum(r.get("errors", 0) for r in per)
                 m.update({metric_key(f"avg_{g}"): v for g, v in avg.items() if v is not None})
                 m["env_prompt_tokens"] = sum(r["env_prompt_tokens"] for r in per)
                 m["env_completion_tokens"] = sum(r["env_completion_tokens"] for r in per)

@@ -30,6 +30,8 @@ def rollout(session: TrainingSession, questions: list[QuestionRow]) -> list[Traj
 
 @task(name="grpo-update", cache_policy=NO_CACHE)
 def grpo_update(session: TrainingSession, trajectories: list[Trajectory]) -> dict[str, float]:
+    """Update and record the step; raises `EnvironmentFailure` (not retried: no retries here) when
+    the step's environment error rate passes `environment.max_error_rate`."""
     metrics = session.update(trajectories)
     session.finish_step(trajectories)
     return metrics

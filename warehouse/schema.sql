@@ -34,12 +34,13 @@ CREATE TABLE IF NOT EXISTS trajectories (
     agent_turns     VARCHAR[] NOT NULL,
     env_replies     VARCHAR[] NOT NULL,
     answer          VARCHAR NOT NULL,
-    reward_format   DOUBLE NOT NULL,
-    reward_answer   DOUBLE NOT NULL,
-    reward_total    DOUBLE NOT NULL,
+    reward_format   DOUBLE,                -- the three rewards are NULL when `error` is set
+    reward_answer   DOUBLE,
+    reward_total    DOUBLE,
     num_turns       INTEGER NOT NULL,
     stop_reason     VARCHAR NOT NULL,
     created_at      TIMESTAMP NOT NULL,
+    error           VARCHAR,               -- a failed environment call ended it (stop_reason env_error)
     PRIMARY KEY (run_id, step, question_id, group_index)
 );
 
@@ -75,17 +76,18 @@ CREATE TABLE IF NOT EXISTS eval_predictions (
     method        VARCHAR NOT NULL,     -- direct / cot / agent:<ckpt> / agent_only:<ckpt>
     dataset       VARCHAR NOT NULL,
     question_id   VARCHAR NOT NULL,
-    prediction    VARCHAR NOT NULL,
+    prediction    VARCHAR NOT NULL,     -- '' when `error` is set
     primary_metric VARCHAR NOT NULL,
-    score         DOUBLE NOT NULL,      -- the primary metric
-    em            DOUBLE NOT NULL,
-    f1            DOUBLE NOT NULL,
-    substring     DOUBLE NOT NULL,
-    ssim          DOUBLE NOT NULL,
+    score         DOUBLE,               -- the primary metric; the metrics are NULL when `error` is set
+    em            DOUBLE,
+    f1            DOUBLE,
+    substring     DOUBLE,
+    ssim          DOUBLE,
     num_turns     INTEGER NOT NULL,
     env_prompt_tokens      INTEGER NOT NULL,
     env_completion_tokens  INTEGER NOT NULL,
     created_at    TIMESTAMP NOT NULL,
+    error         VARCHAR,              -- the environment call failed: a failure, not a prediction
     PRIMARY KEY (run_id, env_name, method, dataset, question_id)
 );
 
@@ -94,16 +96,36 @@ CREATE TABLE IF NOT EXISTS eval_results (
     env_name      VARCHAR NOT NULL,
     method        VARCHAR NOT NULL,
     dataset       VARCHAR NOT NULL,
-    n             INTEGER NOT NULL,
+    n             INTEGER NOT NULL,     -- questions, failed ones included
     primary_metric VARCHAR NOT NULL,
-    score         DOUBLE NOT NULL,
-    em            DOUBLE NOT NULL,
-    f1            DOUBLE NOT NULL,
-    substring     DOUBLE NOT NULL,
-    ssim          DOUBLE NOT NULL,
+    score         DOUBLE,               -- means over the n - errors scored rows (NULL when none)
+    em            DOUBLE,
+    f1            DOUBLE,
+    substring     DOUBLE,
+    ssim          DOUBLE,
     env_prompt_tokens      BIGINT NOT NULL,
     env_completion_tokens  BIGINT NOT NULL,
     cost_usd      DOUBLE NOT NULL,
     created_at    TIMESTAMP NOT NULL,
+    errors        INTEGER NOT NULL DEFAULT 0,  -- rows whose environment call failed
     PRIMARY KEY (run_id, env_name, method, dataset)
 );
+
+-- Warehouses made before environment failures were recorded as such: add the error columns and
+-- let failed rows hold NULL scores (each statement is a no-op on a current file).
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS error VARCHAR;
+ALTER TABLE eval_predictions ADD COLUMN IF NOT EXISTS error VARCHAR;
+ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS errors INTEGER DEFAULT 0;
+ALTER TABLE trajectories ALTER COLUMN reward_format DROP NOT NULL;
+ALTER TABLE trajectories ALTER COLUMN reward_answer DROP NOT NULL;
+ALTER TABLE trajectories ALTER COLUMN reward_total DROP NOT NULL;
+ALTER TABLE eval_predictions ALTER COLUMN score DROP NOT NULL;
+ALTER TABLE eval_predictions ALTER COLUMN em DROP NOT NULL;
+ALTER TABLE eval_predictions ALTER COLUMN f1 DROP NOT NULL;
+ALTER TABLE eval_predictions ALTER COLUMN substring DROP NOT NULL;
+ALTER TABLE eval_predictions ALTER COLUMN ssim DROP NOT NULL;
+ALTER TABLE eval_results ALTER COLUMN score DROP NOT NULL;
+ALTER TABLE eval_results ALTER COLUMN em DROP NOT NULL;
+ALTER TABLE eval_results ALTER COLUMN f1 DROP NOT NULL;
+ALTER TABLE eval_results ALTER COLUMN substring DROP NOT NULL;
+ALTER TABLE eval_results ALTER COLUMN ssim DROP NOT NULL;

@@ -1,0 +1,66 @@
+"""Environment failures: how many calls failed, and when a run must stop because of them.
+
+A failed environment call (after the client's own retries) is a recorded failure, never an
+answer: the rollout ends that trajectory (`stop_reason="env_error"`), the learner leaves it out,
+and evaluation stores the row with its error and no scores. Those rules keep single failures
+harmless; a run where failures are common is stopped instead, because its numbers would
+describe the outage, not the agent. `check_error_rate` is that stop: it raises
+`EnvironmentFailure` naming the environment and its first error once the share of failed calls
+passes the environment's `max_error_rate`. The CLI turns it into exit code 3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+EXIT_CODE = 3  # the CLI's exit status for a run stopped by environment failures
+
+
+class EnvironmentFailure(RuntimeError):
+    """Too many environment calls failed; the message names the environment and its first error."""
+
+    def __init__(self, message: str, env_name: str, first_error: str, error_rate: float):
+        super().__init__(message)
+        self.env_name, self.first_error, self.error_rate = env_name, first_error, error_rate
+
+
+def error_rate(errors: Iterable[str | None]) -> float:
+    """Share of failed calls among `errors` (one entry per call: None = it succeeded).
+
+    >>> error_rate([None, "HTTP 500", None, None])
+    0.25
+    >>> error_rate([])
+    0.0
+    """
+    items = list(errors)
+    return sum(1 for e in items if e) / len(items) if items else 0.0
+
+
+def check_error_rate(env_name: str, errors: Iterable[str | None], max_rate: float, where: str) -> float:
+    """The error rate of `errors`; raises `EnvironmentFailure` when it exceeds `max_rate`.
+
+    `where` says what the calls were ("training step 3", "evaluation").
+
+    >>> check_error_rate("gpt", [None, None], 0.05, "evaluation")
+    0.0
+    >>> try:
+    ...     check_error_rate("gpt", [None, "HTTP 401: bad key", "timeout"], 0.05, "training step 0")
+    ... except EnvironmentFailure as err:
+    ...     print(err)
+    environment `gpt`: 2 of 3 calls failed in training step 0 (67% > its max_error_rate 5%); first error: HTTP 401: bad key
+    """
+    items = list(errors)
+    rate = error_rate(items)
+    if rate > max_rate:
+        failed = [e for e in items if e]
+        raise EnvironmentFailure(
+            f"environment `{env_name}`: {len(failed)} of {len(items)} calls failed in {where} "
+            f"({rate:.0%} > its max_error_rate {max_rate:.0%}); first error: {failed[0]}",
+            env_name, failed[0], rate)
+    return rate
+
+
+def call_errors(trajectories: Iterable[Any]) -> list[str | None]:
+    """One entry per environment call of the trajectories, in order: its error or None."""
+    return [c.error for t in trajectories for c in t.env_calls]

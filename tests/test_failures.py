@@ -1,0 +1,191 @@
+"""Environment failures are recorded as failures: never scored, never shown to the agent.
+
+Fast tests: the rollout ends a trajectory at a failed call (no error text in its tokens, no
+reward), the learner's selection of trajectories, evaluation rows and means, the warehouse
+columns (and an old warehouse file gaining them), and `prompt-r1 evaluate` / `prompt-r1 train`
+against a closed port (exit 3, message naming the environment and its error, no agent).
+The slow chaos test runs the smoke training and evaluation through `chaos_proxy.ChaosProxy`
+in front of a real managed vLLM server at 10% and 30% fault rates.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from prompt_r1.env.base import EnvReply
+from prompt_r1.evaluate import METRICS, Prediction, aggregate, score_predictions
+from prompt_r1.failures import EnvironmentFailure, check_error_rate, error_rate
+from prompt_r1.config import EnvConfig
+from prompt_r1.train_loop import usable_for_update
+from prompt_r1.trajectory import EnvCall, Trajectory
+from test_rollout import ASK, ANSWER, ScriptedEnv, ScriptedPolicy, question, run
+from warehouse.store import QuestionRow, Warehouse
+
+ROOT = Path(__file__).resolve().parents[1]
+FAIL_TEXT = "FAILED-CALL-TEXT"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the rollout ---------------------------------------------------------------------------------
+def test_failed_call_ends_the_trajectory_without_its_text(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    count = [0]
+
+    def reply(messages, turn):
+        count[0] += 1
+        if count[0] % 3 == 0:  # every third call fails, first or second turn alike
+            return EnvReply(f"[environment error: {FAIL_TEXT}]", EnvCall(turn, "scripted-env", "script",
+                                                                        error=f"HTTP 500: {FAIL_TEXT}"))
+        return f"fine reply {turn}"
+
+    script = lambda text, n: ASK.format(n=n, q=text[-40:].count("e")) if n < 2 else ANSWER
+    qs = [question(i, f"Question number {i} about {'x' * i}?") for i in range(6)]
+    trajs = run(ScriptedPolicy(tokenizer, script), ScriptedEnv(reply), qs, group=2, max_turns=3)
+    failed = [t for t in trajs if t.error]
+    assert failed and len(failed) < len(trajs), "the script should fail some trajectories, not all"
+    for t in trajs:
+        text = tokenizer.decode(t.token_ids)
+        assert FAIL_TEXT not in text and all(FAIL_TEXT not in r for r in t.env_replies)
+        errors = [c.error for c in t.env_calls if c.error]
+        if t.error:  # ended at its one failed call, which is recorded last; nothing scored
+            assert t.stop_reason == "env_error" and t.reward is None and t.answer == ""
+            assert errors == [t.error] and t.env_calls[-1].error == t.error
+            assert len(t.env_replies) == len(t.env_calls) - 1
+        else:
+            assert not errors and t.reward is not None and t.stop_reason != "env_error"
+
+
+# -- the learner's share --------------------------------------------------------------------------
+def test_usable_for_update_matches_an_independent_statement():
+    rng = random.Random(0)
+    for _ in range(300):
+        trajs = [Trajectory(f"q{rng.randrange(5)}", i, [], error=rng.choice([None, None, "HTTP 500"]))
+                 for i in range(rng.randrange(0, 14))]
+        kept = usable_for_update(trajs)
+        for t in trajs:  # kept <=> no error and at least one other error-free member of its question
+            partners = [u for u in trajs if u is not t and u.question_id == t.question_id and u.error is None]
+            assert (t in kept) == (t.error is None and len(partners) >= 1)
+        assert kept == [t for t in trajs if t in kept]  # order kept
+
+
+def test_error_rate_threshold_names_environment_and_first_error():
+    rng = random.Random(1)
+    for _ in range(200):
+        errors = [rng.choice([None, None, None, f"HTTP {rng.randrange(400, 600)}"]) for _ in range(rng.randrange(1, 30))]
+        limit = rng.choice([0.0, 0.05, 0.3, 1.0])
+        failed = [e for e in errors if e]
+        if len(failed) > limit * len(errors):
+            with pytest.raises(EnvironmentFailure) as info:
+                check_error_rate("gpt-x", errors, limit, "evaluation")
+            assert "`gpt-x`" in str(info.value) and str(info.value).endswith(failed[0])
+            assert info.value.first_error == failed[0]
+        else:
+            assert check_error_rate("gpt-x", errors, limit, "evaluation") == error_rate(errors)
+
+
+# -- evaluation rows and means --------------------------------------------------------------------
+def test_failed_predictions_are_not_scored_and_means_skip_them():
+    rng = random.Random(2)
+    qs = [QuestionRow(f"q{i}", "nq", "test", f"q {i}?", ["Paris"], "standard_qa", "em") for i in range(20)]
+    preds = [Prediction(q, "direct", rng.choice(["Paris", "London"]), 1, 5, 3,
+                        error=rng.choice([None, None, "HTTP 429: slow down"])) for q in qs]
+    rows = score_predictions(preds)
+    for p, r in zip(preds, rows):
+        if p.error:
+            assert r["error"] == p.error and all(r[m] is None for m in METRICS)
+        else:
+            assert r["error"] is None and r["em"] == (1.0 if p.text == "Paris" else 0.0) == r["score"]
+    for r in rows:
+        r["env_name"] = "e"
+    (cell,) = aggregate(rows, EnvConfig())
+    ok = [p for p in preds if not p.error]
+    assert cell["n"] == 20 and cell["errors"] == 20 - len(ok)
+    assert cell["score"] == pytest.approx(sum(p.text == "Paris" for p in ok) / len(ok))
+    everything_failed = [dict(r, error="x", **dict.fromkeys(METRICS)) for r in rows]
+    assert all(aggregate(everything_failed, EnvConfig())[0][m] is None for m in METRICS)
+
+
+def test_warehouse_keeps_errors_and_null_scores_and_upgrades_an_old_file(tmp_path):
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))  # the tables as they were before errors were recorded
+    con.execute("CREATE TABLE eval_predictions (run_id VARCHAR NOT NULL, env_name VARCHAR NOT NULL, method VARCHAR "
+                "NOT NULL, dataset VARCHAR NOT NULL, question_id VARCHAR NOT NULL, prediction VARCHAR NOT NULL, "
+                "primary_metric VARCHAR NOT NULL, score DOUBLE NOT NULL, em DOUBLE NOT NULL, f1 DOUBLE NOT NULL, "
+                "substring DOUBLE NOT NULL, ssim DOUBLE NOT NULL, num_turns INTEGER NOT NULL, env_prompt_tokens "
+                "INTEGER NOT NULL, env_completion_tokens INTEGER NOT NULL, created_at TIMESTAMP NOT NULL, "
+                "PRIMARY KEY (run_id, env_name, method, dataset, question_id))")
+    con.close()
+    q = QuestionRow("q1", "nq", "test", "q?", ["Paris"], "standard_qa", "em")
+    rows = score_predictions([Prediction(q, "direct", "Paris"), Prediction(QuestionRow(
+        "q2", "nq", "test", "q2?", ["Rome"], "standard_qa", "em"), "direct", "", error="timeout after 5s")])
+    for r in rows:
+        r["env_name"] = "e"
+    with Warehouse(path) as wh:
+        wh.write_eval("run", rows, aggregate(rows, EnvConfig()))
+        got = wh.query("SELECT question_id, score, error FROM eval_predictions ORDER BY question_id")
+        assert got == [("q1", 1.0, None), ("q2", None, "timeout after 5s")]
+        assert wh.query("SELECT n, errors, score FROM eval_results") == [(2, 1, 1.0)]
+        failed = Trajectory("q2", 0, [1], token_ids=[2], loss_mask=[1], logprobs=[0.0], agent_turns=["a"],
+                            env_calls=[EnvCall(0, "e", "m", error="HTTP 500")], stop_reason="env_error",
+                            error="HTTP 500")
+        from prompt_r1.train_loop import trajectory_rows
+
+        wh.replace_step("run", 0, *trajectory_rows([failed]))
+        assert wh.query("SELECT reward_total, error, stop_reason FROM trajectories") == [(None, "HTTP 500", "env_error")]
+        assert wh.query("SELECT error FROM env_calls") == [("HTTP 500",)]
+
+
+# -- the CLI against a dead endpoint ---------------------------------------------------------------
+def _dead_env_args(port: int) -> list[str]:
+    return ["--set", "environment.kind=openai", "--set", f"environment.base_url=http://127.0.0.1:{port}/v1",
+            "--set", "environment.model=nobody-home", "--set", "environment.max_retries=1",
+            "--set", "environment.backoff_s=0.05", "--set", "environment.timeout_s=5"]
+
+
+def test_evaluate_against_a_dead_endpoint_exits_3_naming_it(home):
+    from prompt_r1.cli import app
+
+    port = closed_port()
+    result = CliRunner().invoke(app, ["evaluate", "-c", "configs/smoke.yaml", "--run-id", "dead",
+                                      "--set", 'eval.methods=["direct","cot"]', *_dead_env_args(port)])
+    assert result.exit_code == 3, result.output
+    flat = " ".join(result.output.split())
+    assert "environment `tiny-env`" in flat and "first error:" in flat
+    assert "onnect" in flat  # the connection error itself, not a generic message
+    with Warehouse(home / "warehouse.duckdb", read_only=True) as wh:
+        rows = wh.query("SELECT error, score, prediction FROM eval_predictions WHERE run_id = 'dead'")
+        assert rows and all(e and s is None and p == "" for e, s, p in rows)
+        assert wh.query("SELECT SUM(errors), SUM(n), COUNT(score) FROM eval_results WHERE run_id = 'dead'") == \
+            [(len(rows), len(rows), 0)]
+
+
+def test_train_against_a_dead_endpoint_exits_3_without_an_agent(home):
+    port = closed_port()
+    proc = subprocess.run([sys.executable, "-m", "prompt_r1.cli", "train", "-c", "configs/smoke.yaml",
+                           "--run-id", "dead", *_dead_env_args(port)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 3, out[-3000:]
+    assert "environment `tiny-env`" in out and "training step 0" in out and "first error:" in out
+    run_folder = home / "smoke" / "dead"
+    assert not (run_folder / "agent").exists() and not list(run_folder.glob("checkpoints/step-*"))
+    with Warehouse(home / "warehouse.duckdb", read_only=True) as wh:
+        calls = wh.query("SELECT error FROM env_calls WHERE run_id = 'dead'")
+        assert calls and all(e for (e,) in calls)
+        trajs = wh.query("SELECT stop_reason, reward_total, error FROM trajectories WHERE run_id = 'dead'")
+        assert all(r is None and e for s, r, e in trajs if s == "env_error")
