@@ -1,7 +1,9 @@
 """`prompt-r1` command line: thin typer commands over the library (no logic of its own).
 
 Every command takes `--config FILE` where it needs settings; errors in user input end with a
-one-paragraph message naming the file, row or key, and exit code 2.
+one-paragraph message naming the file, row or key, and exit code 2. A run stopped because too
+many environment calls failed ends with exit code 3 and a message naming the environment and
+its first error.
 """
 
 from __future__ import annotations
@@ -30,6 +32,18 @@ def _fail(message: str) -> None:
 
     console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
     raise typer.Exit(2)
+
+
+def _fail_environment(err: Exception) -> None:
+    """A run stopped by environment failures (`EnvironmentFailure`): its message and exit 3."""
+    from rich.markup import escape
+
+    from prompt_r1.failures import EXIT_CODE
+
+    console.print(f"[bold red]environment failure:[/] {escape(str(err))}", soft_wrap=True, highlight=False)
+    console.print("The failed calls are recorded in the warehouse (env_calls / eval_predictions .error); "
+                  "nothing was scored from them and no agent was exported.", highlight=False)
+    raise typer.Exit(EXIT_CODE)
 
 
 def _open_db(db: Optional[Path], read_only: bool = False, wait_s: Optional[float] = None):
@@ -229,6 +243,7 @@ def train(
 ) -> None:
     """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
     from prompt_r1.config import SAFE_NAME, new_run_id, run_dir, runs_home
+    from prompt_r1.failures import EnvironmentFailure
     from prompt_r1.ingest import ingest as ingest_paths
     from prompt_r1.run_record import ResumeError, find_resumable
     from prompt_r1.train_loop import TrainingSession, training_pool_hash
@@ -262,6 +277,8 @@ def train(
                 final = session.run()
         except ResumeError as err:
             _fail(str(err))
+        except EnvironmentFailure as err:
+            _fail_environment(err)
     console.print(f"run {run_id}: {cfg.train.steps} steps; trained agent (plain HF folder): {final}")
 
 
@@ -279,6 +296,7 @@ def evaluate(
     from prompt_r1.config import new_run_id, run_dir
     from prompt_r1.eval_report import markdown_table, write_report
     from prompt_r1.evaluate import EvalError, evaluate as run_evaluation, resolve_agents
+    from prompt_r1.failures import EnvironmentFailure
     from prompt_r1.ingest import ingest as ingest_paths
 
     cfg = _load(config, set_)
@@ -302,6 +320,8 @@ def evaluate(
                                      concurrent=not sequential)
         except EvalError as err:
             _fail(str(err))
+        except EnvironmentFailure as err:
+            _fail_environment(err)
     files = write_report(outcome.results, outcome.examples, folder, outcome.seconds)
     console.print(markdown_table(outcome.results))
     console.print(f"run id {run_id}; report: {files['markdown']}; plots in {folder}")

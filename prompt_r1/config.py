@@ -120,16 +120,6 @@ MAX_TIMEOUT_S = 3600.0
 MAX_RETRIES = 20
 
 
-# What the environment is told before the conversation (the reference's wording): the agent's earlier
-# prompts and the environment's own replies come as chat turns, and the new prompt builds on them.
-ENV_SYSTEM_PROMPT = (
-    "You are a helpful assistant. Please read the provided content (including previous conversations "
-    "and the current task) and help the user complete the task or answer the question."
-)
-MAX_TIMEOUT_S = 3600.0
-MAX_RETRIES = 20
-
-
 class EnvConfig(_Strict):
     name: SafeName = Field("env", description="Short name used in tables, MLflow tags and file names.")
     kind: Literal["openai", "vllm", "inprocess"] = Field(
@@ -187,6 +177,11 @@ class EnvConfig(_Strict):
     enforce_eager: bool = Field(
         True, description="Managed vLLM server without graph compilation (`--enforce-eager`): starts "
         "in well under a minute on CPU instead of about 2 minutes; turn off for GPU throughput.",
+    )
+    max_error_rate: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="Largest share of this environment's calls that may fail (after retries) in one training "
+        "step or one evaluation; above it the run stops (exit 3) naming the environment and its first error.",
     )
     price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens.")
     price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")

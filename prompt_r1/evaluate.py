@@ -11,9 +11,12 @@ Methods, and the one rule each uses to extract its prediction:
 - `agent_only:<ckpt>`: the agent answers alone, no environment (the paper's "w/o Env"
   ablation); prediction = its `<answer>` when present, else its whole reply.
 Every prediction is scored with EM, F1, substring match and SSim; `score` is the dataset's
-primary metric. Environment calls of a suite run concurrently (bounded by the environment's
-semaphore); greedy decoding (or seeded sampling) and the environment cache make reruns
-reproduce every number.
+primary metric. A row whose environment call failed (after the client's retries) is stored with
+its `error` and NULL scores, never scored; a cell's means are over its scored rows and `errors`
+counts the others. An environment whose share of failed rows passes its `max_error_rate` raises
+`EnvironmentFailure` after its rows are written. Environment calls of a suite run concurrently
+(bounded by the environment's semaphore); greedy decoding (or seeded sampling) and the
+environment cache make reruns reproduce every number.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from prompt_r1.config import AgentConfig, Config, EnvConfig, RolloutConfig
+from prompt_r1.failures import check_error_rate
 from prompt_r1.ingest import IN_DOMAIN, OOD
 from prompt_r1.metrics import score_all
 from prompt_r1.protocol import extract_answer, parse_turn
@@ -58,6 +62,7 @@ class Prediction:
     env_prompt_tokens: int = 0
     env_completion_tokens: int = 0
     trajectory: dict[str, Any] | None = None
+    error: str | None = None  # the environment call failed: a failure to record, never a prediction to score
 
 
 @dataclass
@@ -66,6 +71,7 @@ class EvalOutcome:
     results: list[dict[str, Any]] = field(default_factory=list)
     examples: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    env_error_rates: dict[str, float] = field(default_factory=dict)  # env name -> share of failed rows
 
 
 def extract_cot_answer(reply: str) -> str:
@@ -129,6 +135,9 @@ async def _env_method(env, questions: list[QuestionRow], method: str, concurrent
 
     async def one(q: QuestionRow) -> Prediction:
         reply = await env.reply([{"role": "user", "content": q.question + suffix}])
+        if reply.call.error is not None:
+            return Prediction(q, method, "", 1, reply.call.prompt_tokens, reply.call.completion_tokens,
+                              error=reply.call.error)
         text = extract_cot_answer(reply.text) if method == "cot" else reply.text.strip()
         return Prediction(q, method, text, 1, reply.call.prompt_tokens, reply.call.completion_tokens)
 
@@ -216,7 +225,7 @@ async def _agent_method(policy, env, questions, cfg: Config, label: str, seed: i
             preds.append(Prediction(
                 q, f"agent:{label}", t.answer, len(t.agent_turns),
                 sum(c.prompt_tokens for c in t.env_calls), sum(c.completion_tokens for c in t.env_calls),
-                trajectory=t.to_record()))
+                trajectory=t.to_record(), error=t.error))
     return preds
 
 
@@ -232,17 +241,25 @@ def _agent_only(policy, questions: list[QuestionRow], agent_cfg: AgentConfig, la
             for q, s in zip(questions, samples)]
 
 
+METRICS = ("score", "em", "f1", "substring", "ssim")
+
+
 def score_predictions(preds: list[Prediction]) -> list[dict[str, Any]]:
-    scores = score_all([p.text for p in preds], [p.question.golds for p in preds])
+    """Warehouse rows; a prediction whose environment call failed keeps its error and no scores."""
+    scored = [p for p in preds if p.error is None]
+    scores = score_all([p.text for p in scored], [p.question.golds for p in scored]) if scored else {}
+    by_pred = {id(p): {name: scores[name][i] for name in scores} for i, p in enumerate(scored)}
     rows = []
-    for i, p in enumerate(preds):
-        row = {name: scores[name][i] for name in scores}
+    for p in preds:
+        row = by_pred.get(id(p))
+        metrics = ({"score": row[p.question.primary_metric], **row} if row is not None
+                   else dict.fromkeys(METRICS))
         rows.append({
             "env_name": "", "method": p.method, "dataset": p.question.dataset,
             "question_id": p.question.question_id, "prediction": p.text,
-            "primary_metric": p.question.primary_metric, "score": row[p.question.primary_metric],
-            **row, "num_turns": p.num_turns, "env_prompt_tokens": p.env_prompt_tokens,
-            "env_completion_tokens": p.env_completion_tokens,
+            "primary_metric": p.question.primary_metric, **metrics, "num_turns": p.num_turns,
+            "env_prompt_tokens": p.env_prompt_tokens, "env_completion_tokens": p.env_completion_tokens,
+            "error": p.error,
         })
     return rows
 
@@ -255,15 +272,15 @@ def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, 
         cells.setdefault((r["env_name"], r["method"], r["dataset"]), []).append(r)
     out = []
     for (env_name, method, dataset), rs in sorted(cells.items()):
-        n = len(rs)
+        ok = [r for r in rs if not r.get("error")]  # means over scored rows; failures are counted
         pt = sum(r["env_prompt_tokens"] for r in rs)
         ct = sum(r["env_completion_tokens"] for r in rs)
         out.append({
-            "env_name": env_name, "method": method, "dataset": dataset, "n": n,
+            "env_name": env_name, "method": method, "dataset": dataset, "n": len(rs),
             "primary_metric": rs[0]["primary_metric"],
-            **{m: sum(r[m] for r in rs) / n for m in ("score", "em", "f1", "substring", "ssim")},
+            **{m: (sum(r[m] for r in ok) / len(ok) if ok else None) for m in METRICS},
             "env_prompt_tokens": pt, "env_completion_tokens": ct,
-            "cost_usd": cost_usd(env_cfg, pt, ct),
+            "cost_usd": cost_usd(env_cfg, pt, ct), "errors": len(rs) - len(ok),
         })
     return out
 
@@ -308,9 +325,12 @@ def evaluate(
         for e in outcome.examples:
             e.setdefault("env_name", env_cfg.name)
         results = aggregate(env_rows, env_cfg)
-        warehouse.write_eval(run_id, env_rows, results)
+        warehouse.write_eval(run_id, env_rows, results)  # failures included: recorded before any stop
         outcome.predictions += env_rows
         outcome.results += results
+        outcome.env_error_rates[env_cfg.name] = check_error_rate(
+            env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
+            env_cfg.max_error_rate, "evaluation")
     return outcome
 
 

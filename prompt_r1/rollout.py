@@ -11,7 +11,9 @@ One call samples `group_size` trajectories per question. Each trajectory is the 
 `rollout.max_turns` counts agent generations: at most `max_turns - 1` environment calls, each
 followed by another agent turn. Stop reasons: `answered` (agent wrote `<answer>`), `invalid_turn`
 (neither tag), `max_turns` (an interaction prompt in generation `max_turns`, whose reply the agent
-could never read: the call is not made), `token_budget` (no room left:
+could never read: the call is not made), `env_error` (an environment call failed after the
+client's retries: the trajectory ends there with `error` set and no reward; the error text is
+never put into the agent's context), `token_budget` (no room left:
 the response never exceeds `max_response_tokens`; a reply that would leave no room for another
 agent token is not inserted, though its call is still recorded in `env_calls`).
 The answer and the reward come from the agent's own turns only.
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from prompt_r1.config import AgentConfig, RewardConfig, RolloutConfig
 from prompt_r1.env.base import error_text, short_reason
+from prompt_r1.failures import call_errors, error_rate
 from prompt_r1.policy.base import Policy, Sample
 from prompt_r1.protocol import build_agent_prompt, env_messages, extract_answer, parse_turn, wrap_env_reply
 from prompt_r1.reward import compute_reward
@@ -129,9 +132,14 @@ class _Loop:
         return None
 
     def absorb_reply(self, episode: _Episode, text: str, call: EnvCall) -> bool:
-        """Record an environment call and insert its reply; True when the agent can go on."""
+        """Record an environment call and insert its reply; True when the agent can go on.
+
+        A failed call is recorded and ends the trajectory: its text is not a reply the agent may read."""
         traj = episode.trajectory
         traj.env_calls.append(call)
+        if call.error is not None:
+            traj.stop_reason, traj.error = "env_error", call.error
+            return False
         episode.env_history.append(text)
         reply_ids = text_ids(self.tokenizer, text)
         limit = self.agent_cfg.max_env_reply_tokens
@@ -161,7 +169,8 @@ async def rollout_batch(
 ) -> list[Trajectory]:
     """Sample `group_size` (default `rollout_cfg.group_size`) trajectories per question.
 
-    Returns them ordered by question, then group index 0..G-1, each with answer and reward set.
+    Returns them ordered by question, then group index 0..G-1, each with answer and reward set
+    (except those ended by a failed environment call: `error` set, reward None).
     Generation seeds are `seed * 1_000_003 + k` for the k-th batched generate call.
     """
     group = group_size or rollout_cfg.group_size
@@ -207,6 +216,8 @@ async def rollout_batch(
     reward_kwargs = reward_cfg.model_dump()
     for episode in episodes:
         traj = episode.trajectory
+        if traj.error is not None:  # a failure, not an answer: nothing to score
+            continue
         traj.answer = extract_answer(traj.agent_turns[-1]) if traj.agent_turns else ""
         traj.reward = compute_reward(traj.agent_turns, episode.golds, **reward_kwargs)
     return [e.trajectory for e in episodes]
@@ -232,17 +243,20 @@ def env_call_records(trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]
 
 
 def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """Batch statistics for logs and the CLI: rewards, turns, env calls, lengths, stop reasons."""
+    """Batch statistics for logs and the CLI: rewards (over scored trajectories: one ended by an
+    environment failure has none), turns, env calls and their error rate, lengths, stop reasons."""
     n = max(len(trajectories), 1)
-    rewards = [t.reward.total if t.reward else 0.0 for t in trajectories]
+    scored = [t.reward for t in trajectories if t.reward]
+    m = max(len(scored), 1)
     return {
         "trajectories": len(trajectories),
-        "reward_mean": sum(rewards) / n,
-        "format_mean": sum(t.reward.format for t in trajectories if t.reward) / n,
-        "answer_mean": sum(t.reward.answer for t in trajectories if t.reward) / n,
+        "reward_mean": sum(r.total for r in scored) / m,
+        "format_mean": sum(r.format for r in scored) / m,
+        "answer_mean": sum(r.answer for r in scored) / m,
         "agent_turns_mean": sum(len(t.agent_turns) for t in trajectories) / n,
         "env_calls": sum(len(t.env_calls) for t in trajectories),
         "env_errors": sum(1 for t in trajectories for c in t.env_calls if c.error),
+        "env_error_rate": error_rate(call_errors(trajectories)),
         "agent_tokens_mean": sum(sum(t.loss_mask) for t in trajectories) / n,
         "response_tokens_mean": sum(len(t.token_ids) for t in trajectories) / n,
         "stop_reasons": dict(Counter(t.stop_reason for t in trajectories)),
