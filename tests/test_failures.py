@@ -189,3 +189,97 @@ def test_train_against_a_dead_endpoint_exits_3_without_an_agent(home):
         assert calls and all(e for (e,) in calls)
         trajs = wh.query("SELECT stop_reason, reward_total, error FROM trajectories WHERE run_id = 'dead'")
         assert all(r is None and e for s, r, e in trajs if s == "env_error")
+
+
+# -- chaos: the smoke training and evaluation through a fault-injecting proxy ------------------------
+def _chaos_args(url: str, retries: int, max_rate: float) -> list[str]:
+    return ["--set", "environment.kind=openai", "--set", f"environment.base_url={url}",
+            "--set", "environment.model=smollm2-135m-instruct", "--set", "environment.cache=false",
+            "--set", f"environment.max_retries={retries}", "--set", "environment.backoff_s=0.05",
+            "--set", "environment.timeout_s=20", "--set", "environment.call_deadline_s=600",
+            "--set", f"environment.max_error_rate={max_rate}", "--set", "data.validation_fraction=0",
+            "--set", "environment.max_tokens=16"]
+
+
+def _cli(home: Path, *args: str) -> tuple[int, str]:
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "prompt_r1.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1800, env={**os.environ, "PROMPT_R1_HOME": str(home)})
+    return proc.returncode, " ".join((proc.stdout + proc.stderr).split())
+
+
+def _check_recorded(wh: Warehouse, run_id: str, marker: str) -> tuple[int, int]:
+    """Every call succeeded or has an error; no fault text reached a context or a score.
+    Returns (attempts recorded, failed calls)."""
+    from transformers import AutoTokenizer
+
+    from prompt_r1.models import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("tiny-protocol"))
+    calls = wh.query("SELECT error, attempts, completion_tokens FROM env_calls WHERE run_id = ?", [run_id])
+    assert calls and all(a >= 1 for _, a, _ in calls)  # no cache: every call made a request
+    assert all(n == 0 for e, _, n in calls if e)  # a failed call produced no reply
+    for ids, replies, reward, error, stop in wh.query(
+            "SELECT token_ids, env_replies, reward_total, error, stop_reason FROM trajectories WHERE run_id = ?", [run_id]):
+        assert marker not in tok.decode(ids) and "environment error" not in tok.decode(ids)
+        assert all(marker not in r for r in replies)
+        assert (error is not None) == (stop == "env_error") == (reward is None)
+    return sum(a for _, a, _ in calls), sum(1 for e, _, _ in calls if e)
+
+
+@pytest.mark.slow
+def test_chaos_training_and_evaluation_through_a_faulty_proxy(home, smollm2_path):
+    from chaos_proxy import MARKER, ChaosProxy
+    from prompt_r1.env.vllm_server import managed_vllm_server
+
+    server_cfg = EnvConfig(name="smollm2", kind="vllm", model="smollm2-135m-instruct", max_tokens=16)
+    with managed_vllm_server(server_cfg, home / "logs") as upstream, \
+            ChaosProxy(upstream, rate=0.10, seed=7, hang_s=25.0) as proxy:
+        # 10% of requests faulted, 4 retries: every call ends well; each fault costs one recorded attempt.
+        start = len(proxy.log)
+        rc, out = _cli(home, "train", "-c", "configs/smoke.yaml", "--run-id", "chaos10",
+                       *_chaos_args(proxy.base_url, retries=4, max_rate=0.05))
+        assert rc == 0, out[-3000:]
+        chat = [r for r in proxy.log[start:] if r["path"].endswith("/chat/completions")]
+        with Warehouse(home / "warehouse.duckdb", read_only=True) as wh:
+            attempts, failed = _check_recorded(wh, "chaos10", MARKER)
+            assert attempts == len(chat), "every request the proxy saw is an attempt the client recorded"
+            assert wh.steps_recorded("chaos10") == [0, 1]
+            per_step = wh.query("SELECT step, COUNT(*) FROM trajectories WHERE run_id='chaos10' GROUP BY 1 ORDER BY 1")
+            assert [n for _, n in per_step] == [4, 4]
+        assert proxy.faults_injected(start), "the proxy should have injected faults at 10%"
+        assert (home / "smoke" / "chaos10" / "agent" / "config.json").exists()
+
+        start = len(proxy.log)
+        rc, out = _cli(home, "evaluate", "-c", "configs/smoke.yaml", "--run-id", "eval10",
+                       "--set", 'eval.methods=["direct","cot"]', *_chaos_args(proxy.base_url, 4, 0.05))
+        assert rc == 0, out[-3000:]
+
+        # 30% faulted and no retries: about 30% of calls fail, far past 5%: training stops at step 0.
+        proxy.set_rate(0.30, seed=11)
+        start = len(proxy.log)
+        rc, out = _cli(home, "train", "-c", "configs/smoke.yaml", "--run-id", "chaos30",
+                       *_chaos_args(proxy.base_url, retries=0, max_rate=0.05))
+        assert rc == 3, out[-3000:]
+        assert "environment `tiny-env`" in out and "training step 0" in out and "first error:" in out
+        assert not (home / "smoke" / "chaos30" / "agent").exists()
+        injected = proxy.faults_injected(start)
+        with Warehouse(home / "warehouse.duckdb", read_only=True) as wh:
+            attempts, failed = _check_recorded(wh, "chaos30", MARKER)
+            assert failed == sum(injected.values()) > 0, "each injected fault is exactly one failed call"
+
+        # 30% faulted, no retries, evaluation: rows are written with errors, then exit 3.
+        rc, out = _cli(home, "evaluate", "-c", "configs/smoke.yaml", "--run-id", "eval30",
+                       "--set", 'eval.methods=["direct","cot"]', *_chaos_args(proxy.base_url, 0, 0.05))
+        assert rc == 3 and "environment `tiny-env`" in out, out[-3000:]
+        with Warehouse(home / "warehouse.duckdb", read_only=True) as wh:
+            rows = wh.query("SELECT prediction, score, error FROM eval_predictions WHERE run_id = 'eval30'")
+            assert any(e for _, _, e in rows) and any(e is None for _, _, e in rows)
+            for prediction, score, error in rows:
+                assert MARKER not in prediction
+                assert (error is None) == (score is not None)
+            for ((n, errors, scored),) in [wh.query(
+                    "SELECT SUM(n), SUM(errors), (SELECT COUNT(score) FROM eval_predictions WHERE run_id='eval30') "
+                    "FROM eval_results WHERE run_id = 'eval30'")]:
+                assert n == len(rows) and errors == len(rows) - scored
