@@ -32,7 +32,7 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
     cfg = load_config(config, overrides)
     setup_mlflow(cfg.name)
     db = str(default_db_path())
-    ingest_sources(list(cfg.data.sources), db)
+    ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)
     resolved = resolve_agents(cfg, agents, champion_path() if use_champion or "champion" in
                               cfg.eval.agent_checkpoints else None,
                               labels=["champion"] if use_champion else None)

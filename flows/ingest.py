@@ -13,4 +13,4 @@ def ingest_flow(config: str = "configs/smoke.yaml", extra_sources: list[str] | N
     """Ingest `data.sources` of the config and any `extra_sources` (cached on content hash)."""
     cfg = load_config(config)
     sources = list(cfg.data.sources) + list(extra_sources or [])
-    return ingest_sources(sources, str(default_db_path()))
+    return ingest_sources(sources, str(default_db_path()), cfg.data.max_question_chars)

@@ -30,7 +30,7 @@ def pipeline_flow(config: str = "configs/demo.yaml", data: str | None = None,
     db = str(default_db_path())
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    ingest_sources(list(cfg.data.sources) + ([data] if data else []), db)
+    ingest_sources(list(cfg.data.sources) + ([data] if data else []), db, cfg.data.max_question_chars)
     seconds["ingest"] = time.perf_counter() - t0
     with mlflow.start_run(run_name=f"pipeline-{cfg.name}", tags={"flow": "pipeline"}) as parent:
         with Warehouse(db) as wh:

@@ -56,7 +56,7 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
     cfg = load_config(config, overrides)
     exp_id = setup_mlflow(cfg.name)
     db = str(default_db_path())
-    ingest_sources(list(cfg.data.sources), db)
+    ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)
     with Warehouse(db) as wh:
         pool = training_pool_hash(wh, cfg)
     previous = unfinished_run(exp_id, cfg.name, cfg.hash(), pool) if resume else None

@@ -30,6 +30,8 @@ for _ in $(seq 1 120); do
 done
 curl -fs "$PREFECT_API_URL/health" >/dev/null || { cat "$PREFECT_HOME/server.log"; exit 1; }
 $BIN/prefect work-pool create prompt-r1 --type process >/dev/null
+# Every deployment writes the warehouse: their shared queue runs one at a time (prefect.yaml).
+$BIN/prefect work-queue create warehouse --pool prompt-r1 --limit 1 >/dev/null
 $BIN/prefect variable set prompt_r1_root "$PWD" --overwrite >/dev/null
 $BIN/prefect --no-prompt deploy --all
 $BIN/python - <<'PY'
@@ -44,7 +46,11 @@ async def main():
             assert name in deployments, f"deployment {name} not registered: {sorted(deployments)}"
             crons = [s.schedule.cron for s in deployments[name].schedules]
             assert (cron in crons) if cron else not crons, f"{name}: schedules {crons}"
+            assert deployments[name].work_queue_name == "warehouse", f"{name}: queue {deployments[name].work_queue_name}"
             print(f"deployment {name}: work pool {deployments[name].work_pool_name}, schedules {crons or 'manual'}")
+        queue = await client.read_work_queue_by_name("warehouse", work_pool_name="prompt-r1")
+        assert queue.concurrency_limit == 1, f"queue warehouse: concurrency limit {queue.concurrency_limit}"
+        print("work queue warehouse: concurrency limit 1")
 asyncio.run(main())
 PY
 echo "deployments registered: ok"

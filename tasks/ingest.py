@@ -11,13 +11,13 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from prompt_r1.ingest import ingest
+from prompt_r1.ingest import MAX_QUESTION_CHARS, ingest
 from warehouse.store import Warehouse
 
 
 @task(name="ingest-sources", cache_policy=NO_CACHE)
-def ingest_sources(sources: list[str], db: str) -> list[dict]:
+def ingest_sources(sources: list[str], db: str, max_question_chars: int = MAX_QUESTION_CHARS) -> list[dict]:
     """Ingest files and folders into the warehouse; already-ingested content is skipped."""
     with Warehouse(db) as wh:
-        reports = ingest(wh, sources)
+        reports = ingest(wh, sources, max_question_chars=max_question_chars)
     return [vars(r) for r in reports]
