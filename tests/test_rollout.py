@@ -8,7 +8,6 @@ shapes and that the stored log-probs are the model's own.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 import torch
@@ -242,10 +241,12 @@ def test_env_errors_are_recorded_and_the_batch_completes(tokenizer):
     script = lambda text, n: (ASK.format(n=n, q=text.split("Question: ")[1].split("\n")[0]) if n == 0 else ANSWER)
     questions = [question(0), question(1, "Who wrote Hamlet?"), question(2, "Why is the sky blue?")]
     trajs = run(ScriptedPolicy(tokenizer, script), ScriptedEnv(reply), questions, group=1)
-    assert [t.stop_reason for t in trajs] == ["answered"] * 3
-    assert "ConnectionError" in trajs[0].env_calls[0].error and "server down" in trajs[0].env_replies[0]
+    assert [t.stop_reason for t in trajs] == ["env_error", "env_error", "answered"]
+    assert "ConnectionError" in trajs[0].env_calls[0].error and "server down" in trajs[0].error
     assert trajs[1].env_calls[0].error == "timeout after 5 attempts" and trajs[1].env_calls[0].attempts == 5
-    assert trajs[2].env_calls[0].error is None
+    for failed in trajs[:2]:  # a failure is never a reply the agent reads, nor a scored answer
+        assert failed.env_replies == [] and failed.reward is None and sum(failed.loss_mask) == len(failed.token_ids)
+    assert trajs[2].env_calls[0].error is None and trajs[2].reward is not None
 
 
 def test_slow_env_call_does_not_hold_up_the_others(tokenizer):
@@ -253,9 +254,7 @@ def test_slow_env_call_does_not_hold_up_the_others(tokenizer):
     env = ScriptedEnv(delay_fn=lambda messages: 1.0 if "slow" in messages[-1]["content"] else 0.0)
     policy = ScriptedPolicy(tokenizer, script)
     questions = [question(0, "a slow one"), question(1, "a quick one"), question(2, "another quick one")]
-    started = time.perf_counter()
     trajs = run(policy, env, questions, group=1)
-    assert time.perf_counter() - started < 2.9  # two slow calls in sequence, not one per batch turn
     assert all(t.stop_reason == "answered" for t in trajs)
     # the fast trajectories went on (two more agent turns) before the first slow reply arrived
     batch_sizes = [len(prompts) for prompts, _ in policy.calls]
