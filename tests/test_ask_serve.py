@@ -1,0 +1,290 @@
+"""Using a trained agent: the one agent resolver, `prompt-r1 ask`, and the OpenAI-compatible
+server tested with the official `openai` client against a live uvicorn on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from prompt_r1 import agent_resolver
+from prompt_r1.agent_resolver import AgentSpecError, resolve_agent
+from prompt_r1.agent_service import BatchingPolicy
+from prompt_r1.config import load_config
+from prompt_r1.policy.base import Policy, Sample
+from prompt_r1.protocol import extract_answer
+
+
+# -- the resolver ------------------------------------------------------------------------------
+def _hf_folder(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    return path
+
+
+@pytest.fixture
+def no_schemes(monkeypatch):
+    monkeypatch.setattr(agent_resolver, "_schemes", {})
+
+
+def test_resolver_accepts_every_form_and_names_what_it_tried(home, no_schemes, tmp_path):
+    plain = _hf_folder(tmp_path / "plain")
+    assert resolve_agent(str(plain)) == plain.resolve()
+    exported = _hf_folder(home / "smoke" / "run-1" / "agent")
+    assert resolve_agent(str(home / "smoke" / "run-1")) == exported.resolve()       # run folder
+    assert resolve_agent("run-1") == exported.resolve()                              # run id, any config
+    assert resolve_agent("run-1", config_name="smoke") == exported.resolve()
+    (home / "smoke" / "run-2" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(AgentSpecError, match="no exported agent.*prompt-r1 export"):
+        resolve_agent("run-2")
+    with pytest.raises(AgentSpecError, match="not a bundled model.*models:/"):
+        resolve_agent("no-such-thing")
+    with pytest.raises(AgentSpecError, match="no resolver for `models:/`"):
+        resolve_agent("models:/prompt-r1-agent@champion")
+    from prompt_r1.models import resolve_model
+
+    assert resolve_agent("tiny") == Path(resolve_model("tiny"))
+
+
+def test_resolver_default_is_the_champion_when_the_registry_has_one(home, no_schemes, tmp_path):
+    champion = _hf_folder(tmp_path / "champion")
+    base = _hf_folder(tmp_path / "base")
+    registry: dict[str, Path] = {}
+    agent_resolver.register_scheme("models", lambda uri: registry.get(uri))
+    assert resolve_agent(None, default_model=str(base)) == base.resolve()            # empty registry
+    registry["models:/prompt-r1-agent@champion"] = champion
+    assert resolve_agent(None, default_model=str(base)) == champion
+    assert resolve_agent("models:/prompt-r1-agent@champion") == champion
+    with pytest.raises(AgentSpecError, match="not in the registry"):
+        resolve_agent("models:/prompt-r1-agent/7")
+
+
+# -- shared generation batches -----------------------------------------------------------------
+class EchoPolicy(Policy):
+    """Each sample is a pure function of its own prompt, so a mixed-up batch is visible."""
+
+    tokenizer = None
+
+    def __init__(self):
+        self.batches: list[int] = []
+
+    @staticmethod
+    def expected(prompt: list[int], seed: int | None) -> str:
+        return f"<answer>{sum(prompt)}-{len(prompt)}-{seed}</answer>"
+
+    def generate(self, prompts, max_new_tokens, seeds=None):
+        self.batches.append(len(prompts))
+        time.sleep(0.002)
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        return [Sample([1], [0.0], self.expected(p, s), "stop") for p, s in zip(prompts, seeds, strict=True)]
+
+    def load_weights(self, state_dict):
+        pass
+
+
+def test_batching_policy_returns_each_caller_its_own_rows_and_shares_batches():
+    inner = EchoPolicy()
+    policy = BatchingPolicy(inner, window_s=0.02, max_rows=16)
+    rng = random.Random(0)
+    calls = [[[rng.randrange(100) for _ in range(rng.randint(1, 9))] for _ in range(rng.randint(1, 5))]
+             for _ in range(200)]
+    seeds = [[rng.randrange(10**9) for _ in prompts] for prompts in calls]
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda i: policy.generate(calls[i], 4, seeds[i]), range(len(calls))))
+    policy.close()
+    for prompts, row_seeds, samples in zip(calls, seeds, results, strict=True):
+        assert [s.text for s in samples] == [EchoPolicy.expected(p, s) for p, s in zip(prompts, row_seeds)]
+    assert sum(inner.batches) == sum(len(c) for c in calls)
+    assert len(inner.batches) < len(calls) / 2       # concurrent callers really shared batches
+    assert max(inner.batches) <= 16 + 5               # a single caller may exceed max_rows alone
+    assert policy.max_jobs > 1
+
+
+def test_batching_policy_hands_a_failure_to_every_waiting_caller():
+    class Broken(EchoPolicy):
+        def generate(self, prompts, max_new_tokens, seeds=None):
+            raise RuntimeError("out of memory")
+
+    policy = BatchingPolicy(Broken(), window_s=0.02)
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(policy.generate, [[1, 2]], 4) for _ in range(8)]
+        for f in futures:
+            with pytest.raises(RuntimeError, match="out of memory"):
+                f.result(timeout=30)
+    policy.close()
+
+
+# -- ask ---------------------------------------------------------------------------------------
+def _check_report(report: dict, question: str) -> None:
+    calls = report["env_calls"]
+    usage = report["usage"]
+    assert report["question"] == question
+    assert usage["env_prompt_tokens"] == sum(c["prompt_tokens"] for c in calls)
+    assert usage["env_completion_tokens"] == sum(c["completion_tokens"] for c in calls)
+    assert usage["prompt_tokens"] == usage["agent_prompt_tokens"] + usage["env_prompt_tokens"]
+    assert usage["completion_tokens"] == usage["agent_completion_tokens"] + usage["env_completion_tokens"]
+    agent_turns = [t["text"] for t in report["turns"] if t["role"] == "agent"]
+    assert report["answer"] == extract_answer(agent_turns[-1])
+    assert usage["agent_prompt_tokens"] > 0 and usage["agent_completion_tokens"] > 0
+
+
+def test_ask_prints_json_episode_and_turns(home):
+    from typer.testing import CliRunner
+
+    from prompt_r1.cli import app
+
+    question = "Which river flows through Paris?"
+    result = CliRunner().invoke(app, ["ask", question, "-c", "configs/smoke.yaml", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    _check_report(report, question)
+    traj = report["trajectory"]
+    assert sum(traj["loss_mask"]) == report["usage"]["agent_completion_tokens"]
+    assert len(traj["prompt_ids"]) == report["usage"]["agent_prompt_tokens"]
+
+    shown = CliRunner().invoke(app, ["ask", question, "-c", "configs/smoke.yaml", "--agent", "tiny-protocol"])
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.stdout.split())
+    assert f"answer: {report['answer']}" in text
+    for turn in report["turns"][:-1]:  # each interaction prompt as it was sent
+        if turn["role"] == "agent":
+            prompt = turn["text"].split("<interaction_prompt>")[1].split("</interaction_prompt>")[0].strip()
+            assert f"agent -> {prompt}" in text
+    bad = CliRunner().invoke(app, ["ask", question, "-c", "configs/smoke.yaml", "--env", "nope"])
+    assert bad.exit_code == 2 and "no environment named 'nope'" in " ".join(bad.stdout.split())
+
+
+# -- the server --------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """uvicorn serving `app` on 127.0.0.1 in a thread, up within a deadline."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+@pytest.fixture(scope="module")
+def live():
+    from prompt_r1.agent_resolver import resolve_agent
+    from prompt_r1.serve import ServeConfig, create_app
+
+    cfg = load_config("configs/smoke.yaml", {})
+    app, server = create_app(cfg, resolve_agent("tiny-protocol"), ServeConfig(max_body_bytes=4096))
+    with LiveServer(app) as running:
+        yield running, server
+    server.policy.close()
+
+
+def test_openai_client_lists_models_and_gets_the_agent_answer(live):
+    running, server = live
+    client = openai.OpenAI(base_url=running.url, api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in client.models.list()] == ["prompt-r1:tiny-env"]
+    question = "Who wrote Hamlet?"
+    reply = client.chat.completions.create(model="prompt-r1:tiny-env", messages=[
+        {"role": "system", "content": "ignored"}, {"role": "user", "content": question}])
+    report = reply.model_extra["prompt_r1"]
+    _check_report(report, question)
+    assert reply.choices[0].message.content == report["answer"]
+    assert reply.usage.prompt_tokens == report["usage"]["prompt_tokens"]
+    assert reply.usage.completion_tokens == report["usage"]["completion_tokens"]
+    assert report["environment"] == "tiny-env" and report["error"] is None
+
+    chunks = list(client.chat.completions.create(model="prompt-r1:tiny-env", stream=True,
+                                                 messages=[{"role": "user", "content": question}]))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == report["answer"]                         # greedy: the same episode again
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == "stop"
+    assert last.model_extra["prompt_r1"]["turns"] == report["turns"]
+    assert last.usage.total_tokens == reply.usage.total_tokens
+
+
+def test_bad_requests_get_a_4xx_that_says_why(live):
+    running, _ = live
+    client = openai.OpenAI(base_url=running.url, api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.NotFoundError, match="unknown model 'gpt-4'.*prompt-r1:tiny-env"):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError, match="non-empty list"):
+        client.chat.completions.create(model="prompt-r1:tiny-env", messages=[])
+    with pytest.raises(openai.BadRequestError, match="no user message"):
+        client.chat.completions.create(model="prompt-r1:tiny-env", messages=[{"role": "system", "content": "x"}])
+    too_big = httpx.post(f"{running.url}/chat/completions", timeout=30, json={
+        "model": "prompt-r1:tiny-env", "messages": [{"role": "user", "content": "x" * 5000}]})
+    assert too_big.status_code == 413 and "exceeds 4096" in too_big.json()["error"]["message"]
+    not_json = httpx.post(f"{running.url}/chat/completions", content=b"{", timeout=30)
+    assert not_json.status_code == 400 and "not JSON" in not_json.json()["error"]["message"]
+
+
+def test_concurrent_requests_share_batches_and_never_mix_answers(live):
+    """Each concurrent answer equals that question's answer asked alone (greedy), and the
+    episodes' generation steps were batched together."""
+    running, server = live
+    questions = [f"Question {i}: what is {i} plus {i * 7}?" for i in range(12)]
+    client = openai.OpenAI(base_url=running.url, api_key="unused", max_retries=0, timeout=300)
+
+    def ask(q: str) -> dict:
+        reply = client.chat.completions.create(model="prompt-r1:tiny-env", messages=[{"role": "user", "content": q}])
+        return reply.model_extra["prompt_r1"]
+
+    alone = [ask(q) for q in questions[:4]]
+    before = server.policy.max_jobs
+    with ThreadPoolExecutor(len(questions)) as pool:
+        together = list(pool.map(ask, questions))
+    for q, report in zip(questions, together, strict=True):
+        assert report["question"] == q
+    for a, b in zip(alone, together[:4], strict=True):
+        assert a["turns"] == b["turns"] and a["answer"] == b["answer"]
+    assert server.policy.max_jobs > max(before, 1)
+
+
+def test_a_failing_environment_gives_502_naming_it(home):
+    from prompt_r1.serve import ServeConfig, create_app
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    cfg = load_config("configs/smoke.yaml", {
+        "environment": {"name": "dead-env", "kind": "openai", "model": "m", "base_url": dead,
+                        "max_retries": 0, "timeout_s": 2}})
+    app, server = create_app(cfg, resolve_agent("tiny-protocol"))
+    with LiveServer(app) as running:
+        client = openai.OpenAI(base_url=running.url, api_key="unused", max_retries=0, timeout=120)
+        with pytest.raises(openai.APIStatusError, match="environment 'dead-env' failed") as err:
+            client.chat.completions.create(model="prompt-r1:dead-env", messages=[{"role": "user", "content": "hi"}])
+        assert err.value.status_code in (502, 504)
+        with pytest.raises(openai.APIError, match="environment 'dead-env' failed"):
+            list(client.chat.completions.create(model="prompt-r1:dead-env", stream=True,
+                                                messages=[{"role": "user", "content": "hi"}]))
+    server.policy.close()
