@@ -13,7 +13,19 @@ from typing import Optional
 import typer
 
 from prompt_r1.cli import _fail, _fail_environment, _load, app, console, parse_overrides
+from prompt_r1.agent_resolver import register_scheme
 from prompt_r1.failures import EnvironmentFailure
+
+
+def _registry_agent(uri: str) -> Path | None:
+    """`models:/NAME@alias` / `models:/NAME/VERSION` -> local agent folder (MLflow imported only when used)."""
+    from tasks.tracking import registry_agent_path
+
+    return registry_agent_path(uri)
+
+
+# Under this CLI the library's agent resolver takes registry URIs (and defaults to the champion).
+register_scheme("models", _registry_agent)
 
 
 @app.command()

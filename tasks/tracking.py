@@ -173,18 +173,35 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
         return env_run.info.run_id
 
 
-def register_agent(run_id: str, checkpoint: Path, val_score: float | None) -> tuple[str, bool]:
-    """Register a checkpoint as a new `prompt-r1-agent` version; make it `champion` when its
-    validation score beats the current champion's. Returns (version, became_champion)."""
+def register_agent(run_id: str, checkpoint: Path, val_score: float | None,
+                   cfg: Config | None = None) -> tuple[str, bool]:
+    """Register an agent folder as a new `prompt-r1-agent` version, an MLflow pyfunc model (see
+    `tasks.agent_model`) logged in run `run_id`; make it `champion` when its validation score
+    beats the current champion's (or there is none). Returns (version, became_champion).
+
+    `cfg` is the config the agent answers with when loaded from the registry (default: the
+    `config.yaml` of the run's newest checkpoint)."""
+    import tempfile
+
+    import yaml
+
+    from tasks.agent_model import log_agent_model
+
     client = MlflowClient()
-    mlflow.log_artifacts(str(checkpoint), artifact_path="agent", run_id=run_id)
-    source = f"{client.get_run(run_id).info.artifact_uri}/agent"
-    try:
-        client.get_registered_model(MODEL_NAME)
-    except mlflow.exceptions.MlflowException:
-        client.create_registered_model(MODEL_NAME, description="Prompt-R1 agents trained with GRPO.")
+    config_text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False) if cfg else _run_config_text(checkpoint)
+    with tempfile.TemporaryDirectory() as tmp:
+        config_yaml = Path(tmp) / "config.yaml"
+        config_yaml.write_text(config_text)
+        active = mlflow.active_run()
+        if active is not None and active.info.run_id == run_id:
+            info = log_agent_model(checkpoint, config_yaml, registered_model_name=MODEL_NAME)
+        else:
+            with mlflow.start_run(run_id=run_id, nested=active is not None):
+                info = log_agent_model(checkpoint, config_yaml, registered_model_name=MODEL_NAME)
+    version = str(info.registered_model_version)
     tags = {"val_score": "" if val_score is None else f"{val_score:.6f}", "checkpoint": str(checkpoint)}
-    version = client.create_model_version(MODEL_NAME, source, run_id=run_id, tags=tags).version
+    for key, value in tags.items():
+        client.set_model_version_tag(MODEL_NAME, version, key, value)
     try:
         current = client.get_model_version_by_alias(MODEL_NAME, CHAMPION)
         current_score = float(current.tags.get("val_score") or "-inf")
@@ -193,19 +210,65 @@ def register_agent(run_id: str, checkpoint: Path, val_score: float | None) -> tu
     better = val_score is not None and val_score > current_score
     if better or current_score == float("-inf"):
         client.set_registered_model_alias(MODEL_NAME, CHAMPION, version)
-    return str(version), better or current_score == float("-inf")
+    return version, better or current_score == float("-inf")
+
+
+def _run_config_text(agent_dir: Path) -> str:
+    """The training config beside an exported agent (`run/agent` -> `run/checkpoints/step-*/config.yaml`)."""
+    found = sorted(Path(agent_dir).parent.glob("checkpoints/step-*/config.yaml"))
+    if not found:
+        raise FileNotFoundError(f"no config for agent {agent_dir}: pass cfg to register_agent")
+    return found[-1].read_text()
+
+
+def registry_agent_path(uri: str) -> Path | None:
+    """Local HF folder of a registered agent (`models:/NAME@alias` or `models:/NAME/VERSION`),
+    downloaded once under `runs/registry/`; None when the registry has no such version."""
+    name, _, ref = uri[len("models:/"):].partition("@")
+    alias = ref or None
+    if alias is None:
+        name, _, version_ref = name.partition("/")
+    db = runs_home() / "mlflow.db"
+    if not db.is_file():  # no registry yet: do not create one by looking
+        return None
+    client = MlflowClient(tracking_uri=tracking_uri(), registry_uri=tracking_uri())
+    try:
+        version = (client.get_model_version_by_alias(name, alias) if alias
+                   else client.get_model_version(name, version_ref))
+    except mlflow.exceptions.MlflowException:
+        return None
+    target = runs_home() / "registry" / name / f"v{version.version}"
+    if not (target / "agent" / "config.json").exists():
+        import shutil
+        import tempfile
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            mlflow.set_tracking_uri(tracking_uri())
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version.version}",
+                                                             dst_path=tmp))
+            agent = _agent_artifact(local)
+            if not (agent / "config.json").is_file():
+                raise FileNotFoundError(f"{uri} (version {version.version}) holds no agent model folder")
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            agent.rename(target / "agent")
+    return target / "agent"
+
+
+def _agent_artifact(model_dir: Path) -> Path:
+    """The agent folder inside a downloaded version: the pyfunc model's `agent` artifact, or the
+    folder itself (versions registered before the agent was a pyfunc model)."""
+    from mlflow.models import Model
+
+    if (model_dir / "MLmodel").is_file():
+        artifacts = Model.load(str(model_dir)).flavors.get("python_function", {}).get("artifacts", {})
+        if "agent" in artifacts:
+            return model_dir / artifacts["agent"]["path"]
+    return model_dir
 
 
 def champion_path() -> Path | None:
     """Local folder of the champion agent (downloaded from the artifact store)."""
-    client = MlflowClient()
-    try:
-        version = client.get_model_version_by_alias(MODEL_NAME, CHAMPION)
-    except mlflow.exceptions.MlflowException:
-        return None
-    target = runs_home() / "champion" / f"v{version.version}"
-    if not (target / "config.json").exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        local = mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(target.parent / "tmp"))
-        Path(local).rename(target)
-    return target
+    return registry_agent_path(f"models:/{MODEL_NAME}@{CHAMPION}")
+
