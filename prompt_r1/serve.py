@@ -26,6 +26,8 @@ from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from prompt_r1.config import Config, DataConfig
@@ -165,9 +167,6 @@ def _chunk(completion_id: str, created: int, model: str, delta: dict, finish: st
 
 def build_app(server: AgentServer, lifespan: Any = None):
     """The FastAPI app over `server` (its environments opened by `lifespan`, when given)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
-
     app = FastAPI(title="prompt-r1 agent", lifespan=lifespan)
 
     @app.exception_handler(HTTPFailure)
@@ -181,8 +180,12 @@ def build_app(server: AgentServer, lifespan: Any = None):
              "agent": server.agent_name, "env_model": cfg.model} for mid, cfg in server.served.items()]}
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        """Liveness, and how the agent's generation batches were shared so far."""
+        policy = server.policy
+        return {"status": "ok", "agent_batches": getattr(policy, "calls", None),
+                "agent_batch_rows": getattr(policy, "rows", None),
+                "most_episodes_in_one_batch": getattr(policy, "max_jobs", None)}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -279,12 +279,13 @@ def test_a_failing_environment_gives_502_naming_it(home):
         "environment": {"name": "dead-env", "kind": "openai", "model": "m", "base_url": dead,
                         "max_retries": 0, "timeout_s": 2}})
     app, server = create_app(cfg, resolve_agent("tiny-protocol"))
+    question = "What is the capital of France?"  # the tiny agent's greedy first turn asks the environment
     with LiveServer(app) as running:
         client = openai.OpenAI(base_url=running.url, api_key="unused", max_retries=0, timeout=120)
         with pytest.raises(openai.APIStatusError, match="environment 'dead-env' failed") as err:
-            client.chat.completions.create(model="prompt-r1:dead-env", messages=[{"role": "user", "content": "hi"}])
+            client.chat.completions.create(model="prompt-r1:dead-env", messages=[{"role": "user", "content": question}])
         assert err.value.status_code in (502, 504)
         with pytest.raises(openai.APIError, match="environment 'dead-env' failed"):
             list(client.chat.completions.create(model="prompt-r1:dead-env", stream=True,
-                                                messages=[{"role": "user", "content": "hi"}]))
+                                                messages=[{"role": "user", "content": question}]))
     server.policy.close()
