@@ -101,8 +101,9 @@ def test_mlflow_models_serve_answers(registry, tmp_path):
     from tests.test_ask_serve import free_port
 
     port = free_port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri(), "MLFLOW_REGISTRY_URI": tracking_uri()}
     mlflow_bin = Path(sys.executable).with_name("mlflow")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri(), "MLFLOW_REGISTRY_URI": tracking_uri(),
+           "PATH": f"{mlflow_bin.parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # it execs `uvicorn`
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen([str(mlflow_bin), "models", "serve", "-m", CHAMPION, "--env-manager", "local",
                              "-p", str(port), "-h", "127.0.0.1"], env=env, stdout=log, stderr=subprocess.STDOUT)
