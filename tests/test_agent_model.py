@@ -36,6 +36,8 @@ def registry(home, monkeypatch):
     for score in (0.5, 0.2, 0.7):  # the middle one must not take the alias
         with mlflow.start_run() as run:
             versions.append(register_agent(run.info.run_id, agent, score, cfg))
+        registered = mlflow.MlflowClient().get_model_version("prompt-r1-agent", versions[-1][0])
+        assert registered.run_id == run.info.run_id  # the version stays linked to its training run
     monkeypatch.setattr(agent_resolver, "_schemes", {})
     return cfg, agent, versions
 
