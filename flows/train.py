@@ -19,6 +19,7 @@ from prefect import flow
 
 from prompt_r1.config import default_db_path, load_config, run_dir
 from prompt_r1.failures import EnvironmentFailure
+from prompt_r1.policy import backend_deterministic
 from prompt_r1.run_record import mismatches, read_record
 from prompt_r1.train_loop import TrainingSession, training_pool_hash
 from tasks import train as t
@@ -66,7 +67,9 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
     else:
         run = mlflow.start_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
                                parent_run_id=parent_run_id,
-                               tags={"flow": "train", "config_hash": cfg.hash(), "pool_hash": pool})
+                               tags={"flow": "train", "config_hash": cfg.hash(), "pool_hash": pool,
+                                     # exact reruns whatever the environment latency (README, Determinism)
+                                     "deterministic": str(backend_deterministic(cfg.agent)).lower()})
         log.info("starting training run %s (config hash %s, pool hash %s)", run.info.run_id, cfg.hash(), pool)
     run_id = run.info.run_id
     with run, Warehouse(db) as wh:

@@ -107,6 +107,13 @@ class AgentConfig(_Strict):
         description="Nucleus sampling for rollouts. Training needs 1.0: the learner's log-probs do not "
         "model the nucleus cut, so with top_p < 1 the optimised policy is not the one that sampled.",
     )
+    batch_invariant: bool = Field(
+        True,
+        description="transformers backend: generate each row alone, so a row's sampled ids and log-probs "
+        "never depend on which rows share its batch (exact reruns whatever the environment's latency). "
+        "False batches rows (faster on CPU for large groups; float noise between batchings can change "
+        "samples). vLLM is never exact (see README, Determinism).",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter training (off = full fine-tuning).")
 
 

@@ -3,15 +3,18 @@
 A run's data order is a pure function of (question ids, batch size, seed): batch number
 `position` is always the same list, so a run resumed at a checkpoint's saved position sees
 exactly the batches an uninterrupted run would have seen, with none repeated or skipped.
-Each epoch is a fresh shuffle seeded by `seed + epoch`; the last incomplete batch of an epoch
-is dropped (every GRPO step gets the same number of questions), unless there are fewer
-questions than one batch, in which case every batch is the whole (shuffled) list.
+Each epoch is a fresh shuffle seeded by `derive_seed("data_order", seed, epoch)`; the last
+incomplete batch of an epoch is dropped (every GRPO step gets the same number of questions),
+unless there are fewer questions than one batch, in which case every batch is the whole
+(shuffled) list.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+
+from prompt_r1.seeding import derive_seed
 
 
 def batches_per_epoch(n_questions: int, batch_size: int) -> int:
@@ -26,7 +29,7 @@ def batches_per_epoch(n_questions: int, batch_size: int) -> int:
 def epoch_order(question_ids: list[str], seed: int, epoch: int) -> list[str]:
     """The question order of one epoch (a seeded shuffle, independent of any global RNG)."""
     order = list(question_ids)
-    random.Random(seed + epoch).shuffle(order)
+    random.Random(derive_seed("data_order", seed, epoch)).shuffle(order)
     return order
 
 

@@ -236,7 +236,10 @@ def _agent_only(policy, questions: list[QuestionRow], agent_cfg: AgentConfig, la
                                 add_generation_prompt=True, tokenize=True, return_dict=False)
         for q in questions
     ]
-    samples = policy.generate(prompts, agent_cfg.max_new_tokens, seed=seed)
+    from prompt_r1.seeding import NO_STEP, draw_seed
+
+    samples = policy.generate(prompts, agent_cfg.max_new_tokens,
+                              [draw_seed(seed, NO_STEP, q.question_id, 0, 0) for q in questions])
     return [Prediction(q, f"agent_only:{label}", extract_agent_only_answer(s.text), 0)
             for q, s in zip(questions, samples)]
 

@@ -33,6 +33,7 @@ import ray
 import torch
 
 from prompt_r1.config import Config, EnvConfig, RolloutConfig, parse_config
+from prompt_r1.seeding import derive_seed
 from prompt_r1.trajectory import Trajectory
 from warehouse.store import QuestionRow
 
@@ -159,16 +160,17 @@ class RolloutWorker:
 
         return self._stack.enter_context(open_environment(env_cfg, warehouse=None, log_dir=None))
 
-    def rollout(self, questions: list[dict[str, Any]], seed: int, greedy: bool = False,
+    def rollout(self, questions: list[dict[str, Any]], seed: int, step: int, greedy: bool = False,
                 group_size: int | None = None) -> list[dict[str, Any]]:
-        """Trajectory records (`Trajectory.to_record`) for these questions."""
+        """Trajectory records (`Trajectory.to_record`) for these questions; draws are seeded by
+        (run `seed`, `step`, question, sample, turn), so which actor gets a question never matters."""
         from prompt_r1.rollout import rollout_batch
 
         rows = [QuestionRow(**q) for q in questions]
         with _temperature(self.policy, 0.0 if greedy else None):
             trajectories = self._loop.run_until_complete(rollout_batch(
                 self.policy, self.env, rows, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
-                group_size=group_size, seed=seed))
+                group_size=group_size, seed=seed, step=step))
         return [t.to_record() for t in trajectories]
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> bool:
@@ -212,7 +214,9 @@ class RolloutPool:
             raise RayWaitError(f"{self._asked(cpus_per_worker)}, but the local Ray instance has {total:g} CPUs; "
                                "lower rollout.num_workers or raise rollout.ray_num_cpus")
         self._stuck = False
-        self.workers = [actor_class.remote(record, str(model_path), cfg.seed * 1009 + index, env_factory)
+        # the policy's own seed (engine start, calls without row seeds): distinct per actor
+        self.workers = [actor_class.remote(record, str(model_path), derive_seed("rollout_actor", cfg.seed, index),
+                                           env_factory)
                         for index in range(self.num_workers)]
         try:  # start-up errors surface here
             self._get([w.ping.remote() for w in self.workers], cfg.rollout.actor_start_timeout_s,
@@ -241,9 +245,8 @@ class RolloutPool:
         """Trajectories for `questions` in order (question, then group index), split over the actors."""
         chunks = split_evenly(list(questions), len(self.workers))
         futures = [
-            worker.rollout.remote([asdict(q) for q in chunk], self.cfg.seed * 1_000_003 + step * 1009 + index,
-                                  greedy, group_size)
-            for index, (worker, chunk) in enumerate(zip(self.workers, chunks)) if chunk
+            worker.rollout.remote([asdict(q) for q in chunk], self.cfg.seed, step, greedy, group_size)
+            for worker, chunk in zip(self.workers, chunks) if chunk
         ]
         results = self._get(futures, self.cfg.rollout.rollout_timeout_s, "rollout_timeout_s",
                             f"rolling out {len(questions)} questions on {len(futures)} actors",

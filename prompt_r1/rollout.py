@@ -42,6 +42,7 @@ from prompt_r1.failures import call_errors, error_rate
 from prompt_r1.policy.base import Policy, Sample
 from prompt_r1.protocol import build_agent_prompt, env_messages, extract_answer, parse_turn, wrap_env_reply
 from prompt_r1.reward import compute_reward
+from prompt_r1.seeding import NO_STEP, draw_seed
 from prompt_r1.trajectory import EnvCall, Trajectory
 from warehouse.store import QuestionRow
 
@@ -166,12 +167,14 @@ async def rollout_batch(
     group_size: int | None = None,
     seed: int = 0,
     gather_window_s: float = 0.05,
+    step: int = NO_STEP,
 ) -> list[Trajectory]:
     """Sample `group_size` (default `rollout_cfg.group_size`) trajectories per question.
 
     Returns them ordered by question, then group index 0..G-1, each with answer and reward set
     (except those ended by a failed environment call: `error` set, reward None).
-    Generation seeds are `seed * 1_000_003 + k` for the k-th batched generate call.
+    Each agent generation is seeded by `draw_seed(seed, step, question, group index, turn)`
+    (`step`: the training step, `NO_STEP` outside training), never by batch or arrival order.
     """
     group = group_size or rollout_cfg.group_size
     loop = _Loop(policy, agent_cfg, rollout_cfg)
@@ -183,7 +186,6 @@ async def rollout_batch(
 
     ready: list[_Episode] = list(episodes)
     pending: dict[asyncio.Task, _Episode] = {}
-    generate_calls = 0
     try:
         while ready or pending:
             if not ready:
@@ -200,10 +202,10 @@ async def rollout_batch(
                 continue
             batch, ready = ready, []
             limits = [min(agent_cfg.max_new_tokens, loop.room(e)) for e in batch]
+            seeds = [draw_seed(seed, step, e.trajectory.question_id, e.trajectory.group_index,
+                               len(e.trajectory.agent_turns)) for e in batch]
             samples = await asyncio.to_thread(
-                policy.generate, [e.trajectory.prompt_ids + e.trajectory.token_ids for e in batch], limits,
-                seed * 1_000_003 + generate_calls)
-            generate_calls += 1
+                policy.generate, [e.trajectory.prompt_ids + e.trajectory.token_ids for e in batch], limits, seeds)
             for episode, sample in zip(batch, samples, strict=True):
                 messages = loop.absorb_turn(episode, sample)
                 if messages is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.config import Config, EnvConfig
+from prompt_r1.seeding import derive_seed
 from prompt_r1.trajectory import Trajectory
 from warehouse.store import QuestionRow, Warehouse
 
@@ -43,7 +44,7 @@ def training_pool(warehouse: Warehouse, cfg: Config) -> tuple[list[QuestionRow],
     if not pool:
         raise ValueError("no train-split questions in the warehouse; ingest a train/ folder first "
                          "(e.g. `prompt-r1 ingest data/sample`)")
-    random.Random(cfg.seed).shuffle(pool)
+    random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool)
     if cfg.data.max_train_questions:
         pool = pool[: cfg.data.max_train_questions]
     n_val = min(len(pool) - 1, max(1, round(len(pool) * cfg.data.validation_fraction))) if cfg.data.validation_fraction else 0

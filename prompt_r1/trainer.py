@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_r1.config import Config
 from prompt_r1.grpo import group_advantages, policy_loss, token_logprobs
+from prompt_r1.seeding import derive_seed
 from prompt_r1.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,9 @@ class GRPOLearner:
         self.temperature = cfg.agent.temperature
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # LoRA's initial weights and dropout masks come from the global torch RNG: seed it from the
+        # run seed so two runs learn alike (checkpoints save and restore its state for resumes)
+        torch.manual_seed(derive_seed("learner", cfg.seed))
         # float32 master weights whatever agent.dtype says: that is the rollout/compute dtype
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         model.to(self.device)

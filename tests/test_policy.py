@@ -28,12 +28,14 @@ def recompute(policy, prompt, sample, temperature=1.0, top_p=1.0):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
 
 
+@pytest.mark.parametrize("batch_invariant", [True, False])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
-def test_logprobs_match_a_fresh_forward_with_left_padding(tiny_model_path, temperature, top_p):
-    policy = TransformersPolicy(tiny_model_path, temperature=temperature, top_p=top_p, stop_strings=NEVER)
+def test_logprobs_match_a_fresh_forward_with_left_padding(tiny_model_path, temperature, top_p, batch_invariant):
+    policy = TransformersPolicy(tiny_model_path, temperature=temperature, top_p=top_p, stop_strings=NEVER,
+                                batch_invariant=batch_invariant)
     prompts = prompts_for(policy.tokenizer)
-    assert len(prompts[0]) != len(prompts[1])  # the shorter one is left-padded
-    samples = policy.generate(prompts, [30, 17], seed=3)
+    assert len(prompts[0]) != len(prompts[1])  # batched: the shorter one is left-padded
+    samples = policy.generate(prompts, [30, 17], seeds=[3, 4])
     assert [len(s.token_ids) for s in samples] == [30, 17]
     assert [s.finish_reason for s in samples] == ["length", "length"]
     for prompt, sample in zip(prompts, samples):
@@ -46,8 +48,8 @@ def test_logprobs_match_a_fresh_forward_with_left_padding(tiny_model_path, tempe
 def test_seeded_sampling_is_reproducible_and_batch_rows_differ(tiny_model_path):
     policy = TransformersPolicy(tiny_model_path, temperature=1.0, stop_strings=NEVER)
     prompt = prompts_for(policy.tokenizer)[0]
-    first = policy.generate([prompt, prompt], 20, seed=7)
-    again = policy.generate([prompt, prompt], 20, seed=7)
+    first = policy.generate([prompt, prompt], 20, seeds=[7, 8])
+    again = policy.generate([prompt, prompt], 20, seeds=[7, 8])
     assert [s.token_ids for s in first] == [s.token_ids for s in again]
     assert first[0].token_ids != first[1].token_ids  # a GRPO group must not be one sample repeated
 
@@ -59,7 +61,7 @@ def test_stops_at_a_stop_string_even_when_it_spans_tokens(model_name, _model_cac
     path = resolve_model(model_name)
     free = TransformersPolicy(path, temperature=1.0, stop_strings=NEVER)
     prompt = prompts_for(free.tokenizer)[1]
-    ids = free.generate([prompt], 40, seed=5)[0].token_ids
+    ids = free.generate([prompt], 40, seeds=[5])[0].token_ids
     for end in range(6, 40):  # a stop string made of tokens 3..end-1 that first occurs there
         stop = free.tokenizer.decode(ids[3:end])
         if len(stop) >= 3 and len(set(ids[3:end])) > 1 and stop not in free.tokenizer.decode(ids[:end - 1]):
@@ -67,10 +69,10 @@ def test_stops_at_a_stop_string_even_when_it_spans_tokens(model_name, _model_cac
     else:
         pytest.fail("no usable stop string in the reference sample")
     stopping = TransformersPolicy(path, temperature=1.0, stop_strings=(stop,))
-    sample = stopping.generate([prompt], 40, seed=5)[0]
+    sample = stopping.generate([prompt], 40, seeds=[5])[0]
     assert sample.token_ids == ids[:end] and sample.finish_reason == "stop"
     assert sample.text.endswith(stop)
-    short = stopping.generate([prompt], 2, seed=5)[0]
+    short = stopping.generate([prompt], 2, seeds=[5])[0]
     assert short.token_ids == ids[:2] and short.finish_reason == "length"
     # the real protocol tags: one token in the tiny tokenizer, several in SmolLM2's
     protocol = TransformersPolicy(path, temperature=0.0)
@@ -84,7 +86,7 @@ def test_protocol_tags_and_eos_stop(tiny_model_path):
     policy = TransformersPolicy(tiny_model_path, temperature=1.0, stop_strings=NEVER)
     tok = policy.tokenizer
     prompt = prompts_for(tok)[0]
-    ids = policy.generate([prompt], 12, seed=2)[0].token_ids
+    ids = policy.generate([prompt], 12, seeds=[2])[0].token_ids
     # the protocol tags are single tokens in the tiny tokenizer; the tail check sees them
     default = TransformersPolicy(tiny_model_path, temperature=0.0)
     assert default._hit_stop_string(tok.encode("<think>a</think><answer>b</answer>", add_special_tokens=False))
@@ -93,7 +95,7 @@ def test_protocol_tags_and_eos_stop(tiny_model_path):
     # EOS: pretend a sampled token is EOS; generation ends there and keeps it in token_ids
     cut = ids.index(ids[4]) + 1
     policy.stop_ids = {ids[4]}
-    sample = policy.generate([prompt], 12, seed=2)[0]
+    sample = policy.generate([prompt], 12, seeds=[2])[0]
     assert sample.token_ids == ids[:cut] and sample.finish_reason == "stop"
     assert len(sample.logprobs) == cut
 
@@ -135,7 +137,7 @@ def test_vllm_policy_generates_and_reloads_weights(smollm2_path):
     policy = make_policy(AgentConfig(model="smollm2-135m-instruct", backend="vllm", temperature=0.0), smollm2_path)
     try:
         prompts = prompts_for(policy.tokenizer)
-        samples = policy.generate(prompts, [40, 6], seed=1)
+        samples = policy.generate(prompts, [40, 6], seeds=[1, 2])
         assert samples[1].finish_reason == "length" and len(samples[1].token_ids) == 6
         reference = AutoModelForCausalLM.from_pretrained(smollm2_path)
         for prompt, sample in zip(prompts, samples):
@@ -146,7 +148,7 @@ def test_vllm_policy_generates_and_reloads_weights(smollm2_path):
             assert torch.allclose(expected.squeeze(-1), torch.tensor(sample.logprobs), atol=1e-3)
         torch.manual_seed(0)
         policy.load_weights({k: v + 0.05 * torch.randn_like(v) for k, v in reference.state_dict().items()})
-        changed = policy.generate(prompts, [40, 6], seed=1)
+        changed = policy.generate(prompts, [40, 6], seeds=[1, 2])
         assert [s.token_ids for s in changed] != [s.token_ids for s in samples]
     finally:
         policy.close()
@@ -172,7 +174,7 @@ def test_learner_logprobs_equal_the_sampled_ones_at_temperature_07(backend, mode
     try:
         trajectories = []
         for q, prompt in enumerate(prompts_for(policy.tokenizer)):
-            for g, sample in enumerate(policy.generate([prompt, prompt], [12, 7], seed=q)):
+            for g, sample in enumerate(policy.generate([prompt, prompt], [12, 7], seeds=[2 * q, 2 * q + 1])):
                 trajectories.append(Trajectory(
                     question_id=f"q{q}", group_index=g, prompt_ids=prompt, token_ids=sample.token_ids,
                     loss_mask=[1] * len(sample.token_ids), logprobs=sample.logprobs, agent_turns=[sample.text],

@@ -61,7 +61,7 @@ class ScriptedPolicy(Policy):
         self.calls: list[tuple[list[list[int]], list[int]]] = []
         self.returned: list[Sample] = []
 
-    def generate(self, prompts, max_new_tokens, seed=None):
+    def generate(self, prompts, max_new_tokens, seeds=None):
         limits = per_row_limits(max_new_tokens, len(prompts))
         self.calls.append(([list(p) for p in prompts], limits))
         out = []
@@ -275,12 +275,13 @@ class FirstTurnAsks(TransformersPolicy):
     environment reply in context.
     """
 
-    def generate(self, prompts, max_new_tokens, seed=None):
+    def generate(self, prompts, max_new_tokens, seeds=None):
         fresh = [i for i, p in enumerate(prompts) if "</interaction_response>" not in self.tokenizer.decode(p)]
         rest = [i for i in range(len(prompts)) if i not in fresh]
         limits = per_row_limits(max_new_tokens, len(prompts))
         out: list[Sample | None] = [None] * len(prompts)
-        sampled = super().generate([prompts[i] for i in rest], [limits[i] for i in rest], seed) if rest else []
+        sampled = super().generate([prompts[i] for i in rest], [limits[i] for i in rest],
+                                   [seeds[i] for i in rest] if seeds else None) if rest else []
         for i, sample in zip(rest, sampled):
             out[i] = sample
         forced = self.tokenizer.encode(ASK.format(n=0, q="x"), add_special_tokens=False)

@@ -11,7 +11,14 @@ from pathlib import Path
 from prompt_r1.config import AgentConfig
 from prompt_r1.policy.base import Policy, Sample
 
-__all__ = ["Policy", "Sample", "make_policy"]
+__all__ = ["Policy", "Sample", "backend_deterministic", "make_policy"]
+
+
+def backend_deterministic(agent_cfg: AgentConfig) -> bool:
+    """Whether rollouts with this agent config are exact whatever the batching (the `deterministic`
+    property its policy will have): the transformers backend with `batch_invariant`; never vLLM,
+    whose batched kernels are not batch-invariant and, on CPU, take no per-request seeds."""
+    return agent_cfg.backend == "transformers" and agent_cfg.batch_invariant
 
 
 def make_policy(agent_cfg: AgentConfig, model_path: str | Path, seed: int = 0) -> Policy:
@@ -20,7 +27,7 @@ def make_policy(agent_cfg: AgentConfig, model_path: str | Path, seed: int = 0) -
         from prompt_r1.policy.hf import TransformersPolicy
 
         return TransformersPolicy(model_path, temperature=agent_cfg.temperature, top_p=agent_cfg.top_p,
-                                  dtype=agent_cfg.dtype, seed=seed)
+                                  dtype=agent_cfg.dtype, seed=seed, batch_invariant=agent_cfg.batch_invariant)
     if agent_cfg.backend == "vllm":
         from prompt_r1.policy.vllm_policy import VLLMPolicy
 

@@ -15,6 +15,10 @@ Conventions shared by all backends:
 - `Sample.logprobs[i]` is the log-prob of `token_ids[i]` under the distribution it was sampled
   from (after temperature and top-p); at temperature 0 it is the model's plain log-softmax.
 - `finish_reason` is "stop" (stop string or EOS) or "length" (hit that row's max_new_tokens).
+- `seeds` gives one seed per row (see `prompt_r1.seeding.draw_seed`): a row's draws depend on its
+  own seed only, never on which other rows share the batch or in what order. `deterministic`
+  says whether the backend also makes a row's sampled ids and log-probs exactly independent of
+  the batch (same seed and prompt -> same sample, bit for bit); see each backend.
 """
 
 from __future__ import annotations
@@ -44,12 +48,14 @@ class Policy(abc.ABC):
 
     tokenizer: Any
     stop_strings: tuple[str, ...] = STOP_STRINGS
+    deterministic: bool = False  # exact per-row results whatever the batch (see the module docstring)
 
     @abc.abstractmethod
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int | list[int], seed: int | None = None
+        self, prompts: list[list[int]], max_new_tokens: int | list[int], seeds: Sequence[int] | None = None
     ) -> list[Sample]:
-        """Sample one continuation per prompt; `max_new_tokens` may differ per row."""
+        """Sample one continuation per prompt; `max_new_tokens` and `seeds` are per row
+        (`seeds=None`: the policy picks reproducible ones itself, see `per_row_seeds`)."""
 
     @abc.abstractmethod
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -76,6 +82,27 @@ def per_row_limits(max_new_tokens: int | Sequence[int], rows: int) -> list[int]:
     if any(n < 1 for n in limits):
         raise ValueError(f"max_new_tokens must be >= 1 for every row, got {limits}")
     return limits
+
+
+def per_row_seeds(seeds: Sequence[int] | None, rows: int, policy_seed: int, call: int) -> list[int]:
+    """The rows' seeds: `seeds` checked, or (None) ones derived from the policy's seed and its
+    call counter, reproducible for one policy object but dependent on how calls are batched.
+
+    >>> per_row_seeds([5, 6], 2, 0, 0)
+    [5, 6]
+    >>> a = per_row_seeds(None, 2, 0, 0); a == per_row_seeds(None, 2, 0, 0) and a[0] != a[1]
+    True
+    """
+    from prompt_r1.seeding import derive_seed
+
+    if seeds is None:
+        return [derive_seed("policy_call", policy_seed, call, row) for row in range(rows)]
+    out = [int(s) for s in seeds]
+    if len(out) != rows:
+        raise ValueError(f"seeds has {len(out)} entries for {rows} prompts (one seed per row)")
+    if any(s < 0 for s in out):
+        raise ValueError(f"seeds must be non-negative, got {out}")
+    return out
 
 
 def stop_token_ids(tokenizer: Any, generation_eos: int | list[int] | None = None) -> set[int]:

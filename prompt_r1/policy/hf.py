@@ -1,9 +1,18 @@
-"""Agent policy on transformers: batched, left-padded sampling on CPU with per-row stops.
+"""Agent policy on transformers: per-row seeded sampling on CPU with per-row stops.
 
 `model.generate` cannot stop each row at a protocol tag that may span several tokens while also
 returning the log-prob of every sampled id under the processed (temperature / top-p)
 distribution, so this module owns a small sampling loop over the KV cache (`past_key_values`).
 It is the reference backend: the learner recomputes exactly these log-probs, and tests check it.
+
+Determinism: each row samples from its own `torch.Generator` seeded with the row's seed, so other
+rows never shift its draws. Batching still changes a row's floats: a row's logits in a batch differ
+from the same row alone by ~1e-7 (padding changes the attention reductions, and CPU matrix kernels
+round differently for different batch sizes, even without padding), which can flip a sampled id
+and changes log-probs in their last bits. With `batch_invariant` (the default, `deterministic`)
+each row runs alone, so its ids and log-probs depend only on its prompt, seed and the weights,
+whatever else is being generated; without it rows share left-padded batches (faster on CPU for
+large groups, exact only up to that noise).
 
 Stopping: a row stops when the decoded tail of its sampled ids contains a stop string (works
 whether `</answer>` is one token, as in the tiny test tokenizer, or several, as in SmolLM2's), when
@@ -14,12 +23,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from prompt_r1.policy.base import Policy, Sample, per_row_limits, stop_token_ids
+from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds, stop_token_ids
 from prompt_r1.protocol import STOP_STRINGS
 
 log = logging.getLogger(__name__)
@@ -38,6 +48,7 @@ class TransformersPolicy(Policy):
         dtype: str = "float32",
         seed: int = 0,
         stop_strings: tuple[str, ...] = STOP_STRINGS,
+        batch_invariant: bool = True,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,23 +64,33 @@ class TransformersPolicy(Policy):
         self.pad_id = int(pad) if pad is not None else min(self.stop_ids)
         # A stop string of n characters is covered by the last n tokens (every token decodes to >= 1 char).
         self.tail_tokens = max(len(s) for s in self.stop_strings)
-        self._generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.batch_invariant = batch_invariant
+        self.deterministic = batch_invariant
+        self._calls = 0
         self._lock = threading.Lock()  # generate may be called from worker threads
 
     # -- sampling ---------------------------------------------------------------------------
-    def _sample_next(self, logits: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sampled ids [B] and their log-probs under the processed distribution [B]."""
+    def _sample_next(self, logits: torch.Tensor, generators: list[torch.Generator],
+                     active: list[bool]) -> tuple[list[int], list[float]]:
+        """Each active row's sampled id and its log-prob under the processed distribution; a row
+        draws from its own generator only, so other rows never shift its draws."""
         logits = logits.float()
         if self.temperature == 0.0:
             logprobs = torch.log_softmax(logits, dim=-1)
             tokens = logprobs.argmax(dim=-1)
-            return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-        scaled = logits / self.temperature
-        if self.top_p < 1.0:
-            scaled = top_p_filter(scaled, self.top_p)
-        logprobs = torch.log_softmax(scaled, dim=-1)
-        tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
-        return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+        else:
+            scaled = logits / self.temperature
+            if self.top_p < 1.0:
+                scaled = top_p_filter(scaled, self.top_p)
+            logprobs = torch.log_softmax(scaled, dim=-1)
+            probs = logprobs.exp()
+            tokens = torch.zeros(len(generators), dtype=torch.long)
+            for row, generator in enumerate(generators):
+                if active[row]:
+                    tokens[row] = torch.multinomial(probs[row], 1, generator=generator)[0]
+        chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens.tolist(), chosen.tolist()
 
     def _hit_stop_string(self, ids: list[int]) -> bool:
         tail = self.tokenizer.decode(ids[-self.tail_tokens:], skip_special_tokens=False)
@@ -77,7 +98,7 @@ class TransformersPolicy(Policy):
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int | list[int], seed: int | None = None
+        self, prompts: list[list[int]], max_new_tokens: int | list[int], seeds: Sequence[int] | None = None
     ) -> list[Sample]:
         if not prompts:
             return []
@@ -85,10 +106,16 @@ class TransformersPolicy(Policy):
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
         with self._lock:
-            generator = torch.Generator().manual_seed(seed) if seed is not None else self._generator
-            return self._generate(prompts, limits, generator)
+            row_seeds = per_row_seeds(seeds, len(prompts), self.seed, self._calls)
+            self._calls += 1
+            generators = [torch.Generator().manual_seed(s) for s in row_seeds]
+            if not self.batch_invariant:
+                return self._generate(prompts, limits, generators)
+            # one row at a time: a batch would change its floats (see the module docstring)
+            return [self._generate([p], [n], [g])[0] for p, n, g in zip(prompts, limits, generators)]
 
-    def _generate(self, prompts: list[list[int]], limits: list[int], generator: torch.Generator) -> list[Sample]:
+    def _generate(self, prompts: list[list[int]], limits: list[int],
+                  generators: list[torch.Generator]) -> list[Sample]:
         rows, width = len(prompts), max(len(p) for p in prompts)
         input_ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((rows, width), dtype=torch.long)
@@ -104,13 +131,13 @@ class TransformersPolicy(Policy):
         logprobs: list[list[float]] = [[] for _ in prompts]
         finish: list[str | None] = [None] * rows
         for _ in range(max(limits)):
-            tokens, token_logprobs = self._sample_next(logits, generator)
+            tokens, token_logprobs = self._sample_next(logits, generators, [f is None for f in finish])
             for row in range(rows):
                 if finish[row] is not None:
                     continue
-                token = int(tokens[row])
+                token = tokens[row]
                 sampled[row].append(token)
-                logprobs[row].append(float(token_logprobs[row]))
+                logprobs[row].append(token_logprobs[row])
                 if token in self.stop_ids or self._hit_stop_string(sampled[row]):
                     finish[row] = "stop"
                 elif len(sampled[row]) >= limits[row]:
@@ -119,7 +146,7 @@ class TransformersPolicy(Policy):
                 break
             # Finished rows keep being fed (pad ids); their outputs are ignored.
             feed = torch.tensor(
-                [[int(tokens[r]) if finish[r] is None else self.pad_id] for r in range(rows)], dtype=torch.long)
+                [[tokens[r] if finish[r] is None else self.pad_id] for r in range(rows)], dtype=torch.long)
             attention = torch.cat([attention, torch.ones((rows, 1), dtype=torch.long)], dim=1)
             out = self.model(input_ids=feed, attention_mask=attention, position_ids=next_position,
                              past_key_values=past, use_cache=True)

