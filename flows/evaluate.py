@@ -56,9 +56,10 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
                     raise
                 log_eval_environment(run_id, env_cfg.name, env_cfg.model, cfg.eval.suites, outcome.results)
                 total.results += outcome.results
+                total.predictions += outcome.predictions
                 total.examples += outcome.examples
                 total.seconds.update(outcome.seconds)
-        files = write_report(total.results, total.examples, out, total.seconds)
+        files = write_report(total.results, total.examples, out, total.seconds, total.predictions)
         mlflow.log_artifacts(str(out), artifact_path="eval")
         print(markdown_table(total.results))
     return {"run_id": run_id, "results": total.results, "report": str(files["markdown"]),

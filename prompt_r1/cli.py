@@ -322,7 +322,7 @@ def evaluate(
             _fail(str(err))
         except EnvironmentFailure as err:
             _fail_environment(err)
-    files = write_report(outcome.results, outcome.examples, folder, outcome.seconds)
+    files = write_report(outcome.results, outcome.examples, folder, outcome.seconds, outcome.predictions)
     console.print(markdown_table(outcome.results))
     console.print(f"run id {run_id}; report: {files['markdown']}; plots in {folder}")
 

@@ -1,9 +1,11 @@
 """Turn evaluation rows into what people read: tables (Markdown, CSV), plots (PNG), costs.
 
 The wide table is one block per environment: datasets as rows, methods as columns, the
-primary metric x 100 in each cell, the paper's averages (in-domain, OOD) and the change of
+primary metric x 100 in each cell with its 95% bootstrap interval over questions, the paper's averages (in-domain, OOD) and the change of
 each agent method over `direct`. Plots: per-environment bars with and without the agent, and
-the OOD averages across environments (the transfer picture).
+the OOD averages across environments (the transfer picture), and accuracy versus environment
+cost. Given the per-question rows, paired comparisons of `agent:trained` with every other method
+(`prompt_r1.eval_compare`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 from prompt_r1.ingest import OOD
 
 LONG_COLUMNS = ["env_name", "dataset", "method", "n", "primary_metric", "score", "em", "f1",
-                "substring", "ssim", "env_prompt_tokens", "env_completion_tokens", "cost_usd"]
+                "substring", "ssim", "ci_low", "ci_high", "errors", "env_prompt_tokens", "env_completion_tokens",
+                "cost_usd"]
 
 
 def _methods(results: list[dict[str, Any]]) -> list[str]:
@@ -35,14 +38,19 @@ def averages(results: list[dict[str, Any]], env_name: str, method: str) -> dict[
 
 
 def _cell_text(row: dict[str, Any] | None) -> str:
-    """A table cell: the score x 100, with the count of failed environment calls it leaves out.
+    """A table cell: the score x 100 with its 95% interval, and the count of failed environment
+    calls it leaves out.
 
     >>> _cell_text({"score": 0.5, "errors": 0}), _cell_text({"score": 0.5, "errors": 1}), _cell_text({"score": None, "errors": 2})
     ('50.0', '50.0 (1 err)', 'n/a (2 err)')
+    >>> _cell_text({"score": 0.5, "ci_low": 0.41, "ci_high": 0.59, "errors": 0})
+    '50.0 [41.0, 59.0]'
     """
     if row is None:
         return ""
     text = "n/a" if row["score"] is None else f"{row['score'] * 100:.1f}"
+    if row["score"] is not None and row.get("ci_low") is not None:
+        text += f" [{row['ci_low'] * 100:.1f}, {row['ci_high'] * 100:.1f}]"
     return text + (f" ({row['errors']} err)" if row.get("errors") else "")
 
 
@@ -138,15 +146,32 @@ def plot_results(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
 
 def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], out_dir: Path,
-                 seconds: dict[str, float] | None = None) -> dict[str, Path]:
-    """Write results.md / results.csv / costs.md / examples.json / plots into `out_dir`."""
+                 seconds: dict[str, float] | None = None,
+                 predictions: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+    """Write results.md / results.csv / costs.md / examples.json / plots into `out_dir`, and with
+    the per-question `predictions`, paired comparisons (in results.md and comparisons.csv)."""
+    from prompt_r1.eval_compare import comparison_table, paired_comparisons, plot_accuracy_vs_cost
+
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
              "costs": out_dir / "costs.md", "examples": out_dir / "examples.json"}
     timing = "".join(f"\n- {k}: {v:.1f} s" for k, v in sorted((seconds or {}).items()))
-    files["markdown"].write_text("# Evaluation results\n\nPrimary metric x 100.\n\n" + markdown_table(results)
+    comparisons = paired_comparisons(predictions) if predictions else []
+    paired = ("\n## Paired comparisons (agent:trained − method, same questions)\n\n"
+              "Differences x 100; 95% bootstrap interval over questions; two-sided sign-flip p-value; "
+              "`dropped`: questions left out because an environment call failed under either method.\n\n"
+              + comparison_table(comparisons)) if predictions is not None else ""
+    files["markdown"].write_text("# Evaluation results\n\nPrimary metric x 100 [95% bootstrap interval over "
+                                 "questions].\n\n" + markdown_table(results) + paired
                                  + "\n## Environment tokens and cost\n\n" + cost_table(results) + "\n"
                                  + (f"\n## Time per stage\n{timing}\n" if timing else ""))
+    if comparisons:
+        files["comparisons"] = out_dir / "comparisons.csv"
+        with files["comparisons"].open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(comparisons[0]))
+            writer.writeheader()
+            writer.writerows(comparisons)
+    files["accuracy_vs_cost"] = plot_accuracy_vs_cost(results, out_dir)
     with files["csv"].open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=LONG_COLUMNS, extrasaction="ignore")
         writer.writeheader()

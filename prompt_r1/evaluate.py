@@ -268,7 +268,10 @@ def score_predictions(preds: list[Prediction]) -> list[dict[str, Any]]:
 
 
 def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, Any]]:
+    """One result per (env, method, dataset) cell: means and the score's 95% interval over the
+    scored rows, token and dollar totals over all rows, and the count of failed rows."""
     from prompt_r1.env.base import cost_usd
+    from prompt_r1.eval_stats import bootstrap_ci, cell_seed
 
     cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
@@ -278,10 +281,12 @@ def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, 
         ok = [r for r in rs if not r.get("error")]  # means over scored rows; failures are counted
         pt = sum(r["env_prompt_tokens"] for r in rs)
         ct = sum(r["env_completion_tokens"] for r in rs)
+        ci_low, ci_high = bootstrap_ci([r["score"] for r in ok], seed=cell_seed(env_name, method, dataset))
         out.append({
             "env_name": env_name, "method": method, "dataset": dataset, "n": len(rs),
             "primary_metric": rs[0]["primary_metric"],
             **{m: (sum(r[m] for r in ok) / len(ok) if ok else None) for m in METRICS},
+            "ci_low": ci_low, "ci_high": ci_high,  # 95% bootstrap over the scored questions
             "env_prompt_tokens": pt, "env_completion_tokens": ct,
             "cost_usd": cost_usd(env_cfg, pt, ct), "errors": len(rs) - len(ok),
         })

@@ -161,8 +161,9 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
                                   parent_run_id=env_run.info.run_id):
                 mlflow.set_tags({"env_model": env_model, "env_name": env_name, "suite": suite, "method": method})
                 per = [r for r in rows if r["method"] == method]
-                m = {metric_key(r["dataset"], k): r[k] for r in per for k in ("score", "em", "f1", "substring", "ssim")
-                     if r[k] is not None}
+                m = {metric_key(r["dataset"], k): r[k] for r in per for k in ("score", "em", "f1", "substring", "ssim",
+                                                                            "ci_low", "ci_high")
+                     if r.get(k) is not None}
                 m["env_errors"] = sum(r.get("errors", 0) for r in per)
                 m.update({metric_key(f"avg_{g}"): v for g, v in avg.items() if v is not None})
                 m["env_prompt_tokens"] = sum(r["env_prompt_tokens"] for r in per)

@@ -106,3 +106,46 @@ def test_agent_evaluation_uses_the_eval_decoding(monkeypatch, warehouse, overrid
     policy_cfg = eval_agent(cfg)  # what make_policy builds the evaluated policy from
     assert (policy_cfg.temperature, policy_cfg.top_p) == expected[:2]
     assert (cfg.agent.temperature, cfg.agent.top_p) == (1.0, 1.0)  # training sampling is untouched
+
+
+def test_whole_files_when_limit_is_null(warehouse, shared_data):
+    """`limit_per_dataset: null` (paper.yaml) evaluates every question of a file, with an interval
+    per cell that holds the score and is stored in the warehouse."""
+    paper = load_config(ROOT / "configs" / "paper.yaml")
+    assert paper.eval.limit_per_dataset is None
+    cfg = load_config(ROOT / "configs" / "smoke.yaml",
+                      {"eval.suites": ["PopQA"], "eval.limit_per_dataset": None, "eval.methods": ["direct"]})
+    ingest(warehouse, [shared_data])
+    out = evaluate(cfg, warehouse, "whole", {})
+    assert len(out.predictions) == 128  # the whole file, not the default 8
+    (cell,) = out.results
+    assert cell["n"] == 128 and cell["ci_low"] <= cell["score"] <= cell["ci_high"]
+    (stored,) = warehouse.eval_results("whole")
+    assert (stored["ci_low"], stored["ci_high"]) == (cell["ci_low"], cell["ci_high"])
+
+
+def test_report_has_intervals_paired_comparisons_and_cost_plot(home):
+    from prompt_r1.config import EnvConfig
+    from prompt_r1.eval_report import write_report
+    from prompt_r1.evaluate import aggregate
+
+    preds = []
+    for q in range(40):
+        for method, score in (("agent:trained", 1.0 if q % 4 else 0.0), ("direct", 1.0 if q % 2 else 0.0)):
+            failed = method == "direct" and q == 3
+            preds.append({"env_name": "e", "method": method, "dataset": "PopQA", "question_id": f"q{q}",
+                          "prediction": "", "primary_metric": "em", "num_turns": 1, "env_prompt_tokens": 10,
+                          "env_completion_tokens": 5, "error": "HTTP 500" if failed else None,
+                          **dict.fromkeys(("score", "em", "f1", "substring", "ssim"), None if failed else score)})
+    results = aggregate(preds, EnvConfig())
+    direct = next(r for r in results if r["method"] == "direct")
+    assert direct["errors"] == 1 and direct["score"] == pytest.approx(19 / 39)  # failed row out of the mean
+    files = write_report(results, [], home / "rep", predictions=preds)
+    text = files["markdown"].read_text()
+    assert f"[{direct['ci_low'] * 100:.1f}, {direct['ci_high'] * 100:.1f}]" in text
+    rows = files["comparisons"].read_text().splitlines()
+    assert rows[0].startswith("env_name,reference,method,dataset,diff,ci_low,ci_high,p_value,n,dropped")
+    cell = rows[1].split(",")
+    assert cell[2:4] == ["direct", "PopQA"] and int(cell[8]) == 39 and int(cell[9]) == 1
+    assert float(cell[4]) == pytest.approx(29 / 39 - 19 / 39)
+    assert files["accuracy_vs_cost"].stat().st_size > 1000

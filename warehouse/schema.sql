@@ -108,6 +108,8 @@ CREATE TABLE IF NOT EXISTS eval_results (
     cost_usd      DOUBLE NOT NULL,
     created_at    TIMESTAMP NOT NULL,
     errors        INTEGER NOT NULL DEFAULT 0,  -- rows whose environment call failed
+    ci_low        DOUBLE,               -- 95% bootstrap interval of `score` over the scored rows
+    ci_high       DOUBLE,
     PRIMARY KEY (run_id, env_name, method, dataset)
 );
 
@@ -129,3 +131,6 @@ ALTER TABLE eval_results ALTER COLUMN em DROP NOT NULL;
 ALTER TABLE eval_results ALTER COLUMN f1 DROP NOT NULL;
 ALTER TABLE eval_results ALTER COLUMN substring DROP NOT NULL;
 ALTER TABLE eval_results ALTER COLUMN ssim DROP NOT NULL;
+-- Warehouses made before results carried intervals.
+ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS ci_low DOUBLE;
+ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS ci_high DOUBLE;

@@ -354,7 +354,7 @@ class Warehouse:
                      "primary_metric", "score", "em", "f1", "substring", "ssim", "num_turns",
                      "env_prompt_tokens", "env_completion_tokens", "error"]
         res_cols = ["run_id", "env_name", "method", "dataset", "n", "primary_metric", "score", "em",
-                    "f1", "substring", "ssim", "env_prompt_tokens", "env_completion_tokens", "cost_usd", "errors"]
+                    "f1", "substring", "ssim", "env_prompt_tokens", "env_completion_tokens", "cost_usd", "errors", "ci_low", "ci_high"]
         cells = {(r["env_name"], r["method"], r["dataset"]) for r in results}
         with self.transaction() as cur:
             for env_name, method, dataset in cells:
