@@ -284,10 +284,35 @@ class TrainConfig(_Strict):
     validation_questions: int = Field(8, ge=1, description="Validation questions per check.")
 
 
-class EvalConfig(_Strict):
-    methods: list[Literal["direct", "cot", "agent", "agent_only"]] = Field(
-        default_factory=lambda: ["direct", "cot", "agent", "agent_only"]
+class BaselinesConfig(_Strict):
+    """Prompt-optimisation baselines (`opro`, `gepa`, `textgrad`): each optimises one instruction on
+    training questions within this budget, then is evaluated like `cot` with that instruction."""
+
+    max_env_calls: int = Field(
+        200, ge=1, description="Environment calls one optimisation may make (scoring and optimiser calls together)."
     )
+    max_usd: float | None = Field(
+        None, gt=0, description="Dollars one optimisation may spend (where prices are configured; None = no cap)."
+    )
+    train_questions: int = Field(16, ge=1, description="Train-split questions each candidate is scored on.")
+    train_datasets: list[str] = Field(
+        default_factory=list, description="Datasets the training questions come from (empty = data.train_datasets or all)."
+    )
+    steps: int = Field(10, ge=1, description="OPRO: optimisation steps (the budget may end them sooner).")
+    candidates_per_step: int = Field(2, ge=1, description="OPRO: instructions proposed per step.")
+    history: int = Field(20, ge=1, description="OPRO: best earlier instructions shown to the optimiser.")
+    minibatch: int = Field(4, ge=1, description="GEPA: questions per reflection minibatch.")
+    optimizer: "EnvConfig | None" = Field(
+        None, description="The optimiser / reflection LLM (None = the evaluated environment)."
+    )
+
+
+class EvalConfig(_Strict):
+    methods: list[Literal["direct", "cot", "agent", "agent_only", "opro", "gepa", "textgrad"]] = Field(
+        default_factory=lambda: ["direct", "cot", "agent", "agent_only"],
+        description="`opro`, `gepa` and `textgrad` optimise an instruction first (see `baselines`).",
+    )
+    baselines: BaselinesConfig = Field(default_factory=BaselinesConfig)
     suites: list[str] = Field(
         default_factory=lambda: ["in_domain", "ood"],
         description="`in_domain`, `ood`, `sample`, or dataset names.",

@@ -8,6 +8,8 @@ Methods, and the one rule each uses to extract its prediction:
   `eval.temperature`/`eval.top_p` for at most `eval.max_turns` generations (greedy and
   `rollout.max_turns` by default); prediction = the `<answer>` of the agent's final turn
   (never text the environment wrote).
+- `opro` / `gepa` / `textgrad`: an instruction optimised on training questions within
+  `eval.baselines`' budget (`prompt_r1.baselines`), appended to the question; prediction as `cot`.
 - `agent_only:<ckpt>`: the agent answers alone, no environment (the paper's "w/o Env"
   ablation); prediction = its `<answer>` when present, else its whole reply.
 Every prediction is scored with EM, F1, substring match and SSim; `score` is the dataset's
@@ -72,6 +74,7 @@ class EvalOutcome:
     examples: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     env_error_rates: dict[str, float] = field(default_factory=dict)  # env name -> share of failed rows
+    baselines: list[dict[str, Any]] = field(default_factory=list)  # optimised instructions and their spend
 
 
 def extract_cot_answer(reply: str) -> str:
@@ -130,15 +133,18 @@ def select_questions(warehouse: Warehouse, suites: Sequence[str], limit: int | N
     return out
 
 
-async def _env_method(env, questions: list[QuestionRow], method: str, concurrent: bool) -> list[Prediction]:
-    suffix = COT_SUFFIX if method == "cot" else ""
+async def _env_method(env, questions: list[QuestionRow], method: str, concurrent: bool,
+                      instruction: str | None = None) -> list[Prediction]:
+    """`direct`, `cot`, or a baseline's optimised `instruction` (evaluated with the `cot` rule)."""
+    suffix = COT_SUFFIX if method == "cot" else ("\n" + instruction if instruction is not None else "")
+    cot_rule = method == "cot" or instruction is not None
 
     async def one(q: QuestionRow) -> Prediction:
         reply = await env.reply([{"role": "user", "content": q.question + suffix}])
         if reply.call.error is not None:
             return Prediction(q, method, "", 1, reply.call.prompt_tokens, reply.call.completion_tokens,
                               error=reply.call.error)
-        text = extract_cot_answer(reply.text) if method == "cot" else reply.text.strip()
+        text = extract_cot_answer(reply.text) if cot_rule else reply.text.strip()
         return Prediction(q, method, text, 1, reply.call.prompt_tokens, reply.call.completion_tokens)
 
     bar = tqdm(total=len(questions), desc=f"{env.name}:{method}", leave=False)
@@ -327,7 +333,8 @@ def evaluate(
         log.info("evaluating against environment %s (%s, %s)", env_cfg.name, env_cfg.kind, env_cfg.model)
         with open_environment(env_cfg, warehouse=warehouse, log_dir=log_dir) as env:
             # One event loop per environment: async clients stay bound to the loop they started in.
-            env_rows = asyncio.run(_evaluate_env(env, cfg, questions, policies, agent_only_rows, outcome, concurrent))
+            env_rows = asyncio.run(_evaluate_env(env, cfg, questions, policies, agent_only_rows, outcome, concurrent,
+                                                  warehouse))
         for r in env_rows:
             r["env_name"] = env_cfg.name
         for e in outcome.examples:
@@ -343,13 +350,21 @@ def evaluate(
 
 
 async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, outcome: EvalOutcome,
-                        concurrent: bool) -> list[dict[str, Any]]:
+                        concurrent: bool, warehouse: Warehouse | None = None) -> list[dict[str, Any]]:
     env_rows: list[dict[str, Any]] = []
     try:
         for method in cfg.eval.methods:
             t0 = time.perf_counter()
             if method in ("direct", "cot"):
                 rows = score_predictions(await _env_method(env, questions, method, concurrent))
+            elif method in ("opro", "gepa", "textgrad"):  # optimise (or reuse) an instruction, then evaluate it
+                from prompt_r1.baselines import optimised_instruction
+
+                opt = await optimised_instruction(method, env, cfg, warehouse)
+                outcome.baselines.append({"env_name": env.name, "method": method, "instruction": opt.instruction,
+                                          "train_score": opt.train_score, "cached": opt.cached,
+                                          "cache_key": opt.cache_key, **opt.spend})
+                rows = score_predictions(await _env_method(env, questions, method, concurrent, opt.instruction))
             elif method == "agent":
                 rows = []
                 for label, policy in policies.items():

@@ -113,6 +113,17 @@ CREATE TABLE IF NOT EXISTS eval_results (
     PRIMARY KEY (run_id, env_name, method, dataset)
 );
 
+CREATE TABLE IF NOT EXISTS baseline_instructions (
+    cache_key     VARCHAR PRIMARY KEY,  -- sha256 of method, endpoints, budget settings, training questions
+    method        VARCHAR NOT NULL,     -- opro / gepa / textgrad
+    env_name      VARCHAR NOT NULL,
+    instruction   VARCHAR NOT NULL,     -- the optimised instruction the evaluation uses
+    train_score   DOUBLE,               -- its mean primary score on the training questions (NULL: none scored)
+    spend         VARCHAR NOT NULL,     -- JSON: env_calls, prompt/completion tokens, cost_usd
+    history       VARCHAR NOT NULL,     -- JSON: every candidate with its training score
+    created_at    TIMESTAMP NOT NULL
+);
+
 -- Warehouses made before environment failures were recorded as such: add the error columns and
 -- let failed rows hold NULL scores (each statement is a no-op on a current file).
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS error VARCHAR;

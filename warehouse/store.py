@@ -382,6 +382,18 @@ class Warehouse:
             "SELECT * EXCLUDE (created_at) FROM eval_results WHERE run_id = ? "
             "ORDER BY env_name, dataset, method", [run_id])
 
+    # -- prompt-optimisation baselines ------------------------------------------------------
+    def baseline_get(self, key: str) -> dict[str, Any] | None:
+        rows = self.query_dicts("SELECT * FROM baseline_instructions WHERE cache_key = ?", [key])
+        return rows[0] if rows else None
+
+    def baseline_put(self, key: str, method: str, env_name: str, instruction: str, train_score: float | None,
+                     spend_json: str, history_json: str) -> None:
+        with self._lock:
+            self._con.cursor().execute(
+                "INSERT OR REPLACE INTO baseline_instructions VALUES (?,?,?,?,?,?,?,?)",
+                [key, method, env_name, instruction, train_score, spend_json, history_json, _now()])
+
     def table_counts(self) -> dict[str, int]:
         names = ["sources", "questions", "trajectories", "env_calls", "env_cache",
                  "eval_predictions", "eval_results"]

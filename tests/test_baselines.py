@@ -1,0 +1,124 @@
+"""Prompt-optimisation baselines on tiny models: the budget holds exactly, the optimised
+instruction is the one evaluated, and a rerun reuses the stored instruction with identical rows."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from prompt_r1.baselines.base import Budget, BudgetExhausted, baseline_prompt
+from prompt_r1.baselines.opro import meta_prompt, parse_instruction
+from prompt_r1.config import EnvConfig, load_config
+from prompt_r1.env.base import EnvReply
+from prompt_r1.env.inprocess import InProcessEnvironment
+from prompt_r1.evaluate import evaluate
+from prompt_r1.ingest import ingest
+from prompt_r1.trajectory import EnvCall
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _CountingEnv:
+    """Replies after a random delay; costs 1000 prompt tokens at the configured price."""
+
+    def __init__(self, price: float = 0.0):
+        self.cfg = EnvConfig(price_per_1k_prompt=price)
+        self.name = "fake"
+        self.sent = 0
+
+    async def reply(self, messages, turn=0):
+        self.sent += 1
+        await asyncio.sleep(random.random() / 1000)
+        return EnvReply("ok", EnvCall(turn=turn, env_name="fake", model="m", prompt_tokens=1000))
+
+
+@pytest.mark.parametrize("case", range(25))
+def test_budget_stops_exactly_at_max_calls_even_with_concurrent_callers(case):
+    rng = random.Random(case)
+    max_calls, attempts = rng.randint(1, 30), rng.randint(0, 60)
+    env, budget = _CountingEnv(), Budget(max_calls)
+
+    async def go():
+        return await asyncio.gather(*[budget.call(env, [{"role": "user", "content": "x"}]) for _ in range(attempts)],
+                                    return_exceptions=True)
+
+    out = asyncio.run(go())
+    assert env.sent == budget.calls == min(max_calls, attempts)
+    assert sum(isinstance(o, BudgetExhausted) for o in out) == max(0, attempts - max_calls)
+
+
+@pytest.mark.parametrize("price,max_usd", [(0.01, 0.05), (0.003, 0.01), (1.0, 0.5)])
+def test_dollar_budget_passes_the_cap_by_at_most_one_call(price, max_usd):
+    env, budget = _CountingEnv(price), Budget(1000, max_usd)
+
+    async def go():
+        return await asyncio.gather(*[budget.call(env, [{"role": "user", "content": "x"}]) for _ in range(50)],
+                                    return_exceptions=True)
+
+    asyncio.run(go())
+    assert budget.usd >= max_usd and budget.usd - max_usd < price + 1e-12
+    assert budget.calls == env.sent == -(-round(max_usd * 1e6) // round(price * 1e6))  # ceil(cap / price)
+
+
+def test_meta_prompt_round_trip():
+    assert parse_instruction(meta_prompt([], [("q", "a")], 3).replace("<INS> and </INS>", "<INS>x</INS>")) == "x"
+
+
+@pytest.fixture
+def opro_cfg():
+    return load_config(ROOT / "configs" / "smoke.yaml", {
+        "eval.methods": ["opro"], "eval.suites": ["sample"], "eval.limit_per_dataset": 1,
+        "eval.baselines.max_env_calls": 9, "eval.baselines.train_questions": 2,
+        "eval.baselines.steps": 5, "eval.baselines.candidates_per_step": 1})
+
+
+def test_opro_budget_instruction_and_cached_rerun(monkeypatch, warehouse, opro_cfg):
+    ingest(warehouse, [ROOT / "data" / "sample"])
+    sent: list[str] = []
+    real = InProcessEnvironment.reply
+    proposals = iter(range(100))
+
+    async def reply(self, messages, turn=0):
+        text = messages[-1]["content"]
+        sent.append(text)
+        if "<INS>" in text:  # the optimiser: the tiny model writes no tags, so propose for it
+            return EnvReply(f"<INS>Candidate {next(proposals)}: end with 'Answer: <answer>'.</INS>",
+                            EnvCall(turn=turn, env_name=self.name, model=self.model, prompt_tokens=3))
+        return await real(self, messages, turn)
+
+    monkeypatch.setattr(InProcessEnvironment, "reply", reply)
+    first = evaluate(opro_cfg, warehouse, "opro-a", {})
+    (info,) = first.baselines
+    optimisation = sent[: info["env_calls"]]
+    # seed (2) + [proposal (1) + score (2)] x 2 = 8; a third round needs 3 of the 1 left: stops
+    assert info["env_calls"] == 8 <= opro_cfg.eval.baselines.max_env_calls and not info["cached"]
+    assert sum("<INS>" in t for t in optimisation) == 2
+    evaluated = sent[info["env_calls"]:]
+    questions = {p["question_id"] for p in first.predictions}
+    assert len(evaluated) == len(questions) == 4  # one per sample dataset, nothing else
+    assert all(t.endswith("\n" + info["instruction"]) for t in evaluated)
+    history = warehouse.baseline_get(info["cache_key"])
+    assert history["instruction"] == info["instruction"] and history["train_score"] == info["train_score"]
+
+    sent.clear()
+    second = evaluate(opro_cfg, warehouse, "opro-b", {})
+    assert second.baselines[0]["cached"] and second.baselines[0]["instruction"] == info["instruction"]
+    assert len(sent) == 4  # no optimisation calls: the stored instruction is reused
+    strip = lambda rows: sorted((r["question_id"], r["prediction"], r["score"]) for r in rows)  # noqa: E731
+    assert strip(second.predictions) == strip(first.predictions)
+
+    changed = opro_cfg.model_copy(deep=True)
+    changed.eval.baselines.max_env_calls = 5  # another budget: optimise again
+    sent.clear()
+    third = evaluate(changed, warehouse, "opro-c", {})
+    assert not third.baselines[0]["cached"] and third.baselines[0]["env_calls"] == 5
+
+
+def test_baseline_prompt_is_the_cot_layout():
+    from prompt_r1.baselines.base import SEED_INSTRUCTION
+    from prompt_r1.evaluate import COT_SUFFIX
+
+    assert baseline_prompt("Q?", SEED_INSTRUCTION) == "Q?" + COT_SUFFIX
