@@ -254,7 +254,7 @@ def train(
     if run_id is not None and not SAFE_NAME.match(run_id):
         _fail(f"--run-id {run_id!r}: use letters, digits, `.`, `_`, `-` (it becomes a folder name)")
     with _open_db(db) as wh:
-        ingest_paths(wh, cfg.data.sources)
+        ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)
         if resume and not run_id:
             try:
                 pool = training_pool_hash(wh, cfg)
@@ -314,7 +314,7 @@ def evaluate(
     folder = out or run_dir(cfg.name, run_id) / "eval"
     with _open_db(db) as wh:
         if not wh.question_summary():
-            ingest_paths(wh, cfg.data.sources)
+            ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)
         try:
             outcome = run_evaluation(cfg, wh, run_id, agents, log_dir=folder / "logs",
                                      concurrent=not sequential)
@@ -349,7 +349,7 @@ def rollout(
     run_id = run_id or new_run_id()
     with _open_db(db) as wh:
         if not wh.questions(splits=["train"]):
-            ingest_paths(wh, cfg.data.sources)
+            ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)
         pool_questions = wh.questions(splits=["train"], datasets=cfg.data.train_datasets or None)
         if not pool_questions:
             _fail(f"no train-split questions in {wh.path} (sources: {cfg.data.sources}); "
