@@ -122,3 +122,29 @@ def test_baseline_prompt_is_the_cot_layout():
     from prompt_r1.evaluate import COT_SUFFIX
 
     assert baseline_prompt("Q?", SEED_INSTRUCTION) == "Q?" + COT_SUFFIX
+
+
+def test_gepa_budget_instruction_and_cached_rerun(monkeypatch, warehouse, opro_cfg):
+    cfg = opro_cfg.model_copy(deep=True)
+    cfg.eval.methods = ["gepa"]
+    cfg.eval.baselines.max_env_calls = 12
+    ingest(warehouse, [ROOT / "data" / "sample"])
+    sent: list[str] = []
+    real = InProcessEnvironment.reply
+
+    async def reply(self, messages, turn=0):
+        sent.append(messages[-1]["content"])
+        return await real(self, messages, turn)
+
+    monkeypatch.setattr(InProcessEnvironment, "reply", reply)
+    first = evaluate(cfg, warehouse, "gepa-a", {})
+    (info,) = first.baselines
+    assert len(warehouse.baseline_get(info["cache_key"])["history"]) > 2
+    assert 2 <= info["env_calls"] <= 12 and len(sent) == info["env_calls"] + 4
+    assert info["train_score"] is not None  # the seed at least was scored on every training question
+    assert all(t.endswith("\n" + info["instruction"]) for t in sent[info["env_calls"]:])
+    sent.clear()
+    second = evaluate(cfg, warehouse, "gepa-b", {})
+    assert second.baselines[0]["cached"] and len(sent) == 4
+    strip = lambda rows: sorted((r["question_id"], r["prediction"], r["score"]) for r in rows)  # noqa: E731
+    assert strip(second.predictions) == strip(first.predictions)
