@@ -298,10 +298,10 @@ class BaselinesConfig(_Strict):
     train_datasets: list[str] = Field(
         default_factory=list, description="Datasets the training questions come from (empty = data.train_datasets or all)."
     )
-    steps: int = Field(10, ge=1, description="OPRO: optimisation steps (the budget may end them sooner).")
+    steps: int = Field(10, ge=1, description="OPRO and TextGrad: optimisation steps (the budget may end them sooner).")
     candidates_per_step: int = Field(2, ge=1, description="OPRO: instructions proposed per step.")
     history: int = Field(20, ge=1, description="OPRO: best earlier instructions shown to the optimiser.")
-    minibatch: int = Field(4, ge=1, description="GEPA: questions per reflection minibatch.")
+    minibatch: int = Field(4, ge=1, description="GEPA: questions per reflection minibatch; TextGrad: questions per step.")
     optimizer: "EnvConfig | None" = Field(
         None, description="The optimiser / reflection LLM (None = the evaluated environment)."
     )

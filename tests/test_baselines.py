@@ -4,6 +4,7 @@ instruction is the one evaluated, and a rerun reuses the stored instruction with
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 
@@ -145,6 +146,52 @@ def test_gepa_budget_instruction_and_cached_rerun(monkeypatch, warehouse, opro_c
     assert all(t.endswith("\n" + info["instruction"]) for t in sent[info["env_calls"]:])
     sent.clear()
     second = evaluate(cfg, warehouse, "gepa-b", {})
+    assert second.baselines[0]["cached"] and len(sent) == 4
+    strip = lambda rows: sorted((r["question_id"], r["prediction"], r["score"]) for r in rows)  # noqa: E731
+    assert strip(second.predictions) == strip(first.predictions)
+
+
+def test_textgrad_budget_instruction_and_cached_rerun(monkeypatch, warehouse, opro_cfg):
+    """TextGrad's forward, backward and optimiser calls all reach the project's environment and
+    count against the budget; the instruction TGD wrote (and that scored best) is the one evaluated."""
+    import importlib.util
+
+    if importlib.util.find_spec("textgrad") is None:  # import needs the litellm stub the module installs
+        pytest.skip("scripts/setup.sh installs textgrad")
+    from prompt_r1.baselines.textgrad_opt import step_calls
+
+    cfg = opro_cfg.model_copy(deep=True)
+    cfg.eval.methods = ["textgrad"]
+    cfg.eval.baselines.max_env_calls = 2 + 2 * step_calls(1, 2) + 3  # seed, two steps, a remainder too small
+    cfg.eval.baselines.minibatch = 1
+    ingest(warehouse, [ROOT / "data" / "sample"])
+    sent: list[list[dict]] = []
+    real = InProcessEnvironment.reply
+    proposals = iter(range(100))
+
+    async def reply(self, messages, turn=0):
+        sent.append(messages)
+        if "<IMPROVED_VARIABLE>" in messages[-1]["content"]:  # TGD's update: the tiny model writes no tags
+            return EnvReply(f"<IMPROVED_VARIABLE>Variant {next(proposals)}: end with 'Answer: <answer>'."
+                            "</IMPROVED_VARIABLE>", EnvCall(turn=turn, env_name=self.name, model=self.model))
+        return await real(self, messages, turn)
+
+    monkeypatch.setattr(InProcessEnvironment, "reply", reply)
+    first = evaluate(cfg, warehouse, "tg-a", {})
+    (info,) = first.baselines
+    assert info["env_calls"] == 2 + 2 * step_calls(1, 2) == len(sent) - 4 and not info["cached"]
+    optimisation = sent[: info["env_calls"]]
+    assert sum("<IMPROVED_VARIABLE>" in m[-1]["content"] for m in optimisation) == 2  # one TGD update per step
+    assert sum(m[0]["role"] == "system" for m in optimisation) == 2 * 3  # backward x2 + update, per step
+    history = json.loads(warehouse.baseline_get(info["cache_key"])["history"])
+    assert [h["instruction"] for h in history[1:]] == ["Variant 0: end with 'Answer: <answer>'.",
+                                                       "Variant 1: end with 'Answer: <answer>'."]
+    best = max((h for h in history if h["train_score"] is not None), key=lambda h: h["train_score"])
+    assert info["train_score"] == best["train_score"]
+    assert all(m[-1]["content"].endswith("\n" + info["instruction"]) and len(m) == 1
+               for m in sent[info["env_calls"]:])
+    sent.clear()
+    second = evaluate(cfg, warehouse, "tg-b", {})
     assert second.baselines[0]["cached"] and len(sent) == 4
     strip = lambda rows: sorted((r["question_id"], r["prediction"], r["score"]) for r in rows)  # noqa: E731
     assert strip(second.predictions) == strip(first.predictions)

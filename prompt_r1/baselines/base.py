@@ -27,6 +27,7 @@ from prompt_r1.env.base import cost_usd, endpoint_identity, sampling_settings
 from prompt_r1.metrics import score_all
 from warehouse.store import QuestionRow
 
+CALL_DEADLINE_S = 3600.0  # one environment call from an optimiser's thread, budget waits included
 SEED_INSTRUCTION = ("Think step by step. Then write the final answer on the last line as "
                     "'Answer: <your answer>'.")
 
@@ -84,6 +85,16 @@ class Budget:
     def spend(self) -> dict[str, Any]:
         return {"env_calls": self.calls, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "cost_usd": self.usd}
+
+
+def blocking_caller(env, budget: Budget, loop: asyncio.AbstractEventLoop, deadline_s: float = CALL_DEADLINE_S):
+    """`call(messages) -> EnvReply` for synchronous optimiser packages (GEPA, TextGrad) running in
+    a worker thread: each call runs `budget.call` on `loop`, which owns the async clients."""
+
+    def call(messages: list[dict[str, str]]):
+        return asyncio.run_coroutine_threadsafe(budget.call(env, messages), loop).result(timeout=deadline_s)
+
+    return call
 
 
 @dataclass

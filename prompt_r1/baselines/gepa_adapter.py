@@ -17,12 +17,11 @@ import asyncio
 from typing import Any
 
 from prompt_r1.baselines.base import (
-    SEED_INSTRUCTION, Budget, BudgetExhausted, Optimised, baseline_prompt,
+    CALL_DEADLINE_S, SEED_INSTRUCTION, Budget, BudgetExhausted, Optimised, baseline_prompt, blocking_caller,
 )
 from prompt_r1.config import BaselinesConfig
 
 COMPONENT = "instruction"
-CALL_DEADLINE_S = 3600.0  # one environment call, budget waits included, from GEPA's thread
 
 
 class ProjectAdapter:
@@ -72,9 +71,10 @@ class ProjectAdapter:
 def reflection_lm(env, budget: Budget, loop):
     """GEPA's reflection LM: one optimiser-environment call per prompt, charged to the budget."""
 
+    send = blocking_caller(env, budget, loop)
+
     def call(prompt: str | list[dict[str, Any]]) -> str:
-        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        reply = asyncio.run_coroutine_threadsafe(budget.call(env, messages), loop).result(timeout=CALL_DEADLINE_S)
+        reply = send(prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
         return reply.text if reply.call.error is None else ""
 
     return call
