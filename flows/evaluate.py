@@ -54,12 +54,15 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
                     mlflow.log_metric(metric_key(env_cfg.name, "env_error_rate"), err.error_rate)
                     mlflow.set_tag("env_failure", str(err)[:5000])
                     raise
-                log_eval_environment(run_id, env_cfg.name, env_cfg.model, cfg.eval.suites, outcome.results)
+                log_eval_environment(run_id, env_cfg.name, env_cfg.model, cfg.eval.suites, outcome.results,
+                                     outcome.baselines)
                 total.results += outcome.results
                 total.predictions += outcome.predictions
                 total.examples += outcome.examples
+                total.baselines += outcome.baselines
                 total.seconds.update(outcome.seconds)
-        files = write_report(total.results, total.examples, out, total.seconds, total.predictions)
+        files = write_report(total.results, total.examples, out, total.seconds, total.predictions,
+                             total.baselines)
         mlflow.log_artifacts(str(out), artifact_path="eval")
         print(markdown_table(total.results))
     return {"run_id": run_id, "results": total.results, "report": str(files["markdown"]),

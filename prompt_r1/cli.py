@@ -322,7 +322,8 @@ def evaluate(
             _fail(str(err))
         except EnvironmentFailure as err:
             _fail_environment(err)
-    files = write_report(outcome.results, outcome.examples, folder, outcome.seconds, outcome.predictions)
+    files = write_report(outcome.results, outcome.examples, folder, outcome.seconds, outcome.predictions,
+                         outcome.baselines)
     console.print(markdown_table(outcome.results))
     console.print(f"run id {run_id}; report: {files['markdown']}; plots in {folder}")
 

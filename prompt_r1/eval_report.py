@@ -97,6 +97,25 @@ def cost_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def baseline_table(baselines: list[dict[str, Any]]) -> str:
+    """The optimised instructions (`EvalOutcome.baselines`): training score and optimisation spend.
+
+    >>> print(baseline_table([{"env_name": "e", "method": "opro", "instruction": "Be | brief.",
+    ...     "train_score": 0.5, "env_calls": 9, "cost_usd": 0.0, "cached": True}]))
+    | environment | method | instruction | train score | optimiser env calls | cost (USD) | reused |
+    |---|---|---|---:|---:|---:|---|
+    | e | opro | Be \\| brief. | 50.0 | 9 | 0.0000 | yes |
+    """
+    lines = ["| environment | method | instruction | train score | optimiser env calls | cost (USD) | reused |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for b in sorted(baselines, key=lambda b: (b["env_name"], b["method"])):
+        text = " ".join(b["instruction"].split()).replace("|", "\\|")
+        score = "n/a" if b["train_score"] is None else f"{b['train_score'] * 100:.1f}"
+        lines.append(f"| {b['env_name']} | {b['method']} | {text} | {score} | {b.get('env_calls', 0)} | "
+                     f"{b.get('cost_usd', 0.0):.4f} | {'yes' if b['cached'] else 'no'} |")
+    return "\n".join(lines)
+
+
 def plot_results(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Per-environment grouped bars (datasets x methods) and OOD averages across environments."""
     import matplotlib
@@ -147,9 +166,11 @@ def plot_results(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
 def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], out_dir: Path,
                  seconds: dict[str, float] | None = None,
-                 predictions: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+                 predictions: list[dict[str, Any]] | None = None,
+                 baselines: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     """Write results.md / results.csv / costs.md / examples.json / plots into `out_dir`, and with
-    the per-question `predictions`, paired comparisons (in results.md and comparisons.csv)."""
+    the per-question `predictions`, paired comparisons (in results.md and comparisons.csv); with
+    `baselines`, the optimised instructions (results.md and baselines.json)."""
     from prompt_r1.eval_compare import comparison_table, paired_comparisons, plot_accuracy_vs_cost
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -163,6 +184,10 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
               + comparison_table(comparisons)) if predictions is not None else ""
     files["markdown"].write_text("# Evaluation results\n\nPrimary metric x 100 [95% bootstrap interval over "
                                  "questions].\n\n" + markdown_table(results) + paired
+                                 + ("\n## Optimised instructions (prompt-optimisation baselines)\n\n"
+                                    "Optimised on training questions; spend = optimisation only (the evaluation "
+                                    "is in the cost table).\n\n" + baseline_table(baselines) + "\n"
+                                    if baselines else "")
                                  + "\n## Environment tokens and cost\n\n" + cost_table(results) + "\n"
                                  + (f"\n## Time per stage\n{timing}\n" if timing else ""))
     if comparisons:
@@ -178,6 +203,9 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
         writer.writerows(results)
     files["costs"].write_text(cost_table(results) + "\n")
     files["examples"].write_text(json.dumps(examples, indent=2, ensure_ascii=False))
+    if baselines:
+        files["baselines"] = out_dir / "baselines.json"
+        files["baselines"].write_text(json.dumps(baselines, indent=2, ensure_ascii=False))
     for i, path in enumerate(plot_results(results, out_dir)):
         files[f"plot{i}"] = path
     return files

@@ -142,8 +142,12 @@ def logged_steps(run_id: str, key: str = "reward_mean") -> list[int]:
 
 
 def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suites: list[str],
-                         results: list[dict[str, Any]]) -> str:
-    """A nested run for one environment, with a nested run per method; returns its run id."""
+                         results: list[dict[str, Any]], baselines: list[dict[str, Any]] | None = None) -> str:
+    """A nested run for one environment, with a nested run per method; returns its run id.
+
+    `baselines` (`EvalOutcome.baselines`): each optimised instruction goes to its method's run as
+    params (`instruction`, `cache_key`), metrics (`train_score`, `opt_*` spend) and, all together,
+    to the environment run as `baselines/<env>.json`."""
     from prompt_r1.eval_report import averages
 
     rows = [r for r in results if r["env_name"] == env_name]
@@ -170,8 +174,21 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
                 m["env_completion_tokens"] = sum(r["env_completion_tokens"] for r in per)
                 m["cost_usd"] = sum(r["cost_usd"] for r in per)
                 mlflow.log_metrics(m)
+                for b in (b for b in baselines or [] if b["env_name"] == env_name and b["method"] == method):
+                    _log_baseline(b)
+        mine = [b for b in baselines or [] if b["env_name"] == env_name]
+        if mine:
+            mlflow.log_dict(mine, f"baselines/{env_name}.json")
         mlflow.log_metrics(metrics)
         return env_run.info.run_id
+
+
+def _log_baseline(b: dict[str, Any]) -> None:
+    """One optimised instruction in the active run (MLflow params hold at most 6000 characters)."""
+    mlflow.log_params({"instruction": b["instruction"][:6000], "cache_key": b["cache_key"],
+                       "instruction_cached": str(b["cached"])})
+    spend = {f"opt_{k}": b[k] for k in ("env_calls", "prompt_tokens", "completion_tokens", "cost_usd") if k in b}
+    mlflow.log_metrics({**spend, **({"train_score": b["train_score"]} if b["train_score"] is not None else {})})
 
 
 def register_agent(run_id: str, checkpoint: Path, val_score: float | None,

@@ -195,3 +195,34 @@ def test_textgrad_budget_instruction_and_cached_rerun(monkeypatch, warehouse, op
     assert second.baselines[0]["cached"] and len(sent) == 4
     strip = lambda rows: sorted((r["question_id"], r["prediction"], r["score"]) for r in rows)  # noqa: E731
     assert strip(second.predictions) == strip(first.predictions)
+
+
+def test_optimised_instructions_reach_mlflow_and_the_report(home, tmp_path):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from prompt_r1.eval_report import write_report
+    from tasks.tracking import log_eval_environment, setup_mlflow
+
+    row = {"env_name": "e1", "dataset": "gsm8k", "method": "opro", "n": 2, "primary_metric": "em", "score": 0.5,
+           "em": 0.5, "errors": 0, "env_prompt_tokens": 10, "env_completion_tokens": 5, "cost_usd": 0.0}
+    base = [{"env_name": "e1", "method": "opro", "instruction": "Think | then answer.", "train_score": 0.75,
+             "cached": False, "cache_key": "k1", "env_calls": 9, "prompt_tokens": 90, "completion_tokens": 40,
+             "cost_usd": 0.002},
+            {"env_name": "e2", "method": "opro", "instruction": "Other env.", "train_score": None,
+             "cached": True, "cache_key": "k2", "env_calls": 0, "cost_usd": 0.0}]
+    setup_mlflow("t")
+    with mlflow.start_run() as parent:
+        env_run = log_eval_environment(parent.info.run_id, "e1", "m", ["sample"], [row], base)
+    client = MlflowClient()
+    (child,) = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{env_run}'")
+    assert child.data.params["instruction"] == "Think | then answer." and child.data.params["cache_key"] == "k1"
+    assert child.data.metrics["train_score"] == 0.75 and child.data.metrics["opt_env_calls"] == 9
+    logged = json.loads((Path(client.download_artifacts(env_run, "baselines/e1.json"))).read_text())
+    assert logged == base[:1]  # only this environment's instructions
+
+    files = write_report([row], [], tmp_path / "rep", baselines=base)
+    text = files["markdown"].read_text()
+    assert "| e1 | opro | Think \\| then answer. | 75.0 | 9 | 0.0020 | no |" in text
+    assert "| e2 | opro | Other env. | n/a | 0 | 0.0000 | yes |" in text
+    assert json.loads(files["baselines"].read_text()) == base
