@@ -39,6 +39,8 @@ def main() -> int:
     overrides = dict(QUICK) if args.quick else {}
     if args.quick:
         overrides["eval.environments"] = [e.model_dump() for e in base.eval_environments()[:1]]
+        # prompt-optimisation baselines spend an optimisation budget per environment: full demo only
+        overrides["eval.methods"] = [m for m in base.eval.methods if m not in ("opro", "gepa", "textgrad")]
     if args.data:
         overrides["eval.suites"] = list(dict.fromkeys(base.eval.suites + ["in_domain", "ood"]))
         overrides["eval.limit_per_dataset"] = 2  # 16 datasets: keep the demo within its time
