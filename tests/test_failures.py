@@ -201,6 +201,12 @@ def _chaos_args(url: str, retries: int, max_rate: float) -> list[str]:
             "--set", "environment.max_tokens=16"]
 
 
+# Enough trajectories per step that the tiny agent's occasional interaction prompts add up to a few
+# environment calls a step: the fault draws are then not all clean by chance.
+_TRAIN_SIZE = ["--set", "rollout.batch_questions=8", "--set", "rollout.group_size=4",
+               "--set", "train.mini_batch_questions=8", "--set", "train.micro_batch_size=8"]
+
+
 def _cli(home: Path, *args: str) -> tuple[int, str]:
     import os
 
@@ -237,8 +243,8 @@ def test_chaos_training_and_evaluation_through_a_faulty_proxy(home, smollm2_path
     with managed_vllm_server(server_cfg, home / "logs") as upstream, \
             ChaosProxy(upstream, rate=0.10, seed=7, hang_s=25.0) as proxy:
         # 10% of requests faulted, 4 retries: every call ends well; each fault costs one recorded attempt.
-        start = len(proxy.log)
-        rc, out = _cli(home, "train", "-c", "configs/smoke.yaml", "--run-id", "chaos10",
+        start = start10 = len(proxy.log)
+        rc, out = _cli(home, "train", "-c", "configs/smoke.yaml", "--run-id", "chaos10", *_TRAIN_SIZE,
                        *_chaos_args(proxy.base_url, retries=4, max_rate=0.05))
         assert rc == 0, out[-3000:]
         chat = [r for r in proxy.log[start:] if r["path"].endswith("/chat/completions")]
@@ -247,19 +253,22 @@ def test_chaos_training_and_evaluation_through_a_faulty_proxy(home, smollm2_path
             assert attempts == len(chat), "every request the proxy saw is an attempt the client recorded"
             assert wh.steps_recorded("chaos10") == [0, 1]
             per_step = wh.query("SELECT step, COUNT(*) FROM trajectories WHERE run_id='chaos10' GROUP BY 1 ORDER BY 1")
-            assert [n for _, n in per_step] == [4, 4]
-        assert proxy.faults_injected(start), "the proxy should have injected faults at 10%"
+            assert [n for _, n in per_step] == [32, 32]
         assert (home / "smoke" / "chaos10" / "agent" / "config.json").exists()
 
-        start = len(proxy.log)
         rc, out = _cli(home, "evaluate", "-c", "configs/smoke.yaml", "--run-id", "eval10",
                        "--set", 'eval.methods=["direct","cot"]', *_chaos_args(proxy.base_url, 4, 0.05))
         assert rc == 0, out[-3000:]
+        with Warehouse(home / "warehouse.duckdb", read_only=True) as wh:
+            assert wh.query("SELECT COUNT(*) FROM eval_predictions WHERE run_id = 'eval10' AND error IS NOT NULL") \
+                == [(0,)], "with retries every faulted call at 10% recovers"
+        # Training alone makes few calls (a 10% draw may fault none of them); with evaluation it may not.
+        assert proxy.faults_injected(start10), "the proxy should have injected faults at 10%"
 
         # 30% faulted and no retries: about 30% of calls fail, far past 5%: training stops at step 0.
         proxy.set_rate(0.30, seed=11)
         start = len(proxy.log)
-        rc, out = _cli(home, "train", "-c", "configs/smoke.yaml", "--run-id", "chaos30",
+        rc, out = _cli(home, "train", "-c", "configs/smoke.yaml", "--run-id", "chaos30", *_TRAIN_SIZE,
                        *_chaos_args(proxy.base_url, retries=0, max_rate=0.05))
         assert rc == 3, out[-3000:]
         assert "environment `tiny-env`" in out and "training step 0" in out and "first error:" in out
