@@ -1,7 +1,7 @@
 """The GRPO objective as pure torch functions: group advantages, the clipped loss, token log-probs.
 
-Kept free of models, configs and I/O so the maths that must be exactly right (see DESIGN.md,
-"GRPO") can be checked against hand-computed values in isolation:
+Kept free of models, configs and I/O so the maths that must be exactly right (the rules listed
+below, as in the Prompt-R1 reference) can be checked against hand-computed values in isolation:
 
 - advantage of trajectory i = (r_i - mean(r_group)) / (std(r_group) + eps), unbiased std, or
   r_i - mean(r_group) without std scaling ("Dr.GRPO"); a group of one gets 0;

