@@ -1,1 +1,8 @@
 """Prefect flows: ingest -> train -> evaluate, and the end-to-end pipeline (the main job)."""
+
+import os
+
+# Prefect reads its settings once, on import. Its 20 s default for starting the ephemeral API
+# server is too short on a loaded 2-core machine (the flow dies before its first task); a user's
+# own setting still wins.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")

@@ -96,7 +96,8 @@ def test_train_flow_killed_mid_run_resumes_without_duplicates(home, tmp_path):
     from warehouse.store import Warehouse
 
     steps = 4
-    env = {**os.environ, "PROMPT_R1_HOME": str(home), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env = {**os.environ, "PROMPT_R1_HOME": str(home), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
     cmd = [sys.executable, "-m", "flows.cli", "run-flow", "train", "-c", "configs/smoke.yaml",
            "--set", f"train.steps={steps}"]
     log = (tmp_path / "first.log").open("w")
