@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from prompt_r1.config import AgentConfig, EnvConfig, RewardConfig, RolloutConfig  # noqa: E402
 from prompt_r1.logging_setup import setup_logging  # noqa: E402
 from prompt_r1.models import resolve_model  # noqa: E402
-from warehouse.store import QuestionRow  # noqa: E402
+from prompt_r1.questions import QuestionRow  # noqa: E402
 
 log = logging.getLogger("benchmarks.rollout")
 

@@ -204,7 +204,7 @@ async def answer_question(policy: Policy, env: Any, question: str, cfg: Config,
     """
     from prompt_r1.evaluate import eval_agent, eval_rollout
     from prompt_r1.rollout import rollout_batch
-    from warehouse.store import QuestionRow
+    from prompt_r1.questions import QuestionRow
 
     agent_cfg, rollout_cfg = eval_agent(cfg), eval_rollout(cfg)
     if max_turns is not None:

@@ -39,7 +39,8 @@ from prompt_r1.failures import check_error_rate
 from prompt_r1.ingest import IN_DOMAIN, OOD
 from prompt_r1.metrics import score_all
 from prompt_r1.protocol import extract_answer, parse_turn
-from warehouse.store import QuestionRow, Warehouse
+from prompt_r1.questions import QuestionRow
+from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
 

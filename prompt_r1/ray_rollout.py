@@ -35,7 +35,7 @@ import torch
 from prompt_r1.config import Config, EnvConfig, RolloutConfig, parse_config
 from prompt_r1.seeding import derive_seed
 from prompt_r1.trajectory import Trajectory
-from warehouse.store import QuestionRow
+from prompt_r1.questions import QuestionRow
 
 log = logging.getLogger(__name__)
 

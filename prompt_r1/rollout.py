@@ -44,7 +44,7 @@ from prompt_r1.protocol import build_agent_prompt, env_messages, extract_answer,
 from prompt_r1.reward import compute_reward
 from prompt_r1.seeding import NO_STEP, draw_seed
 from prompt_r1.trajectory import EnvCall, Trajectory
-from warehouse.store import QuestionRow
+from prompt_r1.questions import QuestionRow
 
 if TYPE_CHECKING:
     from prompt_r1.env.base import Environment

@@ -17,7 +17,7 @@ import pytest
 
 from prompt_r1.config import load_config
 from prompt_r1.seeding import draw_seed
-from warehouse.store import QuestionRow
+from prompt_r1.questions import QuestionRow
 
 TIMING = ("rollout_time_s", "step_time_s", "tokens_per_s")  # wall-clock: never reproducible
 

@@ -27,7 +27,8 @@ from prompt_r1.config import EnvConfig
 from prompt_r1.train_loop import usable_for_update
 from prompt_r1.trajectory import EnvCall, Trajectory
 from test_rollout import ASK, ANSWER, ScriptedEnv, ScriptedPolicy, question, run
-from warehouse.store import QuestionRow, Warehouse
+from prompt_r1.questions import QuestionRow
+from warehouse.store import Warehouse
 
 ROOT = Path(__file__).resolve().parents[1]
 FAIL_TEXT = "FAILED-CALL-TEXT"

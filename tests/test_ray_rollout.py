@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from prompt_r1.config import load_config
-from warehouse.store import QuestionRow
+from prompt_r1.questions import QuestionRow
 
 ray = pytest.importorskip("ray")
 

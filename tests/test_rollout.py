@@ -20,7 +20,7 @@ from prompt_r1.policy.hf import TransformersPolicy
 from prompt_r1.protocol import wrap_env_reply
 from prompt_r1.rollout import agent_prompt_ids, env_call_records, rollout_summary, run_rollout, text_ids
 from prompt_r1.trajectory import EnvCall
-from warehouse.store import QuestionRow
+from prompt_r1.questions import QuestionRow
 
 ASK = "<think>plan {n}</think><interaction_prompt>Tell me about {q} (step {n})</interaction_prompt>"
 ANSWER = "<think>done</think><answer>Paris</answer>"

@@ -8,7 +8,7 @@ import pytest
 
 from prompt_r1.config import AgentConfig, EnvConfig, RewardConfig, RolloutConfig
 from prompt_r1.protocol import wrap_env_reply
-from warehouse.store import QuestionRow
+from prompt_r1.questions import QuestionRow
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from warehouse.store import QuestionRow, SourceCounts, Warehouse, WarehouseError, WarehouseLockedError
+from prompt_r1.questions import QuestionRow
+from warehouse.store import SourceCounts, Warehouse, WarehouseError, WarehouseLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,23 +24,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from prompt_r1.questions import QuestionRow
+
 SCHEMA = Path(__file__).with_name("schema.sql")
 # How long an open waits for another process to release the file before giving up.
 LOCK_WAIT_S = 30.0
-
-
-@dataclass(frozen=True)
-class QuestionRow:
-    question_id: str
-    dataset: str
-    split: str
-    question: str
-    golds: list[str]
-    task_family: str
-    primary_metric: str
-    source_file: str = ""
-    source_hash: str = ""
-    row_index: int = 0
 
 
 # Columns of the Arrow table a source's questions arrive in (`add_source`), in table order.

@@ -25,7 +25,7 @@ from typing import Any
 from prompt_r1.config import BaselinesConfig, EnvConfig
 from prompt_r1.env.base import cost_usd, endpoint_identity, sampling_settings
 from prompt_r1.metrics import score_all
-from warehouse.store import QuestionRow
+from prompt_r1.questions import QuestionRow
 
 CALL_DEADLINE_S = 3600.0  # one environment call from an optimiser's thread, budget waits included
 SEED_INSTRUCTION = ("Think step by step. Then write the final answer on the last line as "
