@@ -8,7 +8,8 @@ completion; the last action repeats. A request counter per content string lets t
 many attempts each call made, and the server records the peak number of requests in flight.
 
 Actions: ok, slow (0.3 s then ok), timeout (sleep `hang_s` then ok), 429, 503 (both with
-Retry-After: 1), 429now (Retry-After: 0), 500, 400, 401, 401echo (401 whose body echoes the
+Retry-After: 1), 429now (Retry-After: 0), 429ms (Retry-After-Ms: 1500 beside Retry-After: 0, as
+OpenAI sends them), 429date (Retry-After as an HTTP date 3 s ahead), 500, 400, 401, 401echo (401 whose body echoes the
 Authorization header, like servers that quote the rejected key), garbage (200 with invalid JSON),
 nochoices (200 JSON with no `choices`), huge (a valid completion whose reply is `huge_bytes` long,
 with its content-length), hugechunked (the same, chunked, with no content-length).
@@ -16,6 +17,7 @@ with its content-length), hugechunked (the same, chunked, with no content-length
 
 from __future__ import annotations
 
+import email.utils
 import json
 import threading
 import time
@@ -144,6 +146,11 @@ class FaultServer:
             handler._send(int(action), error("slow down"), headers={"retry-after": "1"})
         elif action == "429now":
             handler._send(429, error("slow down"), headers={"retry-after": "0"})
+        elif action == "429ms":
+            handler._send(429, error("slow down"), headers={"retry-after-ms": "1500", "retry-after": "0"})
+        elif action == "429date":
+            when = email.utils.formatdate(time.time() + 3, usegmt=True)
+            handler._send(429, error("slow down"), headers={"retry-after": when})
         elif action in ("500", "400", "401"):
             handler._send(int(action), error(f"scripted {action}"))
         elif action == "401echo":

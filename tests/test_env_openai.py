@@ -59,6 +59,8 @@ def test_concurrent_batch_with_faults_completes_and_records_every_failure(server
         "g script:500": (False, 4),          # never succeeds: 1 + max_retries attempts
         "h script:timeout": (False, 4),
         "i script:garbage": (False, 4),
+        "j script:garbage,500,ok": (True, 3),   # bad bodies and statuses share one attempt budget
+        "k script:500,garbage,500": (False, 4),
     }
     replies = asyncio.run(ask_all(env, list(scripts)))
     for (content, (ok, attempts)), reply in zip(scripts.items(), replies):
@@ -77,6 +79,7 @@ def test_concurrent_batch_with_faults_completes_and_records_every_failure(server
     assert "HTTP 500" in replies[6].call.error and server.base_url in replies[6].call.error
     assert "timeout after 1.5s" in replies[7].call.error
     assert "malformed response" in replies[8].call.error
+    assert "HTTP 500" in replies[10].call.error
     assert [r.call.turn for r in replies] == list(range(len(scripts)))
 
 
@@ -253,14 +256,42 @@ def test_oversized_reply_fails_without_being_read(action):
     assert fits.call.error is None and fits.text == "x" * 300_000
 
 
+def request_gaps(server, content: str) -> list[float]:
+    times = [r["time"] for r in server.requests if r["content"] == content]
+    return [b - a for a, b in zip(times, times[1:])]
+
+
 def test_retry_after_zero_still_waits_the_backoff(server):
-    env = OpenAIEnvironment(make_cfg(server.base_url, backoff_s=0.3))
+    env = OpenAIEnvironment(make_cfg(server.base_url))
     content = "r script:429now,429now,ok"
     (reply,) = asyncio.run(ask_all(env, [content]))
     assert reply.call.error is None and reply.call.attempts == 3
-    times = [r["time"] for r in server.requests if r["content"] == content]
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    assert gaps[0] >= 0.3 and gaps[1] >= 0.6  # backoff doubles; Retry-After: 0 does not shorten it
+    gaps = request_gaps(server, content)
+    # the openai client's backoff: 0.5 s doubling, less up to 25% jitter; Retry-After: 0 does not shorten it
+    assert gaps[0] >= 0.37 and gaps[1] >= 0.74
+
+
+@pytest.mark.parametrize("action,at_least", [("429ms", 1.45), ("429date", 1.5)])
+def test_retry_after_ms_and_http_date_are_honoured(server, action, at_least):
+    """`Retry-After-Ms: 1500` wins over `Retry-After: 0`; an HTTP date 3 s ahead (1 s resolution)
+    means 2 to 3 s; the client's own first backoff would be at most 0.5 s."""
+    env = OpenAIEnvironment(make_cfg(server.base_url))
+    content = f"w script:{action},ok"
+    (reply,) = asyncio.run(ask_all(env, [content]))
+    assert reply.call.error is None and reply.call.attempts == 2 == server.attempts(content)
+    (gap,) = request_gaps(server, content)
+    assert at_least <= gap < 3.5
+
+
+def test_malformed_bodies_are_retried_after_the_configured_backoff(server):
+    env = OpenAIEnvironment(make_cfg(server.base_url, backoff_s=0.3, max_retries=2))
+    good, bad = "m script:garbage,nochoices,ok", "n script:garbage,garbage,garbage,ok"
+    ok, failed = asyncio.run(ask_all(env, [good, bad]))
+    assert ok.call.error is None and ok.call.attempts == 3 == server.attempts(good)
+    gaps = request_gaps(server, good)
+    assert gaps[0] >= 0.3 and gaps[1] >= 0.6  # backoff_s doubling
+    assert failed.call.attempts == 3 == server.attempts(bad)  # 1 + max_retries, not one more
+    assert "malformed response" in failed.call.error and "gave up after 3 attempts" in failed.call.error
 
 
 def test_call_deadline_bounds_retries(server):

@@ -1,20 +1,24 @@
 """Environment client for any OpenAI-compatible chat endpoint (hosted API or a vLLM server).
 
-Why our own retry loop instead of the openai client's: every attempt, its latency and its failure
-must be recorded per call (`EnvCall.attempts`, `EnvCall.error`), a failed call must end as an
-error text instead of an exception (the rollout batch goes on), and garbage responses (invalid
-JSON, no `choices`) must be retried like 5xx. So the client runs with `max_retries=0` and this
-module retries timeouts, connection errors, 429 and 5xx with exponential backoff plus jitter,
-honouring `Retry-After` (capped) on 429/503 but never pausing less than the backoff; other 4xx
-fail at once. One call, slot wait and backoffs included, ends by `cfg.call_deadline_s`.
+Retries belong to the `openai` client: it runs with `max_retries=cfg.max_retries` and
+`timeout=cfg.timeout_s`, retries timeouts, connection errors, 408/409/429 and 5xx with its own
+exponential backoff and honours `Retry-After-Ms` and `Retry-After` (seconds or HTTP date). This
+module adds only what the client cannot do:
 
-The response body is read in chunks and the call fails once it passes `cfg.max_reply_bytes`:
-a runaway server cannot make the client hold, parse and tokenise megabytes of reply.
+- a failed call ends as an `EnvReply` with an error text and `call.error`, never an exception
+  (the rollout batch goes on and every failure is recorded);
+- a 200 whose body is malformed (invalid JSON, no `choices`, no content, broken off) is retried
+  too, after `cfg.backoff_s` doubling, from the same attempt budget (`1 + cfg.max_retries`);
+- one overall deadline per call (`cfg.call_deadline_s`): slot wait, attempts and backoffs;
+- the attempts of every call, failed ones included, are counted: the client reports
+  `retries_taken` only on success, so an httpx request hook counts the requests each call sends;
+- the response body is read in chunks and the call fails once it passes `cfg.max_reply_bytes`
+  (a runaway server cannot make the client hold, parse and tokenise megabytes of reply).
 
-An `asyncio.Semaphore(cfg.concurrency)` bounds requests in flight (held per attempt, released
-while backing off). Successful replies can be cached in the warehouse keyed on everything that
-can change them (`reply_cache_key`: endpoint, model, chat template, messages as sent, sampling);
-a hit makes no request and has `cached=True`, `attempts=0`.
+An `asyncio.Semaphore(cfg.concurrency)` bounds calls in flight; a call keeps its slot while the
+client backs off, so fewer requests reach a server that is already refusing them. Successful
+replies can be cached in the warehouse keyed on everything that can change them
+(`reply_cache_key`); a hit makes no request and has `cached=True`, `attempts=0`.
 
 The API key is read from `os.environ[cfg.api_key_env]` (or "EMPTY" for local servers), handed to
 the client and never kept, logged, stored, put in `repr` or in error texts (server error
@@ -28,6 +32,7 @@ environment, Ray actors their own loop).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import os
@@ -46,18 +51,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_CAP_S = 60.0
 MAX_BACKOFF_S = 60.0
-RETRYABLE_STATUS = {408, 409, 429}  # plus every 5xx
+RETRYABLE_STATUS = {408, 409, 429}  # plus every 5xx: what the openai client retries
+
+# Requests sent by the call running in this task (a one-element list the request hook increments).
+_SENT: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("prompt_r1_env_requests", default=None)
+
+
+async def _count_request(request: Any) -> None:
+    """httpx request hook: one more request sent by the current call."""
+    sent = _SENT.get()
+    if sent is not None:
+        sent[0] += 1
 
 
 class _Failure(Exception):
-    """One failed attempt: a short reason, whether to retry, a server-requested delay, and whether
-    a request went out at all (a call can end while waiting for a free slot)."""
+    """A failed call or attempt: a short reason, whether its kind is retried (so a final one means
+    the budget ran out) and whether it is a bad body, which this module retries itself."""
 
-    def __init__(self, reason: str, retryable: bool, retry_after: float | None = None, sent: bool = True):
+    def __init__(self, reason: str, retryable: bool, malformed: bool = False):
         super().__init__(reason)
-        self.reason, self.retryable, self.retry_after, self.sent = reason, retryable, retry_after, sent
+        self.reason, self.retryable, self.malformed = reason, retryable, malformed
 
 
 @dataclass
@@ -79,40 +93,18 @@ def resolve_api_key(cfg: EnvConfig) -> str:
     return key
 
 
-def parse_retry_after(value: str | None, cap: float = RETRY_AFTER_CAP_S) -> float | None:
-    """Seconds from a `Retry-After` header (seconds form only), capped; None when absent or unusable.
-
-    >>> parse_retry_after("1"), parse_retry_after("2.5"), parse_retry_after("3600")
-    (1.0, 2.5, 60.0)
-    >>> parse_retry_after(None), parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), parse_retry_after("-3")
-    (None, None, None)
-    """
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    if seconds < 0 or seconds != seconds:
-        return None
-    return min(seconds, cap)
-
-
 def backoff_delay(backoff_s: float, attempt: int, rng: random.Random) -> float:
-    """`backoff_s * 2**attempt` (at most MAX_BACKOFF_S) plus up to 25% jitter (attempt 0 = first retry)."""
-    base = min(backoff_s * (2 ** min(attempt, 32)), MAX_BACKOFF_S)
-    return base + rng.uniform(0.0, 0.25 * base)
-
-
-def retry_delay(retry_after: float | None, backoff_s: float, attempt: int, rng: random.Random) -> float:
-    """Pause before a retry: the server's `Retry-After` when it asks for longer than our backoff,
-    else the backoff (so `Retry-After: 0` cannot make a tight retry loop).
+    """Pause before retrying a malformed body: `backoff_s * 2**attempt` (at most MAX_BACKOFF_S)
+    plus up to 25% jitter (attempt 0 = first retry).
 
     >>> rng = random.Random(0)
-    >>> retry_delay(0.0, 0.5, 0, rng) >= 0.5, retry_delay(3.0, 0.5, 0, rng)
-    (True, 3.0)
+    >>> 0.5 <= backoff_delay(0.5, 0, rng) <= 0.625, 2.0 <= backoff_delay(0.5, 2, rng) <= 2.5
+    (True, True)
+    >>> backoff_delay(1.0, 99, rng) <= 1.25 * MAX_BACKOFF_S
+    True
     """
-    return max(retry_after or 0.0, backoff_delay(backoff_s, attempt, rng))
+    base = min(backoff_s * (2 ** min(attempt, 32)), MAX_BACKOFF_S)
+    return base + rng.uniform(0.0, 0.25 * base)
 
 
 def read_json_body(data: bytes, where: str) -> Any:
@@ -121,7 +113,7 @@ def read_json_body(data: bytes, where: str) -> Any:
         return json.loads(data)
     except ValueError as err:
         raise _Failure(f"malformed response from {where}: {type(err).__name__}: "
-                       f"{short_reason(str(err), 120)}", retryable=True) from None
+                       f"{short_reason(str(err), 120)}", retryable=True, malformed=True) from None
 
 
 def _count(value: Any) -> int:
@@ -153,9 +145,10 @@ class OpenAIEnvironment(Environment):
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
             # A client from an earlier (closed) loop cannot be closed from here; drop it.
+            http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [_count_request]})
             self._client = openai.AsyncOpenAI(
                 base_url=self.base_url, api_key=resolve_api_key(self.cfg),
-                max_retries=0, timeout=self.cfg.timeout_s)
+                max_retries=self.cfg.max_retries, timeout=self.cfg.timeout_s, http_client=http)
             self._semaphore = asyncio.Semaphore(self.cfg.concurrency)
             self._loop = loop
         assert self._semaphore is not None
@@ -184,63 +177,55 @@ class OpenAIEnvironment(Environment):
                 return EnvReply(text, self.new_call(
                     turn, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                     latency_s=time.perf_counter() - started, attempts=0, cached=True))
-        client, semaphore = self._bound()
-        deadline = started + self.cfg.call_deadline_s
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                result = await self._attempt(client, semaphore, messages, deadline)
-            except _Failure as failure:
-                if not failure.sent:
-                    attempts -= 1
-                delay = retry_delay(failure.retry_after, self.cfg.backoff_s, attempts - 1, self._rng)
-                why = None
-                if not failure.retryable:
-                    why = failure.reason
-                elif attempts > self.cfg.max_retries:
-                    why = f"{failure.reason} (gave up after {attempts} attempts)"
-                elif time.perf_counter() + delay >= deadline:
-                    why = (f"{failure.reason} (gave up after {attempts} attempts: the call deadline of "
-                           f"{self.cfg.call_deadline_s:g}s comes before the next retry)")
-                if why is not None:
-                    log.warning("environment %s (%s at %s) call failed: %s", self.name, self.model,
-                                self.base_url, self._scrub(why))
-                    return self.failed(turn, self._scrub(why), started, attempts)
-                log.warning("environment %s: attempt %d failed (%s); retry %d of %d in %.2fs",
-                            self.name, attempts, self._scrub(failure.reason), attempts, self.cfg.max_retries, delay)
-                await asyncio.sleep(delay)
-                continue
-            if key is not None:
-                await self._cache_put(key, result)
-            return EnvReply(result.text, self.new_call(
-                turn, prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
-                latency_s=time.perf_counter() - started, attempts=attempts))
-
-    async def _attempt(self, client: openai.AsyncOpenAI, semaphore: asyncio.Semaphore,
-                       messages: list[dict[str, str]], deadline: float) -> _Success:
-        """One request inside a free slot, ending by `deadline`; raises `_Failure` saying whether
-        it may be retried."""
-        cfg = self.cfg
+        sent = [0]
+        token = _SENT.set(sent)
         try:
-            await asyncio.wait_for(semaphore.acquire(), timeout=max(0.0, deadline - time.perf_counter()))
+            async with asyncio.timeout(self.cfg.call_deadline_s):
+                result = await self._call(messages, sent)
         except TimeoutError:
-            raise _Failure(f"call deadline of {cfg.call_deadline_s:g}s reached waiting for a free slot "
-                           f"(concurrency {cfg.concurrency})", retryable=False, sent=False) from None
-        try:
-            limit = min(cfg.timeout_s, deadline - time.perf_counter())
-            try:
-                return await asyncio.wait_for(self._request(client, messages), timeout=max(0.0, limit))
-            except (TimeoutError, openai.APITimeoutError):
-                if limit < cfg.timeout_s:
-                    raise _Failure(f"call deadline of {cfg.call_deadline_s:g}s reached waiting for "
-                                   f"{self.base_url}", retryable=False) from None
-                raise _Failure(f"timeout after {cfg.timeout_s:g}s from {self.base_url}", retryable=True) from None
+            where = (f"after {sent[0]} attempts to {self.base_url}" if sent[0]
+                     else f"waiting for a free slot (concurrency {self.cfg.concurrency})")
+            return self._give_up(turn, started, sent[0],
+                                 f"call deadline of {self.cfg.call_deadline_s:g}s reached {where}")
+        except _Failure as failure:
+            why = failure.reason
+            if failure.retryable:
+                why += f" (gave up after {sent[0]} attempts)"
+            return self._give_up(turn, started, sent[0], why)
         finally:
-            semaphore.release()
+            _SENT.reset(token)
+        if key is not None:
+            await self._cache_put(key, result)
+        return EnvReply(result.text, self.new_call(
+            turn, prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
+            latency_s=time.perf_counter() - started, attempts=sent[0]))
+
+    def _give_up(self, turn: int, started: float, attempts: int, why: str) -> EnvReply:
+        why = self._scrub(why)
+        log.warning("environment %s (%s at %s) call failed: %s", self.name, self.model, self.base_url, why)
+        return self.failed(turn, why, started, attempts)
+
+    async def _call(self, messages: list[dict[str, str]], sent: list[int]) -> _Success:
+        """The reply inside a free slot; the client retries what it can, malformed bodies are
+        retried here from what is left of the same attempt budget. Raises `_Failure`."""
+        client, semaphore = self._bound()
+        async with semaphore:
+            malformed = 0
+            while True:
+                left = self.cfg.max_retries - sent[0]
+                try:
+                    return await self._request(client.with_options(max_retries=max(left, 0)), messages)
+                except _Failure as failure:
+                    if not failure.malformed or sent[0] > self.cfg.max_retries:
+                        raise
+                    delay = backoff_delay(self.cfg.backoff_s, malformed, self._rng)
+                    malformed += 1
+                    log.warning("environment %s: attempt %d failed (%s); retry in %.2fs",
+                                self.name, sent[0], self._scrub(failure.reason), delay)
+                    await asyncio.sleep(delay)
 
     async def _request(self, client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> _Success:
-        """Send one chat completion and read at most `cfg.max_reply_bytes` of its body."""
+        """One chat completion (the client's retries included); reads at most `cfg.max_reply_bytes`."""
         cfg = self.cfg
         extra: dict[str, Any] = {} if cfg.seed is None else {"seed": cfg.seed}
         if cfg.stop:
@@ -255,30 +240,32 @@ class OpenAIEnvironment(Environment):
                 if declared.isdigit() and int(declared) > cfg.max_reply_bytes:
                     raise _Failure(f"{too_large} (content-length {declared})", retryable=False)
                 body = bytearray()
-                async for chunk in response.iter_bytes():
-                    body += chunk
-                    if len(body) > cfg.max_reply_bytes:
-                        raise _Failure(too_large, retryable=False)
+                try:
+                    async for chunk in response.iter_bytes():
+                        body += chunk
+                        if len(body) > cfg.max_reply_bytes:
+                            raise _Failure(too_large, retryable=False)
+                except _Failure:
+                    raise
+                except Exception as err:  # the transport's own errors: the body broke off
+                    raise _Failure(f"malformed response from {self.base_url}: the body broke off "
+                                   f"({type(err).__name__})", retryable=True, malformed=True) from None
         except openai.APITimeoutError:
-            raise
+            raise _Failure(f"timeout after {cfg.timeout_s:g}s from {self.base_url}", retryable=True) from None
         except openai.APIConnectionError as err:
             cause = err.__cause__ or err
             raise _Failure(f"cannot connect to {self.base_url} ({type(cause).__name__}); "
                            "is the server running?", retryable=True) from None
         except openai.APIStatusError as err:
             raise self._status_failure(err) from None
-        except openai.APIError as err:  # e.g. response validation errors
+        except openai.APIError as err:
             raise _Failure(f"bad response from {self.base_url}: {type(err).__name__}: "
-                           f"{short_reason(str(err), 120)}", retryable=True) from None
+                           f"{short_reason(str(err), 120)}", retryable=True, malformed=True) from None
         return self._read(read_json_body(bytes(body), self.base_url))
 
     def _status_failure(self, err: openai.APIStatusError) -> _Failure:
         status = err.status_code
         body = short_reason(self._scrub(str(getattr(err, "message", "") or err)), 200)
-        retryable = status in RETRYABLE_STATUS or status >= 500
-        retry_after = None
-        if status in (429, 503):
-            retry_after = parse_retry_after(err.response.headers.get("retry-after"))
         hint = ""
         if status in (401, 403):
             hint = (f"; check the key in ${self.cfg.api_key_env}" if self._has_key
@@ -286,21 +273,22 @@ class OpenAIEnvironment(Environment):
         elif status == 404:
             hint = f"; is `{self.model}` served at {self.base_url}?"
         return _Failure(f"HTTP {status} from {self.base_url} for model {self.model}: {body}{hint}",
-                        retryable=retryable, retry_after=retry_after)
+                        retryable=status in RETRYABLE_STATUS or status >= 500)
 
     def _read(self, data: Any) -> _Success:
         """Reply text and usage of a parsed chat completion; garbage is a retryable failure."""
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices:
             kind = "no `choices`" if isinstance(data, dict) else "a body that is not a JSON object"
-            raise _Failure(f"malformed response from {self.base_url}: {kind}", retryable=True)
+            raise _Failure(f"malformed response from {self.base_url}: {kind}", retryable=True, malformed=True)
         message = choices[0].get("message") if isinstance(choices[0], dict) else None
         message = message if isinstance(message, dict) else {}
         content = message.get("content")
         if content is None and message.get("refusal"):
             content = message["refusal"]
         if not isinstance(content, str):
-            raise _Failure(f"malformed response from {self.base_url}: no message content", retryable=True)
+            raise _Failure(f"malformed response from {self.base_url}: no message content",
+                           retryable=True, malformed=True)
         usage = data.get("usage")
         usage = usage if isinstance(usage, dict) else {}
         return _Success(content, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
