@@ -156,11 +156,15 @@ class EnvConfig(_Strict):
     timeout_s: float = Field(
         60.0, gt=0, le=MAX_TIMEOUT_S, description="Timeout of one request (one attempt) in seconds."
     )
-    max_retries: int = Field(4, ge=0, le=MAX_RETRIES, description="Retries on timeouts, 429 and 5xx.")
+    max_retries: int = Field(
+        4, ge=0, le=MAX_RETRIES,
+        description="Retries of one call: the openai client's (timeouts, connection errors, 408/409/429, 5xx; "
+        "its backoff, Retry-After-Ms and Retry-After) and, from the same budget, malformed 200 bodies.",
+    )
     backoff_s: float = Field(
         0.5, ge=0.01, le=60.0,
-        description="First backoff delay; doubles with jitter. Also the shortest pause before any retry "
-        "(a server's `Retry-After: 0` does not make the client retry at once).",
+        description="First pause before retrying a malformed body; doubles with jitter (the other retries "
+        "use the openai client's backoff).",
     )
     call_deadline_s: float = Field(
         300.0, gt=0, le=4 * MAX_TIMEOUT_S,
