@@ -16,9 +16,10 @@ from prompt_r1.config import default_db_path, load_config, run_dir
 from prompt_r1.eval_report import markdown_table, write_report
 from prompt_r1.evaluate import EvalOutcome, resolve_agents
 from prompt_r1.failures import EnvironmentFailure
+from tasks.artifacts import publish_eval_table
 from tasks.evaluate import evaluate_environment
 from tasks.ingest import ingest_sources
-from tasks.tracking import champion_path, log_eval_environment, log_run_identity, metric_key, setup_mlflow
+from tasks.tracking import champion_path, log_datasets, log_eval_environment, log_run_identity, metric_key, setup_mlflow
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
         total = EvalOutcome()
         with Warehouse(db) as wh:
             log_run_identity(cfg, "evaluate", wh.source_hashes(), config)
+            log_datasets(wh, cfg, "evaluation")
             mlflow.log_params({f"eval_agent.{k}": v for k, v in resolved.items()})
             mlflow.set_tag("use_champion", str(use_champion))
             for env_cfg in cfg.eval_environments():
@@ -64,6 +66,7 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
         files = write_report(total.results, total.examples, out, total.seconds, total.predictions,
                              total.baselines)
         mlflow.log_artifacts(str(out), artifact_path="eval")
+        publish_eval_table(total.results, key=f"eval-{cfg.name}")
         print(markdown_table(total.results))
     return {"run_id": run_id, "results": total.results, "report": str(files["markdown"]),
             "report_dir": str(out), "agents": resolved}

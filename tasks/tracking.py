@@ -15,12 +15,16 @@ import logging
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 from mlflow import MlflowClient
 
 from prompt_r1.config import Config, runs_home
+
+if TYPE_CHECKING:
+    from prompt_r1.questions import QuestionRow
+    from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +193,55 @@ def _log_baseline(b: dict[str, Any]) -> None:
                        "instruction_cached": str(b["cached"])})
     spend = {f"opt_{k}": b[k] for k in ("env_calls", "prompt_tokens", "completion_tokens", "cost_usd") if k in b}
     mlflow.log_metrics({**spend, **({"train_score": b["train_score"]} if b["train_score"] is not None else {})})
+
+
+TRAINING_RUN_OPTIONS = {"log_system_metrics": True}  # CPU/GPU/memory/disk/network, sampled by MLflow
+
+
+def start_training_run(**kwargs: Any) -> mlflow.ActiveRun:
+    """`mlflow.start_run(**kwargs)` for a training run: MLflow samples system metrics (CPU, memory,
+    disk, network, and GPU when `nvidia-ml-py` is installed) every 10 s into `system/*` metrics for
+    as long as the run is active, resumed runs included."""
+    return mlflow.start_run(**TRAINING_RUN_OPTIONS, **kwargs)
+
+
+def questions_frame(questions: "list[QuestionRow]"):
+    """The identity of each question (not its text or answers): what a dataset digest must cover
+    to tell two pools apart, and where each row came from."""
+    import pandas as pd
+
+    columns = ["question_id", "dataset", "split", "source_file", "source_hash"]
+    return pd.DataFrame([[getattr(q, c) for c in columns] for q in questions], columns=columns)
+
+
+def log_datasets(warehouse: "Warehouse", cfg: Config, purpose: str) -> dict[str, int]:
+    """`mlflow.log_input` the questions of the active run, each as a dataset whose source is the
+    warehouse file and whose digest covers every question id in order.
+
+    purpose="training": the training pool (`training`) and its held-out share (`validation`);
+    purpose="evaluation": one dataset per evaluation suite (`suite:<name>`, context `evaluation`),
+    limited as the evaluation limits it. Returns dataset name -> number of questions."""
+    from prompt_r1.evaluate import select_questions
+
+    if purpose == "training":
+        from prompt_r1.train_loop import training_pool
+
+        train, val = training_pool(warehouse, cfg)
+        named = {"training": ("training", train), "validation": ("validation", val)}
+    elif purpose == "evaluation":
+        named = {f"suite:{s}": ("evaluation", select_questions(warehouse, [s], cfg.eval.limit_per_dataset))
+                 for s in cfg.eval.suites}
+    else:
+        raise ValueError(f"log_datasets: purpose must be `training` or `evaluation`, not {purpose!r}")
+    counts = {}
+    for name, (context, questions) in named.items():
+        if not questions:
+            continue
+        data = mlflow.data.from_pandas(questions_frame(questions), name=f"{cfg.name}/{name}",
+                                       source=warehouse.path.resolve().as_uri())
+        mlflow.log_input(data, context=context)
+        counts[name] = len(questions)
+    return counts
 
 
 def register_agent(run_id: str, checkpoint: Path, val_score: float | None,
