@@ -6,7 +6,7 @@ the reply cache off so every call reaches the server:
    Prompt-R1 benchmark files (suites in_domain + ood): wall time in total and per method.
 2. direct + cot on the same questions with `concurrent=True` vs `concurrent=False`.
 
-    .venv/bin/python benchmarks/eval_concurrency.py --data ../shared/data/prompt-r1 --limit 2
+    .venv/bin/python benchmarks/eval_concurrency.py --data path/to/prompt-r1-data --limit 2
 """
 
 from __future__ import annotations

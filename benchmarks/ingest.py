@@ -12,7 +12,7 @@ code in both, so the ratio is the price of writing row by row. Measured:
    The baseline ingests files made the same way with only `--baseline-rows` rows (it needs
    several ms a row); the ratio compares rows per second.
 
-    .venv/bin/python benchmarks/ingest.py --data ../shared/data/prompt-r1 --rows 100000
+    .venv/bin/python benchmarks/ingest.py --data path/to/prompt-r1-data --rows 100000
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ register_scheme("models", _registry_agent)
 @app.command()
 def pipeline(
     config: Path = typer.Option(Path("configs/demo.yaml"), "--config", "-c", help="YAML experiment config."),
-    data: Optional[str] = typer.Option(None, help="Extra data folder to ingest (e.g. ../shared/data/prompt-r1)."),
+    data: Optional[str] = typer.Option(None, help="Extra data folder to ingest (e.g. path/to/prompt-r1-data)."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
 ) -> None:
     """Run the main job as a Prefect flow: ingest -> train -> evaluate, tracked in MLflow."""

@@ -24,7 +24,7 @@ from warehouse.store import Warehouse
 @flow(name="pipeline", log_prints=True)
 def pipeline_flow(config: str = "configs/demo.yaml", data: str | None = None,
                   overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run the whole job for one config; `data` adds a folder (e.g. ../shared/data/prompt-r1)."""
+    """Run the whole job for one config; `data` adds a folder (e.g. path/to/prompt-r1-data)."""
     cfg = load_config(config, overrides)
     setup_mlflow(cfg.name)
     db = str(default_db_path())

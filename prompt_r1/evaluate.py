@@ -122,7 +122,7 @@ def suite_datasets(warehouse: Warehouse, suites: Sequence[str]) -> list[tuple[st
         missing = [d for d, s in names if (d, s) not in present]
         if missing:
             raise EvalError(f"suite `{suite}` needs datasets not in the warehouse: {', '.join(missing)}. "
-                            "Ingest them first, e.g. `prompt-r1 ingest ../shared/data/prompt-r1`.")
+                            "Ingest them first, e.g. `prompt-r1 ingest path/to/prompt-r1-data`.")
         wanted += [n for n in names if n not in wanted]
     return wanted
 

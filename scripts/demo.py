@@ -25,7 +25,7 @@ QUICK = {  # `make demo QUICK=1`: same pipeline, smaller numbers (under 10 minut
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="configs/demo.yaml")
-    parser.add_argument("--data", default=None, help="Also ingest and evaluate on this folder (e.g. ../shared/data/prompt-r1).")
+    parser.add_argument("--data", default=None, help="Also ingest and evaluate on this folder (e.g. path/to/prompt-r1-data).")
     parser.add_argument("--quick", action="store_true", help="Shorter run (under 10 minutes).")
     args = parser.parse_args()
     os.chdir(ROOT)

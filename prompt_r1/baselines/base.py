@@ -132,7 +132,7 @@ def training_questions(warehouse, cfg: BaselinesConfig, datasets: list[str] | No
     pool = warehouse.questions(splits=["train"], datasets=datasets or None)
     if not pool:
         raise BaselineError("baselines need train-split questions: ingest a train/ folder first "
-                            "(e.g. `prompt-r1 ingest ../shared/data/prompt-r1`)")
+                            "(e.g. `prompt-r1 ingest path/to/prompt-r1-data`)")
     by_ds: dict[str, list[QuestionRow]] = {}
     for q in pool:
         by_ds.setdefault(q.dataset, []).append(q)
