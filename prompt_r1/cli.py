@@ -344,7 +344,10 @@ def rollout(
     from prompt_r1.ingest import ingest as ingest_paths
     from prompt_r1.models import resolve_model
     from prompt_r1.ray_rollout import RolloutPool, actor_environment, init_ray
-    from prompt_r1.rollout import env_call_records, rollout_summary
+    from collections import Counter
+
+    from prompt_r1.seeding import derive_seed
+    from prompt_r1.trajectory import env_call_records, rollout_stats
 
     cfg = _load(config, set_)
     run_id = run_id or new_run_id()
@@ -355,7 +358,7 @@ def rollout(
         if not pool_questions:
             _fail(f"no train-split questions in {wh.path} (sources: {cfg.data.sources}); "
                   "ingest a dataset with a train split first (`prompt-r1 ingest ...`)")
-        random.Random(cfg.seed).shuffle(pool_questions)
+        random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool_questions)
         questions = pool_questions[: cfg.rollout.batch_questions]
         init_ray(cfg.rollout)
         with actor_environment(cfg.environment, run_dir(cfg.name, run_id) / "logs") as env_cfg:
@@ -367,12 +370,13 @@ def rollout(
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("".join(json.dumps(r) + "\n" for r in records))
-    stats = rollout_summary(trajectories)
+    stats = rollout_stats(trajectories, format_cap=cfg.reward.format_cap)
     console.print(
-        f"run {run_id}: {stats['trajectories']} trajectories from {len(questions)} questions; "
-        f"mean reward {stats['reward_mean']:.3f} (format {stats['format_mean']:.3f}, answer "
-        f"{stats['answer_mean']:.3f}); agent turns {stats['agent_turns_mean']:.2f}; env calls "
-        f"{stats['env_calls']} ({stats['env_errors']} errors); stop reasons {stats['stop_reasons']}"
+        f"run {run_id}: {len(trajectories)} trajectories from {len(questions)} questions; "
+        f"mean reward {stats['reward_mean']:.3f} (format {stats['format_mean']:.3f}, at the cap "
+        f"{stats['format_valid_rate']:.0%}, answer {stats['answer_score']:.3f}); agent turns {stats['turns']:.2f}; "
+        f"env calls {stats['env_calls']:.2f} per trajectory ({stats['env_error_rate']:.0%} failed); "
+        f"stop reasons {dict(Counter(t.stop_reason for t in trajectories))}"
         + (f"; wrote {out}" if out else ""))
 
 

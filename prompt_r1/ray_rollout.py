@@ -2,8 +2,8 @@
 
 The driver (trainer or CLI) owns a `RolloutPool`. A batch of questions is split into contiguous
 chunks (whole GRPO groups stay in one actor), each `RolloutWorker` runs `rollout_batch` on its
-chunk and returns plain trajectory records; the driver alone writes them to DuckDB and MLflow, so
-actors never open the warehouse (and therefore keep no environment reply cache). After a GRPO
+chunk and returns the `Trajectory` objects (Ray pickles them, as it does the questions and the
+config); the driver alone writes them to DuckDB and MLflow, so actors never open the warehouse (and therefore keep no environment reply cache). After a GRPO
 step `broadcast` puts the new weights in the object store once and every actor loads them.
 
 Environment clients: `inprocess` and `openai` environments are built inside each actor. A
@@ -25,14 +25,13 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
-from prompt_r1.config import Config, EnvConfig, RolloutConfig, parse_config
+from prompt_r1.config import Config, EnvConfig, RolloutConfig
 from prompt_r1.seeding import derive_seed
 from prompt_r1.trajectory import Trajectory
 from prompt_r1.questions import QuestionRow
@@ -135,7 +134,7 @@ def _temperature(policy: Any, temperature: float | None) -> Iterator[None]:
 class RolloutWorker:
     """A Ray actor: one policy copy plus one environment client, living as long as the pool."""
 
-    def __init__(self, cfg_record: dict[str, Any], model_path: str, seed: int,
+    def __init__(self, cfg: Config, model_path: str, seed: int,
                  env_factory: Callable[[EnvConfig], Any] | None = None):
         from transformers.utils import logging as hf_logging
 
@@ -143,7 +142,7 @@ class RolloutWorker:
         hf_logging.disable_progress_bar()
         from prompt_r1.policy import make_policy
 
-        self.cfg = parse_config(cfg_record, "<rollout actor>")
+        self.cfg = cfg
         if self.cfg.environment.kind == "vllm":
             raise ValueError("a rollout actor cannot start a vLLM server; start it in the driver with "
                              "ray_rollout.actor_environment() and pass kind=openai")
@@ -160,18 +159,16 @@ class RolloutWorker:
 
         return self._stack.enter_context(open_environment(env_cfg, warehouse=None, log_dir=None))
 
-    def rollout(self, questions: list[dict[str, Any]], seed: int, step: int, greedy: bool = False,
-                group_size: int | None = None) -> list[dict[str, Any]]:
-        """Trajectory records (`Trajectory.to_record`) for these questions; draws are seeded by
-        (run `seed`, `step`, question, sample, turn), so which actor gets a question never matters."""
+    def rollout(self, questions: list[QuestionRow], seed: int, step: int, greedy: bool = False,
+                group_size: int | None = None, score: bool = True) -> list[Trajectory]:
+        """Trajectories for these questions; draws are seeded by (run `seed`, `step`, question,
+        sample, turn), so which actor gets a question never matters."""
         from prompt_r1.rollout import rollout_batch
 
-        rows = [QuestionRow(**q) for q in questions]
         with _temperature(self.policy, 0.0 if greedy else None):
-            trajectories = self._loop.run_until_complete(rollout_batch(
-                self.policy, self.env, rows, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
-                group_size=group_size, seed=seed, step=step))
-        return [t.to_record() for t in trajectories]
+            return self._loop.run_until_complete(rollout_batch(
+                self.policy, self.env, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
+                group_size=group_size, seed=seed, step=step, score=score))
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> bool:
         self.policy.load_weights(state_dict)
@@ -207,7 +204,6 @@ class RolloutPool:
         env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
         actor_class = ray.remote(RolloutWorker).options(
             num_cpus=cpus_per_worker, num_gpus=gpus, runtime_env={"env_vars": env_vars})
-        record = cfg.model_dump(mode="json")
         cpus = self.num_workers * cpus_per_worker
         total = ray.cluster_resources().get("CPU", 0.0)
         if not cfg.rollout.ray_address and cpus > total:  # a local instance never grows: fail now
@@ -215,7 +211,7 @@ class RolloutPool:
                                "lower rollout.num_workers or raise rollout.ray_num_cpus")
         self._stuck = False
         # the policy's own seed (engine start, calls without row seeds): distinct per actor
-        self.workers = [actor_class.remote(record, str(model_path), derive_seed("rollout_actor", cfg.seed, index),
+        self.workers = [actor_class.remote(cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index),
                                            env_factory)
                         for index in range(self.num_workers)]
         try:  # start-up errors surface here
@@ -241,18 +237,19 @@ class RolloutPool:
             raise RayWaitError(f"{what} did not finish within {timeout_s:g}s (rollout.{field}); {fix}") from err
 
     def rollout(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
-                group_size: int | None = None) -> list[Trajectory]:
-        """Trajectories for `questions` in order (question, then group index), split over the actors."""
+                group_size: int | None = None, score: bool = True) -> list[Trajectory]:
+        """Trajectories for `questions` in order (question, then group index), split over the actors;
+        scored unless `score=False` (then the caller runs `rollout.score_trajectories`)."""
         chunks = split_evenly(list(questions), len(self.workers))
         futures = [
-            worker.rollout.remote([asdict(q) for q in chunk], self.cfg.seed, step, greedy, group_size)
+            worker.rollout.remote(chunk, self.cfg.seed, step, greedy, group_size, score)
             for worker, chunk in zip(self.workers, chunks) if chunk
         ]
         results = self._get(futures, self.cfg.rollout.rollout_timeout_s, "rollout_timeout_s",
                             f"rolling out {len(questions)} questions on {len(futures)} actors",
                             "raise it for big batches, or check the environment (a server that stopped "
                             "answering is retried for up to environment.timeout_s x max_retries per call)")
-        return [Trajectory.from_record(r) for records in results for r in records]
+        return [t for trajectories in results for t in trajectories]
 
     def broadcast(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load new weights in every actor (one copy in the object store)."""

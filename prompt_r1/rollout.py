@@ -16,7 +16,8 @@ client's retries: the trajectory ends there with `error` set and no reward; the 
 never put into the agent's context), `token_budget` (no room left:
 the response never exceeds `max_response_tokens`; a reply that would leave no room for another
 agent token is not inserted, though its call is still recorded in `env_calls`).
-The answer and the reward come from the agent's own turns only.
+The answer and the reward come from the agent's own turns only. Scoring is its own stage,
+`score_trajectories`, which a caller may run apart from the rollout (`score=False`).
 
 Scheduling: every agent generation is one batched `policy.generate` call run in a worker thread,
 so environment calls (asyncio tasks, all in flight at once) progress while the policy computes.
@@ -31,18 +32,17 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prompt_r1.config import AgentConfig, RewardConfig, RolloutConfig
 from prompt_r1.env.base import error_text, short_reason
-from prompt_r1.failures import call_errors, error_rate
 from prompt_r1.policy.base import Policy, Sample
 from prompt_r1.protocol import build_agent_prompt, env_messages, extract_answer, parse_turn, wrap_env_reply
 from prompt_r1.reward import compute_reward
 from prompt_r1.seeding import NO_STEP, draw_seed
+from prompt_r1.tokens import chat_prompt_ids
 from prompt_r1.trajectory import EnvCall, Trajectory
 from prompt_r1.questions import QuestionRow
 
@@ -57,16 +57,13 @@ class _Episode:
     """A trajectory being built, plus what the loop needs to continue it."""
 
     trajectory: Trajectory
-    golds: list[str]
     env_prompts: list[str] = field(default_factory=list)   # interaction prompts sent so far
     env_history: list[str] = field(default_factory=list)   # the environment's full replies
 
 
 def agent_prompt_ids(tokenizer: Any, question: str) -> list[int]:
     """The agent's prompt: the chat template (with generation prompt) over the Prompt-R1 user message."""
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": build_agent_prompt(question)}], add_generation_prompt=True, tokenize=False)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return chat_prompt_ids(tokenizer, [{"role": "user", "content": build_agent_prompt(question)}])
 
 
 def text_ids(tokenizer: Any, text: str) -> list[int]:
@@ -168,11 +165,13 @@ async def rollout_batch(
     seed: int = 0,
     gather_window_s: float = 0.05,
     step: int = NO_STEP,
+    score: bool = True,
 ) -> list[Trajectory]:
     """Sample `group_size` (default `rollout_cfg.group_size`) trajectories per question.
 
-    Returns them ordered by question, then group index 0..G-1, each with answer and reward set
-    (except those ended by a failed environment call: `error` set, reward None).
+    Returns them ordered by question, then group index 0..G-1, each with its answer set and, with
+    `score`, its reward (`score_trajectories`; `score=False` leaves that stage to the caller).
+    Those ended by a failed environment call have `error` set and never an answer or reward.
     Each agent generation is seeded by `draw_seed(seed, step, question, group index, turn)`
     (`step`: the training step, `NO_STEP` outside training), never by batch or arrival order.
     """
@@ -182,7 +181,7 @@ async def rollout_batch(
     for question in questions:
         prompt_ids = agent_prompt_ids(policy.tokenizer, question.question)
         for index in range(group):
-            episodes.append(_Episode(Trajectory(question.question_id, index, list(prompt_ids)), list(question.golds)))
+            episodes.append(_Episode(Trajectory(question.question_id, index, list(prompt_ids))))
 
     ready: list[_Episode] = list(episodes)
     pending: dict[asyncio.Task, _Episode] = {}
@@ -215,14 +214,28 @@ async def rollout_batch(
         for task in pending:
             task.cancel()
 
-    reward_kwargs = reward_cfg.model_dump()
-    for episode in episodes:
-        traj = episode.trajectory
-        if traj.error is not None:  # a failure, not an answer: nothing to score
+    trajectories = [e.trajectory for e in episodes]
+    for traj in trajectories:
+        if traj.error is None:  # a failure is not an answer
+            traj.answer = extract_answer(traj.agent_turns[-1]) if traj.agent_turns else ""
+    if score:
+        score_trajectories(trajectories, {q.question_id: q.golds for q in questions}, reward_cfg)
+    return trajectories
+
+
+def score_trajectories(trajectories: Sequence[Trajectory], golds_by_question_id: Mapping[str, Sequence[str]],
+                       reward_cfg: RewardConfig) -> None:
+    """The reward stage: set each trajectory's `reward` from its agent turns and its question's
+    golds (`compute_reward` with `reward_cfg`). Trajectories ended by an environment failure
+    (`error` set) are left unscored: a failure is not an answer."""
+    weights = reward_cfg.model_dump()
+    for traj in trajectories:
+        if traj.error is not None:
             continue
-        traj.answer = extract_answer(traj.agent_turns[-1]) if traj.agent_turns else ""
-        traj.reward = compute_reward(traj.agent_turns, episode.golds, **reward_kwargs)
-    return [e.trajectory for e in episodes]
+        if traj.question_id not in golds_by_question_id:
+            raise KeyError(f"no gold answers for question {traj.question_id!r}: pass the golds of every "
+                           "question the trajectories answer")
+        traj.reward = compute_reward(traj.agent_turns, golds_by_question_id[traj.question_id], **weights)
 
 
 def run_rollout(*args: Any, **kwargs: Any) -> list[Trajectory]:
@@ -233,33 +246,3 @@ def run_rollout(*args: Any, **kwargs: Any) -> list[Trajectory]:
         return asyncio.run(rollout_batch(*args, **kwargs))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, rollout_batch(*args, **kwargs)).result()
-
-
-def env_call_records(trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
-    """Flat env-call rows for `Warehouse.replace_step` (each call tagged with its trajectory)."""
-    rows = []
-    for traj in trajectories:
-        for call in traj.env_calls:
-            rows.append({"question_id": traj.question_id, "group_index": traj.group_index, **vars(call)})
-    return rows
-
-
-def rollout_summary(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """Batch statistics for logs and the CLI: rewards (over scored trajectories: one ended by an
-    environment failure has none), turns, env calls and their error rate, lengths, stop reasons."""
-    n = max(len(trajectories), 1)
-    scored = [t.reward for t in trajectories if t.reward]
-    m = max(len(scored), 1)
-    return {
-        "trajectories": len(trajectories),
-        "reward_mean": sum(r.total for r in scored) / m,
-        "format_mean": sum(r.format for r in scored) / m,
-        "answer_mean": sum(r.answer for r in scored) / m,
-        "agent_turns_mean": sum(len(t.agent_turns) for t in trajectories) / n,
-        "env_calls": sum(len(t.env_calls) for t in trajectories),
-        "env_errors": sum(1 for t in trajectories for c in t.env_calls if c.error),
-        "env_error_rate": error_rate(call_errors(trajectories)),
-        "agent_tokens_mean": sum(sum(t.loss_mask) for t in trajectories) / n,
-        "response_tokens_mean": sum(len(t.token_ids) for t in trajectories) / n,
-        "stop_reasons": dict(Counter(t.stop_reason for t in trajectories)),
-    }

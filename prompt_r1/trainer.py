@@ -33,10 +33,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from prompt_r1.config import Config
 from prompt_r1.grpo import group_advantages, policy_loss, token_logprobs
 from prompt_r1.seeding import derive_seed
-from prompt_r1.trajectory import Trajectory
+from prompt_r1.tokens import torch_dtype
+from prompt_r1.trajectory import Trajectory, rollout_stats
 
 log = logging.getLogger(__name__)
-ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -290,7 +290,7 @@ class GRPOLearner:
         elapsed = time.perf_counter() - t0
         metrics = {key: value / max(tokens_seen, 1.0) for key, value in totals.items()}
         total_tokens = float(sum(p + r for p, r in zip(prompt_lens, resp_lens))) * train.ppo_epochs
-        metrics.update(self._rollout_metrics(trajectories, rewards))
+        metrics.update(rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap))
         metrics.update({
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "lr": lr,
@@ -299,22 +299,6 @@ class GRPOLearner:
             "tokens_per_s": total_tokens / elapsed if elapsed > 0 else math.inf,
         })
         return metrics
-
-    @staticmethod
-    def _rollout_metrics(trajectories: list[Trajectory], rewards: torch.Tensor) -> dict[str, float]:
-        n = len(trajectories)
-        calls = [c for t in trajectories for c in t.env_calls]
-        return {
-            "reward_mean": rewards.mean().item(),
-            "reward_std": rewards.std().item() if n > 1 else 0.0,
-            "format_valid_rate": sum(1 for t in trajectories if t.reward and t.reward.format >= 1.0) / n,
-            "answer_score": sum(t.reward.answer for t in trajectories if t.reward) / n,
-            "turns": sum(len(t.agent_turns) for t in trajectories) / n,
-            "env_calls": len(calls) / n,
-            "env_prompt_tokens": sum(c.prompt_tokens for c in calls) / n,
-            "env_completion_tokens": sum(c.completion_tokens for c in calls) / n,
-            "response_length": sum(sum(t.loss_mask) for t in trajectories) / n,
-        }
 
     # -- weights out ---------------------------------------------------------------------------
     def plain_model(self) -> torch.nn.Module:
@@ -325,7 +309,7 @@ class GRPOLearner:
     def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
         """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched), on
         CPU in the rollout dtype (`agent.dtype`): what the policies hold, at half the transfer for bf16."""
-        dtype = ROLLOUT_DTYPES[self.cfg.agent.dtype]
+        dtype = torch_dtype(self.cfg.agent.dtype)
         if not self.use_lora:
             return {k: v.detach().to("cpu", dtype, copy=True) for k, v in self.model.state_dict().items()}
         from peft.tuners.lora import LoraLayer

@@ -18,8 +18,9 @@ from prompt_r1.env.inprocess import InProcessEnvironment
 from prompt_r1.policy.base import Policy, Sample, per_row_limits
 from prompt_r1.policy.hf import TransformersPolicy
 from prompt_r1.protocol import wrap_env_reply
-from prompt_r1.rollout import agent_prompt_ids, env_call_records, rollout_summary, run_rollout, text_ids
-from prompt_r1.trajectory import EnvCall
+from prompt_r1.reward import compute_reward
+from prompt_r1.rollout import agent_prompt_ids, run_rollout, score_trajectories, text_ids
+from prompt_r1.trajectory import EnvCall, Trajectory, env_call_records, rollout_stats
 from prompt_r1.questions import QuestionRow
 
 ASK = "<think>plan {n}</think><interaction_prompt>Tell me about {q} (step {n})</interaction_prompt>"
@@ -97,10 +98,10 @@ def spans(mask: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def run(policy, env, questions, group=2, max_turns=3, **agent):
+def run(policy, env, questions, group=2, max_turns=3, score=True, **agent):
     agent_cfg = AgentConfig(**{"max_new_tokens": 64, "max_response_tokens": 1024, "max_env_reply_tokens": 256, **agent})
     return run_rollout(policy, env, questions, agent_cfg, RolloutConfig(group_size=group, max_turns=max_turns),
-                       RewardConfig(), seed=0)
+                       RewardConfig(), seed=0, score=score)
 
 
 def test_masks_spans_and_tokens_are_exact(tokenizer):
@@ -135,8 +136,9 @@ def test_masks_spans_and_tokens_are_exact(tokenizer):
     assert second[0]["content"] == "Tell me about France (step 0)" and second[1]["content"].startswith("Reply 0")
     records = env_call_records(trajs)
     assert len(records) == 8 and {"question_id", "group_index", "turn", "error"} <= set(records[0])
-    summary = rollout_summary(trajs)
-    assert summary["env_calls"] == 8 and summary["stop_reasons"] == {"answered": 4}
+    stats = rollout_stats(trajs, format_cap=1.0)
+    assert stats["env_calls"] == 2 and stats["turns"] == 3 and stats["env_prompt_tokens"] == 6
+    assert stats["format_valid_rate"] == 1.0 and stats["reward_mean"] == pytest.approx(0.5)
 
 
 def test_answer_inside_env_reply_never_counts(tokenizer):
@@ -259,6 +261,56 @@ def test_slow_env_call_does_not_hold_up_the_others(tokenizer):
     # the fast trajectories went on (two more agent turns) before the first slow reply arrived
     batch_sizes = [len(prompts) for prompts, _ in policy.calls]
     assert batch_sizes[:3] == [3, 2, 2] and sum(batch_sizes) == 9
+
+
+def test_reward_is_a_stage_the_caller_can_run_apart(tokenizer):
+    """`score=False` leaves every reward unset; `score_trajectories` then gives exactly what the
+    rollout's own scoring gives, and leaves failed trajectories unscored."""
+    def reply(messages, turn):
+        if "Hamlet" in messages[-1]["content"]:
+            return Reply("[error]", EnvCall(turn=turn, env_name="scripted-env", model="script", error="HTTP 500"))
+        return "fine"
+
+    script = lambda text, n: (ASK.format(n=n, q=text.split("Question: ")[1].split("\n")[0]) if n == 0 else ANSWER)
+    questions = [question(0), question(1, "Who wrote Hamlet?"), question(2, "Why blue?", ["Rayleigh"])]
+    scored = run(ScriptedPolicy(tokenizer, script), ScriptedEnv(reply), questions, group=2)
+    unscored = run(ScriptedPolicy(tokenizer, script), ScriptedEnv(reply), questions, group=2, score=False)
+    assert all(t.reward is None for t in unscored)
+    assert [t.answer for t in unscored] == [t.answer for t in scored] == ["Paris"] * 2 + [""] * 2 + ["Paris"] * 2
+    score_trajectories(unscored, {q.question_id: q.golds for q in questions}, RewardConfig())
+    assert [t.reward for t in unscored] == [t.reward for t in scored]
+    assert [t.reward is None for t in unscored] == [False, False, True, True, False, False]
+    assert unscored[0].reward.total == 1.0 and unscored[4].reward.answer == 0.0
+    with pytest.raises(KeyError, match="q0"):
+        score_trajectories(unscored[:1], {}, RewardConfig())
+
+
+@pytest.mark.parametrize("format_cap", [0.6, 0.9, 1.0])
+def test_rollout_stats_count_format_at_the_configured_cap(format_cap):
+    """`format_valid_rate` is the share of scored trajectories whose answer score counted, i.e.
+    whose format reached `reward.format_cap` (not a fixed 1.0), over many generated batches."""
+    import math
+    import random
+
+    turns = ["<think>t</think><interaction_prompt>p</interaction_prompt>",
+             "<think>t</think><answer>Paris</answer>", "<answer>Paris</answer>", "<answer> </answer>", "junk"]
+    rng = random.Random(format_cap)
+    for _ in range(200):
+        batch, gate_open = [], []
+        for g in range(rng.randint(1, 8)):
+            agent_turns = [rng.choice(turns) for _ in range(rng.randint(1, 3))]
+            reward = compute_reward(agent_turns, ["Paris"], format_cap=format_cap)
+            failed = rng.random() < 0.2
+            batch.append(Trajectory("q", g, [], agent_turns=agent_turns, error="HTTP 500" if failed else None,
+                                    reward=None if failed else reward))
+            if not failed:  # the gate: the format score reached the configured cap
+                gate_open.append(math.isclose(reward.format, format_cap))
+        stats = rollout_stats(batch, format_cap=format_cap)
+        expected = sum(gate_open) / len(gate_open) if gate_open else 0.0
+        assert stats["format_valid_rate"] == pytest.approx(expected, abs=1e-12)
+    # a cap below 1 is reached by a single final turn: a fixed `format >= 1.0` rule would count none
+    lone = compute_reward(["<think>t</think><answer>Paris</answer>"], ["Paris"], format_cap=0.6)
+    assert rollout_stats([Trajectory("q", 0, [], reward=lone)], format_cap=0.6)["format_valid_rate"] == 1.0
 
 
 # -- real models --------------------------------------------------------------------------------

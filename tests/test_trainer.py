@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 from prompt_r1.config import ConfigError, load_config, parse_config
 from prompt_r1.models import build_tiny_model
 from prompt_r1.trainer import GRPOLearner, resolve_device
+from prompt_r1.trajectory import rollout_stats
 
 
 def _params(model) -> dict[str, torch.Tensor]:
@@ -35,6 +36,8 @@ def test_step_changes_weights_and_reports_metrics(tiny_model_path) -> None:
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # one epoch, one mini-batch: on-policy
     assert metrics["clip_fraction"] == 0.0
     assert metrics["response_length"] == pytest.approx(sum(sum(t.loss_mask) for t in trajectories) / 6)
+    stats = rollout_stats(trajectories, format_cap=learner.cfg.reward.format_cap)  # the one batch-statistics rule
+    assert {k: metrics[k] for k in stats} == stats
     assert metrics["logprob_diff"] > 0  # the hand-made sampling log-probs (-5) are not the model's
     # full fine-tuning: the frozen reference keeps the initial weights
     fresh = AutoModelForCausalLM.from_pretrained(tiny_model_path)

@@ -26,6 +26,8 @@ from typing import Any
 
 from prompt_r1.config import EnvConfig
 from prompt_r1.env.base import EnvReply, Environment, check_messages, with_system
+from prompt_r1.seeding import derive_seed
+from prompt_r1.tokens import chat_prompt_ids, left_pad, pad_token_id, stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +74,8 @@ class InProcessEnvironment(Environment):
                              "set `chat_template` in the environment config")
         self.lm = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         self.lm.eval()
-        self.stop_ids = self._stop_ids()
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad) if pad is not None else self.stop_ids[0]
+        self.stop_ids = stop_token_ids(self.tokenizer, self.lm.generation_config.eos_token_id)
+        self.pad_id = pad_token_id(self.tokenizer, self.stop_ids)
         self.context_limit = int(getattr(self.lm.config, "max_position_embeddings", 0) or 0) or None
         self.batch_sizes: list[int] = []  # size of every generate call, for tests and benchmarks
         self._generate_lock = threading.Lock()
@@ -83,24 +84,9 @@ class InProcessEnvironment(Environment):
         self._pending: list[_Request] = []
         self._flusher: asyncio.Task | None = None
 
-    def _stop_ids(self) -> list[int]:
-        ids: list[int] = []
-        eos = self.lm.generation_config.eos_token_id
-        for value in (eos if isinstance(eos, list) else [eos]) + [self.tokenizer.eos_token_id]:
-            if value is not None and int(value) not in ids:
-                ids.append(int(value))
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id and im_end not in ids:
-            ids.append(im_end)
-        if not ids:
-            raise ValueError(f"model {self.model_path} has no EOS token; cannot tell where a reply ends")
-        return ids
-
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
         """Prompt ids: the chat template with the generation prompt, no extra special tokens."""
-        text = self.tokenizer.apply_chat_template(
-            messages, chat_template=self.template, add_generation_prompt=True, tokenize=False)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return chat_prompt_ids(self.tokenizer, messages, self.template)
 
     # -- the call ---------------------------------------------------------------------------
     async def reply(self, messages: list[dict[str, str]], turn: int = 0) -> EnvReply:
@@ -160,19 +146,15 @@ class InProcessEnvironment(Environment):
         """New token ids per prompt, cut after the first stop token (which is kept and counted)."""
         import torch
 
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):  # left padding: every row ends at the same position
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids):] = 1
+        input_ids, attention = left_pad(prompts, self.pad_id)
+        width = input_ids.shape[1]
         greedy = self.cfg.temperature == 0.0
         options: dict[str, Any] = {"do_sample": False} if greedy else {
             "do_sample": True, "temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "top_k": 0}
         with self._generate_lock, torch.inference_mode(), torch.random.fork_rng(devices=[]):
             self.batch_sizes.append(len(prompts))
             self._batches_run += 1
-            torch.manual_seed((self.cfg.seed or 0) * 1_000_003 + self._batches_run)
+            torch.manual_seed(derive_seed("env_batch", self.cfg.seed or 0, self._batches_run))
             out = self.lm.generate(
                 input_ids=input_ids, attention_mask=attention, max_new_tokens=self.cfg.max_tokens,
                 eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **options)

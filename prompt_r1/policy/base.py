@@ -24,8 +24,10 @@ Conventions shared by all backends:
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,6 +51,15 @@ class Policy(abc.ABC):
     tokenizer: Any
     stop_strings: tuple[str, ...] = STOP_STRINGS
     deterministic: bool = False  # exact per-row results whatever the batch (see the module docstring)
+
+    def _keep_settings(self, model_path: str | Path, temperature: float, top_p: float, seed: int,
+                       stop_strings: Sequence[str]) -> None:
+        """The sampling settings and call state every backend keeps."""
+        self.model_path = str(model_path)
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.seed, self.stop_strings = seed, tuple(stop_strings)
+        self._calls = 0  # generate calls so far: `per_row_seeds` derives seeds from it when given none
+        self._lock = threading.Lock()  # generate may be called from worker threads
 
     @abc.abstractmethod
     def generate(
@@ -103,18 +114,3 @@ def per_row_seeds(seeds: Sequence[int] | None, rows: int, policy_seed: int, call
     if any(s < 0 for s in out):
         raise ValueError(f"seeds must be non-negative, got {out}")
     return out
-
-
-def stop_token_ids(tokenizer: Any, generation_eos: int | list[int] | None = None) -> set[int]:
-    """Ids that end a turn: the tokenizer's EOS, the generation config's EOS and `<|im_end|>`."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    if isinstance(generation_eos, int):
-        ids.add(generation_eos)
-    elif generation_eos:
-        ids.update(int(i) for i in generation_eos)
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        ids.add(im_end)
-    return ids

@@ -22,19 +22,17 @@ it samples EOS / `<|im_end|>` (kept in `token_ids`, see `policy/base.py`), or at
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds, stop_token_ids
+from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds
 from prompt_r1.protocol import STOP_STRINGS
+from prompt_r1.tokens import left_pad, pad_token_id, stop_token_ids, torch_dtype
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class TransformersPolicy(Policy):
@@ -52,23 +50,16 @@ class TransformersPolicy(Policy):
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.model_path = str(model_path)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.stop_strings = tuple(stop_strings)
+        self._keep_settings(model_path, temperature, top_p, seed, stop_strings)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype])
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype(dtype))
         self.model.eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad) if pad is not None else min(self.stop_ids)
+        self.pad_id = pad_token_id(self.tokenizer, self.stop_ids)
         # A stop string of n characters is covered by the last n tokens (every token decodes to >= 1 char).
         self.tail_tokens = max(len(s) for s in self.stop_strings)
-        self.seed = seed
         self.batch_invariant = batch_invariant
         self.deterministic = batch_invariant
-        self._calls = 0
-        self._lock = threading.Lock()  # generate may be called from worker threads
 
     # -- sampling ---------------------------------------------------------------------------
     def _sample_next(self, logits: torch.Tensor, generators: list[torch.Generator],
@@ -116,12 +107,8 @@ class TransformersPolicy(Policy):
 
     def _generate(self, prompts: list[list[int]], limits: list[int],
                   generators: list[torch.Generator]) -> list[Sample]:
-        rows, width = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((rows, width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention[row, width - len(prompt):] = 1
+        rows = len(prompts)
+        input_ids, attention = left_pad(prompts, self.pad_id)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
         past, logits = out.past_key_values, out.logits[:, -1, :]

