@@ -16,11 +16,9 @@ never a folder holding anything else.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +27,7 @@ import torch
 import yaml
 
 from prompt_r1.config import Config
+from prompt_r1.fsutil import atomic_dir
 
 if TYPE_CHECKING:
     from prompt_r1.trainer import GRPOLearner
@@ -87,28 +86,19 @@ def save_checkpoint(learner: GRPOLearner, ckpt_dir: Path, step: int, data_positi
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / step_dir_name(step)
-    tmp = ckpt_dir / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    learner.model.save_pretrained(tmp)  # full model, or the adapter under LoRA
-    learner.tokenizer.save_pretrained(tmp)
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    torch.save({
-        "step": step,
-        "data_position": dict(data_position),
-        "optimizer": learner.optimizer.state_dict(),
-        "scheduler": learner.scheduler.state_dict(),
-        "rng": rng_state(),
-        "base_model_path": learner.model_path,
-        "lora": learner.use_lora,
-    }, tmp / STATE_FILE)
-    if final.exists():  # re-saving a step (e.g. forced final save): replace it
-        old = ckpt_dir / f".old-{final.name}-{os.getpid()}"
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
+    with atomic_dir(final, replace=True) as tmp:  # re-saving a step (forced final save) replaces it
+        learner.model.save_pretrained(tmp)  # full model, or the adapter under LoRA
+        learner.tokenizer.save_pretrained(tmp)
+        (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        torch.save({
+            "step": step,
+            "data_position": dict(data_position),
+            "optimizer": learner.optimizer.state_dict(),
+            "scheduler": learner.scheduler.state_dict(),
+            "rng": rng_state(),
+            "base_model_path": learner.model_path,
+            "lora": learner.use_lora,
+        }, tmp / STATE_FILE)
     for _, stale in list_checkpoints(ckpt_dir)[:-config.train.keep_checkpoints]:
         shutil.rmtree(stale, ignore_errors=True)
     return final
@@ -197,10 +187,7 @@ def export_checkpoint(ckpt: Path, out_dir: Path, overwrite: bool = False) -> Pat
     state = _read_state(ckpt) if (ckpt / STATE_FILE).is_file() else {}
     dtype = torch.bfloat16 if _saved_dtype(ckpt, state) == "bfloat16" else torch.float32
     model = load_merged_model(ckpt, dtype)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # mkdtemp: a fresh folder of our own, so cleaning it up can never touch anything else.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export-", dir=out_dir.parent))
-    try:
+    with atomic_dir(out_dir, replace=True) as tmp:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(ckpt).save_pretrained(tmp)
         for extra in ("generation_config.json",):
@@ -209,31 +196,7 @@ def export_checkpoint(ckpt: Path, out_dir: Path, overwrite: bool = False) -> Pat
                 shutil.copy(source, tmp / extra)
         (tmp / EXPORT_MARKER).write_text(json.dumps({"checkpoint": str(ckpt.resolve())}) + "\n")
         check_export_target(out_dir, overwrite)  # again: it may have changed while we built
-        _swap_in(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
-
-
-def _swap_in(tmp: Path, out_dir: Path) -> None:
-    """Rename `tmp` to `out_dir`; a present `out_dir` (checked replaceable) is moved aside
-    first and put back if the rename fails, then deleted."""
-    if not out_dir.exists():
-        tmp.rename(out_dir)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-    try:
-        out_dir.rename(aside / "export")
-        try:
-            tmp.rename(out_dir)
-        except OSError:
-            (aside / "export").rename(out_dir)
-            raise
-    except OSError:
-        aside.rmdir()
-        raise
-    shutil.rmtree(aside)  # the earlier export or empty folder that was replaced
 
 
 def _saved_dtype(ckpt: Path, state: dict[str, Any]) -> str:

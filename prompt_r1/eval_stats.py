@@ -17,17 +17,18 @@ whose environment call failed before calling (a failure is not a score of 0).
 from __future__ import annotations
 
 import itertools
-import zlib
 from collections.abc import Sequence
 
 import numpy as np
+
+from prompt_r1.seeding import derive_seed
 
 RESAMPLES = 2000
 LEVEL = 0.95
 EXACT_MAX_N = 16  # sign flips are enumerated exactly (2**n) up to this many nonzero differences
 
 
-def cell_seed(*parts: object, base: int = 0) -> int:
+def cell_seed(*parts: object) -> int:
     """A stable seed for one table cell, so a cell's interval does not depend on which others ran.
 
     >>> cell_seed("env", "direct", "nq") == cell_seed("env", "direct", "nq")
@@ -35,7 +36,7 @@ def cell_seed(*parts: object, base: int = 0) -> int:
     >>> cell_seed("env", "direct", "nq") != cell_seed("env", "cot", "nq")
     True
     """
-    return (zlib.crc32("\x1f".join(map(str, parts)).encode()) + base) % (2**32)
+    return derive_seed("table_cell", *map(str, parts))
 
 
 def bootstrap_ci(values: Sequence[float], seed: int = 0, resamples: int = RESAMPLES,
@@ -122,4 +123,4 @@ def paired_comparison(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]
     alpha = (1 - level) / 2
     lo, hi = np.quantile(boot, [alpha, 1 - alpha])
     return {"diff": _stratified_stat(diffs), "ci_low": float(lo), "ci_high": float(hi),
-            "p_value": sign_flip_p(diffs, seed + 1, resamples), "n": n}
+            "p_value": sign_flip_p(diffs, derive_seed("sign_flip", seed), resamples), "n": n}

@@ -21,10 +21,10 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 
 from prompt_r1.config import runs_home
+from prompt_r1.fsutil import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +59,6 @@ def package_dir(package: str) -> Path:
         raise FileNotFoundError(
             f"package `{package}` is not installed; run `make setup` (scripts/setup.sh installs it)")
     return Path(list(spec.submodule_search_locations)[0])
-
-
-def _finish(tmp: Path, out: Path) -> Path:
-    """Atomically publish a folder built in `tmp` (concurrent builders: first one wins)."""
-    try:
-        tmp.rename(out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def _gguf_source(name: str) -> tuple[Path, str]:
@@ -111,11 +102,10 @@ def materialize_gguf(name: str, out: Path | None = None) -> Path:
     model.tie_weights()
     if not tokenizer.chat_template:
         tokenizer.chat_template = CHATML_TEMPLATE if name == SMOLLM2 else PLAIN_TEMPLATE
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    return _finish(tmp, out)
+    with atomic_dir(out) as tmp:  # concurrent builders: the first one wins
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return out
 
 
 def materialize_smollm2(out: Path | None = None) -> Path:
@@ -159,13 +149,12 @@ def build_tiny_model(out: Path, tokenizer_source: str = "bytes", seed: int = 0,
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config)
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}))
-    return _finish(tmp, out)
+    with atomic_dir(out) as tmp:  # concurrent builders: the first one wins
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "generation_config.json").write_text(json.dumps(
+            {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}))
+    return out
 
 
 def resolve_model(name: str) -> Path | str:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from prompt_r1.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,7 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
 
 def write_record(run_dir: Path, record: dict[str, Any]) -> None:
     """Write `run.json` atomically (a crash leaves the old or the new file, never half of one)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{RUN_FILE}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, run_dir / RUN_FILE)
+    atomic_write_text(Path(run_dir) / RUN_FILE, json.dumps(record, indent=2) + "\n")
 
 
 def _has_checkpoint(run_dir: Path) -> bool:

@@ -12,10 +12,11 @@ environment calls and rewards that vary.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import shutil
 from pathlib import Path
+
+from prompt_r1.fsutil import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +90,10 @@ def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e
         if step % 50 == 0 or step == steps - 1:
             log.info("warm start step %d: loss %.3f", step, loss.item())
     model.eval()
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    for extra in ("generation_config.json",):
-        if (base / extra).exists():
-            shutil.copy(base / extra, tmp / extra)
-    try:
-        tmp.rename(out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_dir(out) as tmp:  # concurrent builders: the first one wins
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        for extra in ("generation_config.json",):
+            if (base / extra).exists():
+                shutil.copy(base / extra, tmp / extra)
     return out

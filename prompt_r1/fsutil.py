@@ -1,0 +1,96 @@
+"""Publishing files and folders atomically: built under a temporary name, then renamed into place.
+
+A checkpoint, an exported agent, a cached model folder or a run record is either absent or
+complete, never half-written, even when a process dies mid-write or two processes build the same
+thing at once. `atomic_dir` and `atomic_write_text` are the one implementation of that pattern.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def _temp_beside(target: Path, kind: str) -> Path:
+    """A fresh hidden name next to `target` (same filesystem, so the rename is atomic)."""
+    return target.with_name(f".{target.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+@contextmanager
+def atomic_dir(target: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary folder beside `target`; when the block ends without error it
+    becomes `target`, and on an error it is deleted (`target` untouched).
+
+    An existing `target`: with `replace`, it is moved aside, the new folder renamed in (the old
+    one is put back if that fails) and then deleted; without it, the first folder to arrive wins
+    and this one is discarded (concurrent builders of the same cache entry).
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> with atomic_dir(root / "out") as tmp:
+    ...     _ = (tmp / "a.txt").write_text("1")
+    >>> sorted(p.name for p in root.iterdir()), (root / "out" / "a.txt").read_text()
+    (['out'], '1')
+    >>> with atomic_dir(root / "out") as tmp:  # already there: the first one wins
+    ...     _ = (tmp / "a.txt").write_text("2")
+    >>> (root / "out" / "a.txt").read_text(), len(list(root.iterdir()))
+    ('1', 1)
+    >>> with atomic_dir(root / "out", replace=True) as tmp:
+    ...     _ = (tmp / "b.txt").write_text("3")
+    >>> sorted(p.name for p in (root / "out").iterdir()), len(list(root.iterdir()))
+    (['b.txt'], 1)
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_beside(target, "tmp")
+    tmp.mkdir()
+    try:
+        yield tmp
+        if replace and target.exists():
+            _swap_in(tmp, target)
+        else:
+            try:
+                tmp.rename(target)
+            except OSError:
+                if not target.exists():  # not a lost race: a real failure
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _swap_in(tmp: Path, target: Path) -> None:
+    """Replace `target` by `tmp`: the old one is moved aside first, put back if the rename
+    fails, and deleted once the new one is in place."""
+    aside = _temp_beside(target, "old")
+    target.rename(aside)
+    try:
+        tmp.rename(target)
+    except OSError:
+        aside.rename(target)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write a text file so readers see the old or the new content, never part of one.
+
+    >>> import tempfile
+    >>> f = Path(tempfile.mkdtemp()) / "run.json"
+    >>> atomic_write_text(f, "{}"); atomic_write_text(f, "[]"); f.read_text(), len(list(f.parent.iterdir()))
+    ('[]', 1)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_beside(path, "tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
