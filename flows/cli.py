@@ -24,7 +24,9 @@ def _registry_agent(uri: str) -> Path | None:
     return registry_agent_path(uri)
 
 
-# Under this CLI the library's agent resolver takes registry URIs (and defaults to the champion).
+# Under this CLI the library's agent resolver takes registry URIs (and defaults to the champion);
+# the flows install the same resolver with `tasks.tracking.install_registry_resolver`, which
+# imports MLflow at once, so the command line keeps this lazy form to start fast.
 register_scheme("models", _registry_agent)
 
 
@@ -103,7 +105,7 @@ def rerun_mlflow_run(run_id: str) -> dict:
     local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="config/resolved_config.yaml",
                                                 dst_path=str(tmp))
     setup_mlflow(run.data.tags.get("config_name", "default"))
-    if flow_name == "evaluate":
+    if flow_name == "evaluate":  # the agent folders it evaluated, resolved again by the one resolver
         agents = {k[len("eval_agent."):]: v for k, v in run.data.params.items() if k.startswith("eval_agent.")}
         result = evaluate_flow(local, agents=agents, use_champion=run.data.tags.get("use_champion") == "True")
     elif flow_name == "train":

@@ -12,14 +12,16 @@ from typing import Any
 import mlflow
 from prefect import flow
 
+from prompt_r1.agent_resolver import resolve_agents
 from prompt_r1.config import default_db_path, load_config, run_dir
 from prompt_r1.eval_report import markdown_table, write_report
-from prompt_r1.evaluate import EvalOutcome, resolve_agents
+from prompt_r1.evaluate import EvalOutcome
 from prompt_r1.failures import EnvironmentFailure
 from tasks.artifacts import publish_eval_table
 from tasks.evaluate import evaluate_environment
 from tasks.ingest import ingest_sources
-from tasks.tracking import champion_path, log_datasets, log_eval_environment, log_run_identity, metric_key, setup_mlflow
+from tasks.tracking import (install_registry_resolver, log_datasets, log_eval_environment, log_run_identity,
+                            metric_key, setup_mlflow)
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -29,14 +31,17 @@ log = logging.getLogger(__name__)
 def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | None = None,
                   use_champion: bool = False, overrides: dict[str, Any] | None = None,
                   parent_run_id: str | None = None) -> dict[str, Any]:
-    """Evaluate; returns the MLflow run id, the results rows and the report folder."""
+    """Evaluate; returns the MLflow run id, the results rows and the report folder.
+
+    `agents` maps labels to agent specs (`prompt_r1.agent_resolver`: folders, run ids, bundled
+    models, `models:/` URIs); `use_champion` evaluates the registry's champion alone.
+    """
     cfg = load_config(config, overrides)
     setup_mlflow(cfg.name)
     db = str(default_db_path())
     ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)
-    resolved = resolve_agents(cfg, agents, champion_path() if use_champion or "champion" in
-                              cfg.eval.agent_checkpoints else None,
-                              labels=["champion"] if use_champion else None)
+    install_registry_resolver()  # `champion` and `models:/` specs resolve through the registry
+    resolved = resolve_agents(cfg, agents, labels=["champion"] if use_champion else None)
     suite = ",".join(cfg.eval.suites)
     with mlflow.start_run(run_name=f"evaluate-{cfg.name}", nested=parent_run_id is not None,
                           parent_run_id=parent_run_id,

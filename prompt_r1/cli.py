@@ -3,7 +3,8 @@
 Every command takes `--config FILE` where it needs settings; errors in user input end with a
 one-paragraph message naming the file, row or key, and exit code 2. A run stopped because too
 many environment calls failed ends with exit code 3 and a message naming the environment and
-its first error.
+its first error. This module holds the shared helpers and the data / train / evaluate
+commands; those that use a trained agent (ask, serve, export) are in `prompt_r1.cli_use`.
 """
 
 from __future__ import annotations
@@ -83,6 +84,16 @@ def _load(config: Path, overrides: list[str] | None = None):
     try:
         return load_config(config, parse_overrides(overrides))
     except ConfigError as err:
+        _fail(str(err))
+
+
+def _agent_folder(spec: Optional[str], cfg) -> Path:
+    """The agent folder `spec` names (`prompt_r1.agent_resolver`), or exit 2 saying which forms it takes."""
+    from prompt_r1.agent_resolver import AgentSpecError, resolve_agent
+
+    try:
+        return resolve_agent(spec, default_model=cfg.agent.model, config_name=cfg.name)
+    except (AgentSpecError, FileNotFoundError) as err:
         _fail(str(err))
 
 
@@ -208,27 +219,6 @@ def serve_env(
     console.print("server stopped")
 
 
-@app.command("export")
-def export(
-    checkpoint: Path = typer.Argument(..., help="Checkpoint folder (runs/.../checkpoints/step-N)."),
-    out_dir: Path = typer.Argument(..., help="Folder for the plain HF model: new or empty, or an earlier export (with --overwrite)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT_DIR when it holds an earlier export. "
-                                   "A non-empty folder that is not an export is always refused, never emptied."),
-) -> None:
-    """Export a checkpoint as a plain HF model folder (LoRA merged, tokenizer included).
-
-    The export is built beside OUT_DIR and renamed into place, and carries a small marker file
-    (.prompt-r1-export.json) so that a later export may replace it; nothing else is ever deleted.
-    """
-    from prompt_r1.checkpoint import export_checkpoint
-
-    try:
-        folder = export_checkpoint(checkpoint, out_dir, overwrite=overwrite)
-    except (FileNotFoundError, FileExistsError, ValueError, OSError) as err:
-        _fail(f"cannot export {checkpoint}: {err}")
-    console.print(f"exported {checkpoint} -> {folder}")
-
-
 @app.command()
 def train(
     config: Path = ConfigOpt,
@@ -286,29 +276,24 @@ def train(
 def evaluate(
     config: Path = ConfigOpt,
     db: Optional[Path] = DbOpt,
-    agent: list[str] = typer.Option([], "--agent", help="LABEL=SPEC (repeatable): a folder, a training run id, a bundled model or a models:/ URI, e.g. trained=runs/.../agent; `base` is the config's agent model."),
+    agent: list[str] = typer.Option([], "--agent", help="LABEL=SPEC or SPEC (repeatable): a bundled model, a folder, a training run id or a models:/ URI, e.g. trained=runs/smoke/RUN_ID; labels `base` (the config's agent.model) and `champion` (the registry's) need no SPEC: list them in eval.agent_checkpoints."),
     out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default: the run folder)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Id for the warehouse rows."),
     sequential: bool = typer.Option(False, help="One environment call at a time (for timing)."),
     set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
 ) -> None:
     """Evaluate methods x suites x environments; writes warehouse rows, tables and plots."""
+    from prompt_r1.agent_resolver import AgentSpecError, parse_labelled_specs, resolve_agents
     from prompt_r1.config import new_run_id, run_dir
     from prompt_r1.eval_report import markdown_table, write_report
-    from prompt_r1.evaluate import EvalError, evaluate as run_evaluation, resolve_agents
+    from prompt_r1.evaluate import EvalError, evaluate as run_evaluation
     from prompt_r1.failures import EnvironmentFailure
     from prompt_r1.ingest import ingest as ingest_paths
 
     cfg = _load(config, set_)
-    agents: dict[str, str] = {}
-    for item in agent:
-        label, sep, spec = item.partition("=")
-        if not sep or not label or not spec:
-            _fail(f"--agent expects LABEL=SPEC (a folder, run id, bundled model or models:/ URI), got {item!r}")
-        agents[label] = str(_agent_folder(spec, cfg))
     try:
-        agents = resolve_agents(cfg, agents, labels=[a for a in cfg.eval.agent_checkpoints if a != "champion"])
-    except EvalError as err:
+        agents = resolve_agents(cfg, parse_labelled_specs(agent))
+    except (AgentSpecError, FileNotFoundError) as err:
         _fail(str(err))
     run_id = run_id or new_run_id()
     folder = out or run_dir(cfg.name, run_id) / "eval"
@@ -342,7 +327,6 @@ def rollout(
 
     from prompt_r1.config import new_run_id, run_dir
     from prompt_r1.ingest import ingest as ingest_paths
-    from prompt_r1.models import resolve_model
     from prompt_r1.ray_rollout import RolloutPool, actor_environment, init_ray
     from collections import Counter
 
@@ -363,7 +347,7 @@ def rollout(
         init_ray(cfg.rollout)
         with actor_environment(cfg.environment, run_dir(cfg.name, run_id) / "logs") as env_cfg:
             actor_cfg = cfg.model_copy(update={"environment": env_cfg})
-            with RolloutPool(actor_cfg, resolve_model(cfg.agent.model), workers) as pool:
+            with RolloutPool(actor_cfg, _agent_folder(cfg.agent.model, cfg), workers) as pool:
                 trajectories = pool.rollout(questions, step=0)
         records = [t.to_record() for t in trajectories]
         wh.replace_step(run_id, 0, records, env_call_records(trajectories))
@@ -380,113 +364,10 @@ def rollout(
         + (f"; wrote {out}" if out else ""))
 
 
-AgentSpecOpt = typer.Option(None, "--agent", help="Agent: a bundled model name, a folder, a training run id, or "
-                             "models:/prompt-r1-agent@champion (default: the registry's champion when there is "
-                             "one, else the config's agent.model).")
-
-
-def _agent_folder(spec: Optional[str], cfg) -> Path:
-    from prompt_r1.agent_resolver import AgentSpecError, resolve_agent
-
-    try:
-        return resolve_agent(spec, default_model=cfg.agent.model, config_name=cfg.name)
-    except (AgentSpecError, FileNotFoundError) as err:
-        _fail(str(err))
-
-
-@app.command()
-def ask(
-    question: str = typer.Argument(..., help="The question for the agent."),
-    config: Path = ConfigOpt,
-    agent: Optional[str] = AgentSpecOpt,
-    env: Optional[str] = typer.Option(None, "--env", help="Environment name from the config (default: the "
-                                      "training environment)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the whole episode as JSON (turns, token ids, "
-                                 "environment calls, tokens, cost) instead of the turns as they happen."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
-) -> None:
-    """Ask a trained agent one question: it prompts the environment LLM, then answers."""
-    import asyncio
-    import time
-
-    from prompt_r1.agent_service import answer_question, env_failure, episode_report, pick_environment, watch_environment
-    from prompt_r1.env import open_environment
-    from prompt_r1.evaluate import eval_agent
-    from prompt_r1.policy import make_policy
-
-    cfg = _load(config, set_)
-    try:
-        env_cfg = pick_environment(cfg, env)
-    except KeyError as err:
-        _fail(f"{config}: {err.args[0]}")
-    folder = _agent_folder(agent, cfg)
-    if not as_json:
-        console.print(f"agent {folder}; environment {env_cfg.name} ({env_cfg.model})", highlight=False)
-    policy = make_policy(eval_agent(cfg), folder, seed=cfg.seed)
-
-    def show(kind: str, text: str) -> None:
-        if not as_json:
-            label = "[bold cyan]agent ->[/]" if kind == "interaction" else f"[bold green]{env_cfg.name} ->[/]"
-            console.print(f"{label} {escape_markup(text.strip() or '(empty)')}", soft_wrap=True, highlight=False)
-
-    started = time.perf_counter()
-    with open_environment(env_cfg, log_dir=runs_home_logs()) as environment:
-        async def run():
-            try:
-                return await answer_question(policy, watch_environment(environment, show), question, cfg)
-            finally:
-                await environment.aclose()
-
-        traj = asyncio.run(run())
-    report = episode_report(question, traj, env_cfg, str(folder), time.perf_counter() - started, tokens=True)
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        usage = report["usage"]
-        console.print(f"[bold]answer:[/] {escape_markup(traj.answer)}", soft_wrap=True, highlight=False)
-        console.print(f"{len(traj.agent_turns)} agent turns, {len(traj.env_calls)} environment calls, stop "
-                      f"{traj.stop_reason}; tokens: agent {usage['agent_prompt_tokens']}+"
-                      f"{usage['agent_completion_tokens']}, environment {usage['env_prompt_tokens']}+"
-                      f"{usage['env_completion_tokens']}; cost ${report['cost_usd']:.6f}", highlight=False)
-    failure = env_failure(traj)
-    if failure:
-        _fail(f"environment {env_cfg.name!r} failed: {failure}")
-
-
-def escape_markup(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
-
-
-def runs_home_logs() -> Path:
-    from prompt_r1.config import runs_home
-
-    return runs_home() / "logs"
-
-
-@app.command()
-def serve(
-    config: Path = ConfigOpt,
-    agent: Optional[str] = AgentSpecOpt,
-    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
-    port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port."),
-    max_concurrent: int = typer.Option(64, "--max-concurrent", min=1, help="Episodes running at once."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
-) -> None:
-    """Serve the agent as an OpenAI-compatible API: one model `prompt-r1:<env>` per environment."""
-    from prompt_r1.agent_service import config_environments
-    from prompt_r1.serve import ServeConfig, serve_agent
-
-    cfg = _load(config, set_)
-    folder = _agent_folder(agent, cfg)
-    models = ", ".join(f"prompt-r1:{name}" for name in config_environments(cfg))
-    console.print(f"agent {folder}; models {models}; http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
-    try:
-        serve_agent(cfg, folder, host, port, ServeConfig(max_concurrent=max_concurrent), log_dir=runs_home_logs())
-    except KeyboardInterrupt:
-        pass
-
+# The use-the-agent commands (ask, serve, export) register themselves on `app`.
+from prompt_r1 import cli_use  # noqa: E402,F401
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+    from prompt_r1.cli import app as registered  # the imported module's app, which cli_use extended
+
+    sys.exit(registered())

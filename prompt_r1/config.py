@@ -327,7 +327,8 @@ class EvalConfig(_Strict):
     )
     agent_checkpoints: list[str] = Field(
         default_factory=lambda: ["base", "trained"],
-        description="`base`, `trained` (this run's final checkpoint), `champion`, or a folder.",
+        description="`base` (agent.model), `trained` (this run's final checkpoint), `champion` (the registry's), "
+        "or any agent spec: a bundled model, a folder, a training run id or a models:/ URI.",
     )
     examples_per_dataset: int = Field(2, ge=0, description="Trajectories kept for reading.")
     temperature: float = Field(
@@ -454,11 +455,16 @@ def default_db_path() -> Path:
 
 
 def new_run_id() -> str:
-    """A sortable id for runs started outside MLflow (the flows use MLflow's run id)."""
-    import uuid
-    from datetime import datetime, timezone
+    """Id of a run started outside MLflow: 32 hex digits, the shape of MLflow's run ids (which the
+    flows use), so `runs/<config>/<run_id>` holds one kind of id and a run id names its folder
+    whoever started the run. Runs are ordered by the start time in their `run.json`, not by id.
 
-    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    >>> import re; bool(re.fullmatch(r"[0-9a-f]{32}", new_run_id())) and new_run_id() != new_run_id()
+    True
+    """
+    import uuid
+
+    return uuid.uuid4().hex
 
 
 def run_dir(config_name: str, run_id: str) -> Path:

@@ -163,37 +163,6 @@ async def _env_method(env, questions: list[QuestionRow], method: str, concurrent
     return results
 
 
-def resolve_agents(cfg: Config, given: dict[str, str] | None = None, champion: Path | None = None,
-                   labels: Sequence[str] | None = None) -> dict[str, str]:
-    """Label -> model folder for `eval.agent_checkpoints` (`base`, `trained`, `champion`, folders).
-
-    `given` supplies paths by label (a run's `trained` checkpoint); `champion` is the registered
-    champion's folder (looked up by the caller, which knows the registry).
-    """
-    from prompt_r1.models import resolve_model
-
-    given = dict(given or {})
-    agents: dict[str, str] = {}
-    for label in labels or cfg.eval.agent_checkpoints:
-        if label in given:
-            agents[label] = str(given[label])
-        elif label == "base":
-            agents[label] = str(resolve_model(cfg.agent.model))
-        elif label == "champion":
-            if champion is None:
-                raise EvalError("no champion agent registered yet: run the `train` or `pipeline` flow first")
-            agents[label] = str(champion)
-        elif label == "trained":
-            log.warning("no trained checkpoint given; skipping agent `trained` (pass --agent trained=DIR)")
-        elif Path(label).is_dir():
-            agents[Path(label).name] = label
-        else:
-            raise EvalError(f"eval.agent_checkpoints: `{label}` is not base, trained, champion or a folder")
-    for label, path in given.items():
-        agents.setdefault(label, str(path))
-    return agents
-
-
 def eval_agent(cfg: Config) -> AgentConfig:
     """The agent's settings for evaluation: `eval.temperature` and `eval.top_p` (greedy by default).
 

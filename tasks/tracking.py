@@ -339,7 +339,9 @@ def _agent_artifact(model_dir: Path) -> Path:
     return model_dir
 
 
-def champion_path() -> Path | None:
-    """Local folder of the champion agent (downloaded from the artifact store)."""
-    return registry_agent_path(f"models:/{MODEL_NAME}@{CHAMPION}")
+def install_registry_resolver() -> None:
+    """Let the library's agent resolver take `models:/...` specs (the champion included)."""
+    from prompt_r1.agent_resolver import register_scheme
+
+    register_scheme("models", registry_agent_path)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.config import load_config
-from prompt_r1.evaluate import EvalError, evaluate, extract_cot_answer, resolve_agents, suite_datasets
+from prompt_r1.agent_resolver import resolve_agents
+from prompt_r1.evaluate import EvalError, evaluate, extract_cot_answer, suite_datasets
 from prompt_r1.ingest import IN_DOMAIN, OOD, PROMPT_R1_FILES, ingest
 from prompt_r1.trajectory import Trajectory
 
