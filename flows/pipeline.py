@@ -46,5 +46,6 @@ def pipeline_flow(config: str = "configs/demo.yaml", data: str | None = None,
             evaluated = evaluate_flow(config, agents, overrides=overrides, parent_run_id=parent.info.run_id)
             seconds["evaluate"] = time.perf_counter() - t0
         mlflow.log_metrics({f"final_{k}": v for k, v in trained["validation"].items()})
+        mlflow.log_metrics({f"base_{k}": v for k, v in trained["validation_before"].items()})
         mlflow.log_metrics({f"stage_seconds/{k}": v for k, v in seconds.items()})
     return {"run_id": parent.info.run_id, "train": trained, "evaluate": evaluated, "seconds": seconds}

@@ -1,5 +1,8 @@
 """`train` flow: per step rollout -> reward -> GRPO update -> broadcast -> checkpoint, in MLflow.
 
+The schedule is the library's (`TrainingSession.run`, the same loop as `prompt-r1 train`); the
+flow adds run bookkeeping: which MLflow run to continue, metrics, and the agent's registration.
+
 A crashed or cancelled run is continued by running the flow again with the same config: it
 finds the newest unfinished training run of the experiment whose `config_hash` and `pool_hash`
 tags match (same settings, same training questions), loads its last checkpoint and goes on.
@@ -9,7 +12,6 @@ Metrics are flushed to MLflow at checkpoints only, so the redone steps are never
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -22,9 +24,11 @@ from prompt_r1.failures import EnvironmentFailure
 from prompt_r1.policy import backend_deterministic
 from prompt_r1.run_record import mismatches, read_record
 from prompt_r1.train_loop import TrainingSession, training_pool_hash
-from tasks import train as t
+from tasks.artifacts import publish_training_metrics
+from tasks.train import FlowTrainingHooks
 from tasks.ingest import ingest_sources
-from tasks.tracking import MetricBuffer, log_run_identity, register_agent, setup_mlflow
+from tasks.tracking import (MetricBuffer, log_datasets, log_run_identity, register_agent, setup_mlflow,
+                            start_training_run)
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -62,10 +66,10 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
         pool = training_pool_hash(wh, cfg)
     previous = unfinished_run(exp_id, cfg.name, cfg.hash(), pool) if resume else None
     if previous:
-        run = mlflow.start_run(run_id=previous)
+        run = start_training_run(run_id=previous)
         log.info("continuing unfinished training run %s (config hash %s, pool hash %s)", previous, cfg.hash(), pool)
     else:
-        run = mlflow.start_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
+        run = start_training_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
                                parent_run_id=parent_run_id,
                                tags={"flow": "train", "config_hash": cfg.hash(), "pool_hash": pool,
                                      # exact reruns whatever the environment latency (README, Determinism)
@@ -75,39 +79,23 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
     with run, Warehouse(db) as wh:
         if not previous:
             log_run_identity(cfg, "train", wh.source_hashes(), config)
+            log_datasets(wh, cfg, "training")
         buffer = MetricBuffer(run_id)
-        val: dict[str, float] = {}
         with TrainingSession(cfg, wh, run_id, run_dir(cfg.name, run_id), resume=True) as session:
             buffer.recover(session.ckpt_dir / f"metrics-{session.step:05d}.json")
-            while session.step < cfg.train.steps:
-                questions = t.next_batch(session)
-                trajectories = t.rollout(session, questions)
-                try:
-                    metrics = t.grpo_update(session, trajectories)
-                except EnvironmentFailure as err:  # the flow and MLflow run fail; nothing is registered
-                    mlflow.set_tag("env_failure", str(err)[:5000])
-                    raise
-                buffer.add(session.step - 1, metrics)
-                t.broadcast_weights(session)
-                every = cfg.train.validate_every
-                if every and session.step % every == 0 and session.step < cfg.train.steps:
-                    buffer.add(session.step - 1, t.validate(session))
-                last = session.step == cfg.train.steps
-                if last or session.step % cfg.train.checkpoint_every == 0:
-                    if last:  # the final validation belongs to the final checkpoint's metrics
-                        val = t.validate(session)
-                        buffer.add(session.step - 1, val)
-                    buffer.save(session.ckpt_dir / f"metrics-{session.step:05d}.json")
-                    t.checkpoint(session, force=True)
-                    buffer.flush()
-                    mlflow.log_text("\n".join(json.dumps(x.to_record()) for x in trajectories[:4]),
-                                    f"trajectories/step-{session.step - 1:05d}.jsonl")
-            if not val:  # resumed after the last step's checkpoint: validate the final weights
-                val = t.validate(session)
-            final = session.export_agent()
+            try:
+                hooks = FlowTrainingHooks(cfg.train.steps, buffer, session.ckpt_dir)
+                outcome = session.run(hooks)
+            except EnvironmentFailure as err:  # the flow and MLflow run fail; nothing is registered
+                mlflow.set_tag("env_failure", str(err)[:5000])
+                raise
+        final, val = outcome.agent, outcome.validation
+        if hooks.history:
+            publish_training_metrics(hooks.history)
         version, champion = (register_agent(run_id, final, val.get("val_reward"))
                              if final else (None, False))
         mlflow.set_tags({"registered_version": str(version), "champion": str(champion)})
         session.mark_finished()
     return {"run_id": run_id, "checkpoint": str(final) if final else None, "validation": val,
+            "validation_before": outcome.validation_before,
             "model_version": version, "champion": champion}

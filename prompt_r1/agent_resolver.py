@@ -8,7 +8,9 @@ A spec is, in this order:
 - a bundled model name from `prompt_r1.models` (`tiny-protocol`, `smollm2-135m-protocol`, ...);
 - a folder: a HF model folder (config.json), or a training run folder (its exported `agent/`);
 - a training run id: the run folder `runs_home()/<config>/<run_id>/`, then as above. The CLI
-  and the flows name runs alike (32 hex digits, MLflow's run id shape), so one lookup finds both.
+  and the flows name runs alike (32 hex digits, MLflow's run id shape), so one lookup finds both;
+- a Hugging Face hub id `org/name` that is none of the above (e.g. paper.yaml's `Qwen/Qwen3-4B`):
+  returned as the string, for transformers/vLLM to download (needs the hub).
 
 `resolve_agent(None, default_model=...)` is the default agent: the registry's champion
 (`DEFAULT_REGISTRY_URI`) when a registry is installed and holds one, else `default_model`
@@ -19,6 +21,7 @@ agents (`eval.agent_checkpoints`, `--agent LABEL=SPEC`).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +37,7 @@ DEFAULT_REGISTRY_URI = "models:/prompt-r1-agent@champion"
 BUNDLED = ("tiny", "tiny-protocol", "tiny-smollm2", "smollm2-135m-instruct", "smollm2-135m-protocol", "gemma3-270m")
 # Files that mark a folder under the run home as a training run (not the model cache or registry).
 RUN_MARKERS = ("run.json", "agent", "checkpoints")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 # scheme -> function(uri) returning the local agent folder, or None when the registry lacks it.
 SchemeResolver = Callable[[str], "Path | None"]
@@ -47,8 +51,8 @@ class AgentSpecError(ValueError):
 def accepted_forms() -> str:
     """The spec forms, for error messages."""
     return (f"a bundled model ({', '.join(BUNDLED)}), a folder (HF model or training run), a training "
-            f"run id (a folder {runs_home()}/<config>/<run id>), or a registry URI ({DEFAULT_REGISTRY_URI}, "
-            "models:/prompt-r1-agent/VERSION)")
+            f"run id (a folder {runs_home()}/<config>/<run id>), a registry URI ({DEFAULT_REGISTRY_URI}, "
+            "models:/prompt-r1-agent/VERSION), or a Hugging Face hub id (org/name)")
 
 
 def register_scheme(scheme: str, resolver: SchemeResolver) -> None:
@@ -136,8 +140,9 @@ def find_run(run_id: str, config_name: str | None = None, home: Path | None = No
     return found[0] if found else None
 
 
-def resolve_agent(spec: str | None, default_model: str | None = None, config_name: str | None = None) -> Path:
-    """The local HF folder of the agent `spec` names (see the module docstring for the forms)."""
+def resolve_agent(spec: str | None, default_model: str | None = None, config_name: str | None = None) -> Path | str:
+    """The local HF folder of the agent `spec` names, or a hub id as given (see the module
+    docstring for the forms)."""
     if spec is None or spec == "":
         if "models" in _schemes:
             champion = _schemes["models"](DEFAULT_REGISTRY_URI)
@@ -168,6 +173,8 @@ def resolve_agent(spec: str | None, default_model: str | None = None, config_nam
         run = find_run(spec)  # a run of another config is still a usable agent
     if run is not None:
         return _model_folder(run, spec)
+    if HUB_ID.match(spec):
+        return spec
     raise AgentSpecError(f"agent {spec!r} is not {accepted_forms()}")
 
 

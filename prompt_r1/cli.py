@@ -87,7 +87,7 @@ def _load(config: Path, overrides: list[str] | None = None):
         _fail(str(err))
 
 
-def _agent_folder(spec: Optional[str], cfg) -> Path:
+def _agent_folder(spec: Optional[str], cfg) -> Path | str:
     """The agent folder `spec` names (`prompt_r1.agent_resolver`), or exit 2 saying which forms it takes."""
     from prompt_r1.agent_resolver import AgentSpecError, resolve_agent
 
@@ -236,7 +236,7 @@ def train(
     from prompt_r1.failures import EnvironmentFailure
     from prompt_r1.ingest import ingest as ingest_paths
     from prompt_r1.run_record import ResumeError, find_resumable
-    from prompt_r1.train_loop import TrainingSession, training_pool_hash
+    from prompt_r1.train_loop import TrainingHooks, TrainingSession, training_pool_hash
 
     cfg = _load(config, set_)
     if force and not resume:
@@ -264,12 +264,16 @@ def train(
                       highlight=False)
         try:
             with TrainingSession(cfg, wh, run_id, folder, resume=resume, force=force) as session:
-                final = session.run()
+                outcome = session.run(TrainingHooks(cfg.train.steps))
+                session.mark_finished()
         except ResumeError as err:
             _fail(str(err))
         except EnvironmentFailure as err:
             _fail_environment(err)
-    console.print(f"run {run_id}: {cfg.train.steps} steps; trained agent (plain HF folder): {final}")
+    shown = lambda v: f"{v['val_reward']:.3f}" if "val_reward" in v else "n/a"  # noqa: E731
+    console.print(f"run {run_id}: {cfg.train.steps} steps; validation reward {shown(outcome.validation_before)} "
+                  f"before -> {shown(outcome.validation)} after; trained agent (plain HF folder): {outcome.agent}",
+                  highlight=False)
 
 
 @app.command()

@@ -1,8 +1,9 @@
 """The GRPO training loop: rollout -> reward -> update -> weight broadcast -> checkpoint.
 
 `TrainingSession` holds the pieces of one run (learner, Ray rollout pool, environment, data
-order) and exposes each stage as a method, so the Prefect flow can wrap every stage in its own
-task while `prompt-r1 train` simply calls `run()`. Resuming loads the newest checkpoint
+order), exposes each stage as a method, and `run()` is the one schedule of those stages:
+`prompt-r1 train` calls it with the default hooks, the Prefect flow with hooks that run every
+stage as a task and send metrics to MLflow. Resuming loads the newest checkpoint
 (weights, optimiser, RNG, data position) and drops warehouse rows of steps after it, so a
 resumed run reaches the same step count with no repeated or skipped data; it continues only
 the same run (same config and training pool, see `run_record`) unless forced.
@@ -21,21 +22,71 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prompt_r1.config import Config, EnvConfig
 from prompt_r1.seeding import derive_seed
-from prompt_r1.trajectory import Trajectory
-from warehouse.store import QuestionRow, Warehouse
+from prompt_r1.trajectory import Trajectory, env_call_records, rollout_stats
+from prompt_r1.questions import QuestionRow
+
+if TYPE_CHECKING:  # the caller opens the warehouse; the library only reads and writes through it
+    from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class StepResult:
+    """One finished update: `step` is its 0-based index (MLflow's step for training metrics)."""
+
     step: int
     metrics: dict[str, float]
     trajectories: list[Trajectory]
+
+
+@dataclass
+class TrainingOutcome:
+    """What `TrainingSession.run` leaves: the exported agent and validation before/after training."""
+
+    agent: Path | None
+    validation_before: dict[str, float]
+    validation: dict[str, float]
+
+
+T = TypeVar("T")
+
+
+class TrainingHooks:
+    """Extension points of the training schedule; the defaults log progress.
+
+    Subclass to observe the run (metrics to a tracker, a progress bar) or to wrap each stage (the
+    Prefect flow runs every stage as a task). Validation metrics are reported with the number of
+    updates done (0 = the untrained agent); training metrics with their update's 0-based index."""
+
+    def __init__(self, total_steps: int | None = None):
+        self.total_steps = total_steps
+
+    def stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run one stage of the schedule (`next-batch`, `rollout`, `reward`, `grpo-update`,
+        `record`, `broadcast-weights`, `validate`, `checkpoint`)."""
+        if name in ("rollout", "grpo-update", "validate", "checkpoint"):
+            log.info("%s ...", name)  # minutes-long stages on CPU: say what is running
+        return fn(*args)
+
+    def on_step(self, result: StepResult) -> None:
+        shown = {k: round(v, 4) for k, v in result.metrics.items()
+                 if k in ("reward_mean", "reward_std", "format_mean", "answer_mean", "pg_loss", "kl",
+                          "env_error_rate", "step_time_s")}
+        log.info("step %d/%s done: %s", result.step + 1, self.total_steps or "?", shown)
+
+    def on_validation(self, updates_done: int, metrics: dict[str, float]) -> None:
+        log.info("validation after %d update(s): %s", updates_done, {k: round(v, 4) for k, v in metrics.items()})
+
+    def before_checkpoint(self, step: int) -> None:
+        """Called before the checkpoint of `step` completed updates is written."""
+
+    def after_checkpoint(self, step: int, path: Path | None) -> None:
+        """Called once the checkpoint of `step` completed updates is on disk."""
 
 
 def training_pool(warehouse: Warehouse, cfg: Config) -> tuple[list[QuestionRow], list[QuestionRow]]:
@@ -79,13 +130,8 @@ def usable_for_update(trajectories: list[Trajectory]) -> list[Trajectory]:
 
 
 def trajectory_rows(trajectories: list[Trajectory]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Warehouse rows (trajectories, env_calls) of one step."""
-    trajs, calls = [], []
-    for t in trajectories:
-        trajs.append(t.to_record())
-        for c in t.env_calls:
-            calls.append({"question_id": t.question_id, "group_index": t.group_index, **vars(c)})
-    return trajs, calls
+    """Warehouse rows (trajectories, env_calls) of one step: the one conversion at the warehouse edge."""
+    return [t.to_record() for t in trajectories], env_call_records(trajectories)
 
 
 class TrainingSession:
@@ -114,7 +160,7 @@ class TrainingSession:
     def _start(self) -> None:
         """Data, learner, environment server, rollout actors; each started piece is on `_stack`."""
         from prompt_r1.checkpoint import latest_checkpoint, load_checkpoint
-        from prompt_r1.models import resolve_model
+        from prompt_r1.agent_resolver import resolve_agent
         from prompt_r1.run_record import open_run
         from prompt_r1.trainer import GRPOLearner
 
@@ -124,7 +170,7 @@ class TrainingSession:
         # Checked before any model loads, so a refused resume fails in a second.
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), questions_hash(self.train_questions, self.val_questions),
                  self.resume, self.force)
-        self.model_path = resolve_model(self.cfg.agent.model)
+        self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
         self.learner = GRPOLearner(self.cfg, self.model_path)
         latest = latest_checkpoint(self.ckpt_dir) if self.resume else None
         if latest is not None:
@@ -170,7 +216,15 @@ class TrainingSession:
         return [self.by_id[i] for i in batch]
 
     def rollout(self, questions: list[QuestionRow]) -> list[Trajectory]:
-        return self.pool.rollout(questions, self.step)
+        """The group's multi-turn trajectories, not yet scored (`score` is its own stage)."""
+        return self.pool.rollout(questions, self.step, score=False)
+
+    def score(self, trajectories: list[Trajectory]) -> None:
+        """The dual-constrained reward of each trajectory no environment failure ended."""
+        from prompt_r1.rollout import score_trajectories
+
+        golds = {t.question_id: self.by_id[t.question_id].golds for t in trajectories}
+        score_trajectories(trajectories, golds, self.cfg.reward)
 
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """The GRPO update on the trajectories no environment failure ended (see `usable_for_update`).
@@ -214,32 +268,15 @@ class TrainingSession:
         return None
 
     def validate(self) -> dict[str, float]:
-        """Greedy rollouts on held-out questions: mean reward and answer score."""
-        from prompt_r1.failures import call_errors, error_rate
-
+        """Greedy rollouts on held-out questions: mean reward, answer score, format gate rate
+        (over the trajectories no environment failure ended: a failure is not a score)."""
         if not self.val_questions:
             return {}
         questions = self.val_questions[: self.cfg.train.validation_questions]
-        trajs = self.pool.rollout(questions, self.step, greedy=True, group_size=1)
-        n = max(1, sum(1 for t in trajs if t.error is None))  # a failed environment call is not a score
-        return {
-            "val_reward": sum(t.reward.total for t in trajs if t.reward) / n,
-            "val_answer": sum(t.reward.answer for t in trajs if t.reward) / n,
-            "val_format_valid": sum(1 for t in trajs if t.reward and t.reward.format >= 1.0) / n,
-            "val_env_error_rate": error_rate(call_errors(trajs)),
-        }
-
-    def train_step(self) -> StepResult:
-        """One full step: batch -> rollout -> update -> record -> broadcast -> checkpoint."""
-        t0 = time.perf_counter()
-        trajectories = self.rollout(self.next_batch())
-        rollout_s = time.perf_counter() - t0
-        metrics = self.update(trajectories)
-        metrics["rollout_time_s"] = rollout_s
-        self.finish_step(trajectories)
-        self.broadcast()
-        self.checkpoint(force=self.step == self.cfg.train.steps)
-        return StepResult(self.step, metrics, trajectories)
+        stats = rollout_stats(self.pool.rollout(questions, self.step, greedy=True, group_size=1),
+                              self.cfg.reward.format_cap)
+        return {"val_reward": stats["reward_mean"], "val_answer": stats["answer_score"],
+                "val_format_valid": stats["format_valid_rate"], "val_env_error_rate": stats["env_error_rate"]}
 
     def export_agent(self) -> Path | None:
         """The final checkpoint as a plain HF folder (`run_dir/agent`): merged under LoRA, no
@@ -249,18 +286,42 @@ class TrainingSession:
         final = latest_checkpoint(self.ckpt_dir)
         return export_checkpoint(final, self.run_dir / "agent", overwrite=True) if final else None
 
-    def run(self, on_step: Callable[[StepResult], None] | None = None) -> Path | None:
-        """Train to `train.steps`; returns the exported final agent folder."""
-        from tqdm.auto import tqdm
+    def run(self, hooks: TrainingHooks | None = None) -> TrainingOutcome:
+        """Train to `train.steps`: THE schedule, for `prompt-r1 train` and the Prefect flow alike.
 
-        bar = tqdm(total=self.cfg.train.steps, initial=self.step, desc="GRPO steps")
-        while self.step < self.cfg.train.steps:
-            result = self.train_step()
-            log.info("step %d: %s", result.step, {k: round(v, 4) for k, v in result.metrics.items()})
-            if on_step:
-                on_step(result)
-            bar.update()
-        bar.close()
-        final = self.export_agent()
-        self.mark_finished()
-        return final
+        A fresh run first validates the untrained agent. Each step runs batch -> rollout ->
+        reward -> update -> record -> broadcast, validates every `train.validate_every` steps and
+        after the last, and checkpoints every `train.checkpoint_every` steps and after the last.
+        The final checkpoint is exported as a plain HF folder. `hooks` observe (metrics, progress)
+        and may wrap each stage (the flow runs each one as a Prefect task)."""
+        hooks = hooks or TrainingHooks(self.cfg.train.steps)
+        cfg = self.cfg.train
+        before: dict[str, float] = {}
+        after: dict[str, float] = {}
+        if self.step == 0 and self.val_questions:
+            before = hooks.stage("validate", self.validate)
+            hooks.on_validation(0, before)
+        while self.step < cfg.steps:
+            index = self.step
+            t0 = time.perf_counter()
+            questions = hooks.stage("next-batch", self.next_batch)
+            trajectories = hooks.stage("rollout", self.rollout, questions)
+            rollout_s = time.perf_counter() - t0
+            hooks.stage("reward", self.score, trajectories)
+            metrics = hooks.stage("grpo-update", self.update, trajectories)
+            metrics["rollout_time_s"] = rollout_s
+            hooks.stage("record", self.finish_step, trajectories)
+            hooks.stage("broadcast-weights", self.broadcast)
+            hooks.on_step(StepResult(index, metrics, trajectories))
+            last = self.step == cfg.steps
+            if last or (cfg.validate_every and self.step % cfg.validate_every == 0):
+                val = hooks.stage("validate", self.validate)
+                hooks.on_validation(self.step, val)
+                after = val if last else after
+            if last or self.step % cfg.checkpoint_every == 0:
+                hooks.before_checkpoint(self.step)
+                path = hooks.stage("checkpoint", self.checkpoint, True)
+                hooks.after_checkpoint(self.step, path)
+        if not after:  # resumed after the final checkpoint: validate the final weights
+            after = hooks.stage("validate", self.validate)
+        return TrainingOutcome(self.export_agent(), before, after)

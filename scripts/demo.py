@@ -56,6 +56,11 @@ def main() -> int:
     total = time.perf_counter() - t_start
     report = Path(result["evaluate"]["report"])
     print("\n" + report.read_text())
+    before, after = result["train"]["validation_before"], result["train"]["validation"]
+    if "val_reward" in after:
+        print(f"Held-out validation reward, before -> after training: "
+              f"{before.get('val_reward', float('nan')):.3f} -> {after['val_reward']:.3f}"
+              f"  (answer score {before.get('val_answer', float('nan')):.3f} -> {after['val_answer']:.3f})")
     print("Stage timings (s): " + json.dumps({"models": round(model_s, 1),
           **{k: round(v, 1) for k, v in result["seconds"].items()}, "total": round(total, 1)}))
     print(f"Plots and tables: {report.parent}")

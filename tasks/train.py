@@ -1,4 +1,9 @@
-"""Training-step tasks around one `TrainingSession`.
+"""The training schedule's stages as Prefect tasks, and the flow's hooks into the schedule.
+
+`TrainingSession.run` (the library) owns the order of the stages; `FlowTrainingHooks` runs each
+stage as a Prefect task named after it (so the flow's graph reads batch -> rollout -> reward ->
+update -> record -> broadcast -> validate -> checkpoint, with retries where a stage talks to the
+environment), buffers metrics for MLflow and updates a progress artifact.
 
 Ray is driven from these tasks rather than through prefect-ray's task runner: the rollout
 workers are *stateful* Ray actors (each holds a policy copy that receives new weights after
@@ -8,47 +13,61 @@ a pool of actors alive for the whole run and each task talks to it.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import mlflow
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from prompt_r1.train_loop import TrainingSession
-from prompt_r1.trajectory import Trajectory
-from warehouse.store import QuestionRow
+from prompt_r1.train_loop import StepResult, TrainingHooks
+from tasks.artifacts import training_progress
+from tasks.tracking import MetricBuffer
+
+T = TypeVar("T")
+
+# Stages that talk to the environment are retried (a rollout is seeded, so a retry redraws the
+# same samples); the update is not (its failure is an `EnvironmentFailure` or a real bug).
+STAGE_RETRIES = {"rollout": 2, "validate": 1}
 
 
-@task(name="next-batch", cache_policy=NO_CACHE)
-def next_batch(session: TrainingSession) -> list[QuestionRow]:
-    """Advance the data order (outside the retried rollout, so a retry reuses the same batch)."""
-    return session.next_batch()
+@task(name="stage", cache_policy=NO_CACHE)
+def _stage(fn: Callable[..., T], *args: Any) -> T:
+    return fn(*args)
 
 
-@task(name="rollout", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
-def rollout(session: TrainingSession, questions: list[QuestionRow]) -> list[Trajectory]:
-    """Multi-turn rollouts on the Ray actors (talks to the environment: retried)."""
-    return session.rollout(questions)
+class FlowTrainingHooks(TrainingHooks):
+    """Stages as tasks; metrics to `buffer` (flushed to MLflow at checkpoints, so a resumed run
+    never logs a step twice); a progress artifact for the Prefect UI."""
 
+    def __init__(self, total_steps: int, buffer: MetricBuffer, ckpt_dir: Path):
+        super().__init__(total_steps)
+        self.buffer, self.ckpt_dir = buffer, ckpt_dir
+        self.last_trajectories: list = []
+        self.history: list[tuple[int, dict[str, float]]] = []  # this invocation's steps, for the table artifact
 
-@task(name="grpo-update", cache_policy=NO_CACHE)
-def grpo_update(session: TrainingSession, trajectories: list[Trajectory]) -> dict[str, float]:
-    """Update and record the step; raises `EnvironmentFailure` (not retried: no retries here) when
-    the step's environment error rate passes `environment.max_error_rate`."""
-    metrics = session.update(trajectories)
-    session.finish_step(trajectories)
-    return metrics
+    def stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        retries = STAGE_RETRIES.get(name, 0)
+        return _stage.with_options(name=name, retries=retries, retry_delay_seconds=5 if retries else 0)(fn, *args)
 
+    def on_step(self, result: StepResult) -> None:
+        super().on_step(result)
+        self.buffer.add(result.step, result.metrics)
+        self.last_trajectories = result.trajectories
+        self.history.append((result.step, result.metrics))
+        training_progress(result.step, self.total_steps, result.metrics)
 
-@task(name="broadcast-weights", cache_policy=NO_CACHE)
-def broadcast_weights(session: TrainingSession) -> None:
-    session.broadcast()
+    def on_validation(self, updates_done: int, metrics: dict[str, float]) -> None:
+        super().on_validation(updates_done, metrics)
+        self.buffer.add(updates_done, metrics)
 
+    def before_checkpoint(self, step: int) -> None:
+        self.buffer.save(self.ckpt_dir / f"metrics-{step:05d}.json")
 
-@task(name="checkpoint", cache_policy=NO_CACHE)
-def checkpoint(session: TrainingSession, force: bool = False) -> str | None:
-    path = session.checkpoint(force=force)
-    return str(path) if path else None
-
-
-@task(name="validate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
-def validate(session: TrainingSession) -> dict[str, float]:
-    return session.validate()
+    def after_checkpoint(self, step: int, path: Path | None) -> None:
+        self.buffer.flush()
+        mlflow.log_text("\n".join(json.dumps(x.to_record()) for x in self.last_trajectories[:4]),
+                        f"trajectories/step-{step - 1:05d}.jsonl")
 

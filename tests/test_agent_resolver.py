@@ -190,3 +190,12 @@ def test_the_split_cli_lists_every_command():
         assert re.search(rf"│ {command}\s", out.stdout), command
     for module in ("cli.py", "cli_use.py"):
         assert len((ROOT / "prompt_r1" / module).read_text().splitlines()) < 400
+
+
+def test_a_hub_id_passes_through_for_transformers_to_download(home):
+    """paper.yaml's agent is a hub id: training and `base` evaluation hand it on unchanged, while
+    a path-like spec that exists nowhere stays an error."""
+    assert resolve_agent("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
+    for spec in ("./Qwen/Qwen3-4B", "a/b/c", "/abs/model"):
+        with pytest.raises(AgentSpecError, match="hub id"):
+            resolve_agent(spec)

@@ -209,7 +209,12 @@ class _FakeSession:
     def __exit__(self, *exc):
         return None
 
-    def run(self):
+    def run(self, hooks=None):
+        from prompt_r1.train_loop import TrainingOutcome
+
+        return TrainingOutcome(None, {}, {})
+
+    def mark_finished(self):
         return None
 
 

@@ -145,7 +145,7 @@ def _turn_start(traj, turn: int) -> int:
 def _train(home: Path, max_delay_s: float, monkeypatch) -> tuple[list[dict], list[list[dict]], bytes]:
     from prompt_r1.ingest import ingest
     from prompt_r1.ray_rollout import RolloutPool, init_ray
-    from prompt_r1.train_loop import TrainingSession
+    from prompt_r1.train_loop import TrainingHooks, TrainingSession
     from warehouse.store import Warehouse
 
     class Session(TrainingSession):
@@ -158,14 +158,15 @@ def _train(home: Path, max_delay_s: float, monkeypatch) -> tuple[list[dict], lis
     monkeypatch.setenv("PROMPT_R1_HOME", str(home))
     metrics, trajectories = [], []
 
-    def on_step(result):
-        metrics.append({k: v for k, v in result.metrics.items() if k not in TIMING})
-        trajectories.append([stable(t) for t in result.trajectories])
+    class Record(TrainingHooks):
+        def on_step(self, result):
+            metrics.append({k: v for k, v in result.metrics.items() if k not in TIMING})
+            trajectories.append([stable(t) for t in result.trajectories])
 
     with Warehouse(home / "warehouse.duckdb") as wh:
         ingest(wh, ["data/sample"])
         with Session(smoke(), wh, "det", home / "run") as session:
-            agent = session.run(on_step)
+            agent = session.run(Record()).agent
     return metrics, trajectories, (agent / "model.safetensors").read_bytes()
 
 

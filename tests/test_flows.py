@@ -58,6 +58,10 @@ def test_pipeline_flow_end_to_end_and_rerun(prefect_api, home):
     assert train_run.data.tags["mlflow.parentRunId"] == parent.info.run_id
     history = client.get_metric_history(train_run.info.run_id, "reward_mean")
     assert sorted(m.step for m in history) == list(range(steps))
+    # validation of the untrained agent (0 updates) and of the final weights (`steps` updates)
+    validation = client.get_metric_history(train_run.info.run_id, "val_reward")
+    assert sorted(m.step for m in validation) == [0, steps]
+    assert set(result["train"]["validation_before"]) == set(result["train"]["validation"]) >= {"val_reward"}
     for key in ("pg_loss", "kl", "clip_fraction", "grad_norm", "tokens_per_s", "response_length"):
         assert client.get_metric_history(train_run.info.run_id, key), key
     eval_run_id = result["evaluate"]["run_id"]
