@@ -20,9 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prompt_r1.config import EnvConfig, load_config  # noqa: E402
-from prompt_r1.env.vllm_server import managed_vllm_server  # noqa: E402
 from prompt_r1.agent_resolver import resolve_agents  # noqa: E402
+from prompt_r1.config import load_config  # noqa: E402
+from prompt_r1.env.vllm_server import managed_vllm_server  # noqa: E402
+from prompt_r1.env_config import EnvConfig  # noqa: E402
 from prompt_r1.evaluate import evaluate  # noqa: E402
 from prompt_r1.ingest import ingest  # noqa: E402
 from prompt_r1.logging_setup import setup_logging  # noqa: E402

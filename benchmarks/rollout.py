@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prompt_r1.config import AgentConfig, EnvConfig, RewardConfig, RolloutConfig  # noqa: E402
+from prompt_r1.config import AgentConfig, RewardConfig, RolloutConfig  # noqa: E402
+from prompt_r1.env_config import EnvConfig  # noqa: E402
 from prompt_r1.logging_setup import setup_logging  # noqa: E402
 from prompt_r1.models import resolve_model  # noqa: E402
 from prompt_r1.questions import QuestionRow  # noqa: E402

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prompt_r1.config import SAFE_NAME, runs_home
+from prompt_r1.config import runs_home
+from prompt_r1.config_base import SAFE_NAME
 
 if TYPE_CHECKING:
     from prompt_r1.config import Config

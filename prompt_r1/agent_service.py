@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from prompt_r1.config import Config, EnvConfig
+from prompt_r1.config import Config
 from prompt_r1.env.base import cost_usd
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.policy.base import Policy, Sample, per_row_limits
 from prompt_r1.trajectory import Trajectory
 

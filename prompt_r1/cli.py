@@ -18,7 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from prompt_r1.config import ConfigError, DataConfig, default_db_path, load_config
+from prompt_r1.config import DataConfig, default_db_path, load_config
+from prompt_r1.config_base import ConfigError
 from prompt_r1.logging_setup import setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -232,7 +233,8 @@ def train(
     set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
 ) -> None:
     """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
-    from prompt_r1.config import SAFE_NAME, new_run_id, run_dir, runs_home
+    from prompt_r1.config import new_run_id, run_dir, runs_home
+    from prompt_r1.config_base import SAFE_NAME
     from prompt_r1.failures import EnvironmentFailure
     from prompt_r1.ingest import ingest as ingest_paths
     from prompt_r1.run_record import ResumeError, find_resumable

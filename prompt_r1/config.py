@@ -3,7 +3,9 @@
 Every knob of a run lives in one pydantic model tree loaded from YAML (`configs/*.yaml`).
 Unknown keys and bad values are errors that name the key and the file, so a typo never
 silently falls back to a default. The same models are flattened into MLflow params and
-hashed to identify a run.
+hashed to identify a run. One environment's settings (`EnvConfig`) and what every section shares
+(`StrictModel`, `ConfigError`, safe names) live in `prompt_r1.env_config` and
+`prompt_r1.config_base`; this module holds the other sections, the whole tree and the run home.
 """
 
 from __future__ import annotations
@@ -11,38 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
+
+from prompt_r1.config_base import SAFE_NAME, ConfigError, SafeName, StrictModel
+from prompt_r1.env_config import EnvConfig
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ConfigError(ValueError):
-    """A config file that cannot be used; the message names the file and the key."""
-
-
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def _safe_name(value: str) -> str:
-    """Names become folder and file names (`runs/NAME/...`, report files), so they must be one
-    plain path segment: no `/`, no `..`, no leading dot or dash."""
-    if not SAFE_NAME.match(value):
-        raise ValueError("must be 1-64 characters of letters, digits, `.`, `_` or `-`, starting with a "
-                         "letter or digit (it becomes a folder name), e.g. `my-run.v2`")
-    return value
-
-
-SafeName = Annotated[str, AfterValidator(_safe_name)]
-
-
-class DataConfig(_Strict):
+class DataConfig(StrictModel):
     sources: list[str] = Field(
         default_factory=lambda: ["data/sample"],
         description="Files or folders to ingest (Prompt-R1 Parquet layout, JSONL, or hf:NAME).",
@@ -65,7 +46,7 @@ class DataConfig(_Strict):
     )
 
 
-class LoraConfig(_Strict):
+class LoraConfig(StrictModel):
     enabled: bool = Field(False, description="Train a LoRA adapter instead of all weights.")
     r: int = Field(16, ge=1, description="LoRA rank.")
     alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
@@ -76,7 +57,7 @@ class LoraConfig(_Strict):
     )
 
 
-class AgentConfig(_Strict):
+class AgentConfig(StrictModel):
     model: str = Field(
         "tiny",
         description="`tiny` (random test model), `smollm2-135m-instruct` (bundled), or a local HF folder.",
@@ -117,94 +98,7 @@ class AgentConfig(_Strict):
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter training (off = full fine-tuning).")
 
 
-# What the environment is told before the conversation (the reference's wording): the agent's earlier
-# prompts and the environment's own replies come as chat turns, and the new prompt builds on them.
-ENV_SYSTEM_PROMPT = (
-    "You are a helpful assistant. Please read the provided content (including previous conversations "
-    "and the current task) and help the user complete the task or answer the question."
-)
-MAX_TIMEOUT_S = 3600.0
-MAX_RETRIES = 20
-
-
-class EnvConfig(_Strict):
-    name: SafeName = Field("env", description="Short name used in tables, MLflow tags and file names.")
-    kind: Literal["openai", "vllm", "inprocess"] = Field(
-        "inprocess",
-        description="`openai` = any OpenAI-compatible URL; `vllm` = managed local vLLM server; "
-        "`inprocess` = transformers model in this process.",
-    )
-    model: str = Field("tiny", description="Model name (openai) or model id/folder (vllm, inprocess).")
-    base_url: str | None = Field(None, description="OpenAI-compatible base URL (kind=openai).")
-    api_key_env: str | None = Field(
-        None, description="Name of the environment variable holding the API key (never the key)."
-    )
-    system_prompt: str | None = Field(
-        ENV_SYSTEM_PROMPT,
-        description="System message put before every conversation sent to the environment (rollouts and "
-        "the direct/cot baselines); None or empty = no system message.",
-    )
-    max_tokens: int = Field(128, ge=1, description="Reply token limit.")
-    temperature: float = Field(0.0, ge=0.0, description="Environment sampling temperature (0 = greedy).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Environment nucleus sampling.")
-    seed: int | None = Field(0, description="Sampling seed sent to the server (None = send none).")
-    stop: list[str] = Field(
-        default_factory=list,
-        description="Strings that end a reply (e.g. `\\n\\nUser:` for base models that keep writing turns).",
-    )
-    concurrency: int = Field(16, ge=1, le=4096, description="Maximum simultaneous calls.")
-    timeout_s: float = Field(
-        60.0, gt=0, le=MAX_TIMEOUT_S, description="Timeout of one request (one attempt) in seconds."
-    )
-    max_retries: int = Field(
-        4, ge=0, le=MAX_RETRIES,
-        description="Retries of one call: the openai client's (timeouts, connection errors, 408/409/429, 5xx; "
-        "its backoff, Retry-After-Ms and Retry-After) and, from the same budget, malformed 200 bodies.",
-    )
-    backoff_s: float = Field(
-        0.5, ge=0.01, le=60.0,
-        description="First pause before retrying a malformed body; doubles with jitter (the other retries "
-        "use the openai client's backoff).",
-    )
-    call_deadline_s: float = Field(
-        300.0, gt=0, le=4 * MAX_TIMEOUT_S,
-        description="Overall deadline of one environment call: waiting for a free slot, every attempt and "
-        "every backoff. A call that reaches it fails (recorded) instead of retrying further.",
-    )
-    max_reply_bytes: int = Field(
-        256 * 1024, ge=1024, le=64 * 1024 * 1024,
-        description="Largest response body read from an OpenAI-compatible server; a larger one fails the "
-        "call (recorded) instead of being read and tokenised.",
-    )
-    cache: bool = Field(
-        True, description="Cache replies in DuckDB keyed on endpoint, model, chat template, messages and sampling."
-    )
-    chat_template: str | None = Field(
-        None, description="Jinja chat template for base models without one (vllm/inprocess)."
-    )
-    port: int | None = Field(None, description="Port for a managed vLLM server (None = free port).")
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1.0, description="vLLM memory share.")
-    startup_timeout_s: float = Field(600.0, gt=0, description="Wait limit for a managed server.")
-    enforce_eager: bool = Field(
-        True, description="Managed vLLM server without graph compilation (`--enforce-eager`): starts "
-        "in well under a minute on CPU instead of about 2 minutes; turn off for GPU throughput.",
-    )
-    max_error_rate: float = Field(
-        0.05, ge=0.0, le=1.0,
-        description="Largest share of this environment's calls that may fail (after retries) in one training "
-        "step or one evaluation; above it the run stops (exit 3) naming the environment and its first error.",
-    )
-    price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens.")
-    price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")
-
-    @model_validator(mode="after")
-    def _check_kind(self) -> "EnvConfig":
-        if self.kind == "openai" and not self.base_url:
-            raise ValueError("kind=openai needs base_url")
-        return self
-
-
-class RolloutConfig(_Strict):
+class RolloutConfig(StrictModel):
     batch_questions: int = Field(4, ge=1, description="Questions per training step.")
     group_size: int = Field(5, ge=1, description="Trajectories sampled per question (GRPO group).")
     max_turns: int = Field(
@@ -226,7 +120,7 @@ class RolloutConfig(_Strict):
         3600.0, gt=0, description="Deadline for the actors to finish one rollout batch or load new weights.")
 
 
-class RewardConfig(_Strict):
+class RewardConfig(StrictModel):
     """Weights of the dual-constrained reward; the defaults are the reference's."""
 
     think_prompt_score: float = Field(
@@ -243,7 +137,7 @@ class RewardConfig(_Strict):
     format_cap: float = Field(1.0, description="Cap of the format score (epsilon); the answer F1 counts only at the cap.")
 
 
-class TrainConfig(_Strict):
+class TrainConfig(StrictModel):
     steps: int = Field(2, ge=0, description="GRPO steps (each = one rollout batch).")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay (the reference uses 0.01).")
@@ -288,7 +182,7 @@ class TrainConfig(_Strict):
     validation_questions: int = Field(8, ge=1, description="Validation questions per check.")
 
 
-class BaselinesConfig(_Strict):
+class BaselinesConfig(StrictModel):
     """Prompt-optimisation baselines (`opro`, `gepa`, `textgrad`): each optimises one instruction on
     training questions within this budget, then is evaluated like `cot` with that instruction."""
 
@@ -311,7 +205,7 @@ class BaselinesConfig(_Strict):
     )
 
 
-class EvalConfig(_Strict):
+class EvalConfig(StrictModel):
     methods: list[Literal["direct", "cot", "agent", "agent_only", "opro", "gepa", "textgrad"]] = Field(
         default_factory=lambda: ["direct", "cot", "agent", "agent_only"],
         description="`opro`, `gepa` and `textgrad` optimise an instruction first (see `baselines`).",
@@ -341,7 +235,7 @@ class EvalConfig(_Strict):
     )
 
 
-class Config(_Strict):
+class Config(StrictModel):
     name: SafeName = Field("smoke", description="Experiment name (one MLflow experiment per name; a folder under the run home).")
     seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
     data: DataConfig = Field(default_factory=DataConfig)

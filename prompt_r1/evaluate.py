@@ -34,7 +34,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from prompt_r1.config import AgentConfig, Config, EnvConfig, RolloutConfig
+from prompt_r1.config import AgentConfig, Config, RolloutConfig
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.failures import check_error_rate
 from prompt_r1.ingest import IN_DOMAIN, OOD
 from prompt_r1.metrics import score_all

@@ -31,10 +31,11 @@ from typing import Any
 import ray
 import torch
 
-from prompt_r1.config import Config, EnvConfig, RolloutConfig
+from prompt_r1.config import Config, RolloutConfig
+from prompt_r1.env_config import EnvConfig
+from prompt_r1.questions import QuestionRow
 from prompt_r1.seeding import derive_seed
 from prompt_r1.trajectory import Trajectory
-from prompt_r1.questions import QuestionRow
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ class AgentModel(mlflow.pyfunc.PythonModel):
     def _env_config(self, spec: Any):
         """EnvConfig from a name in the config, a dict of EnvConfig fields, or None (training env)."""
         from prompt_r1.agent_service import pick_environment
-        from prompt_r1.config import EnvConfig
+        from prompt_r1.env_config import EnvConfig
 
         if isinstance(spec, dict):
             return EnvConfig(**spec)
@@ -76,7 +76,7 @@ class AgentModel(mlflow.pyfunc.PythonModel):
         import pandas as pd
 
         from prompt_r1.agent_service import answer_question, episode_report
-        from prompt_r1.config import EnvConfig
+        from prompt_r1.env_config import EnvConfig
 
         params = {k: v for k, v in (params or {}).items() if v}
         if params.get("env_base_url"):

@@ -7,7 +7,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from prompt_r1.config import Config, EnvConfig
+from prompt_r1.config import Config
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.evaluate import EvalOutcome, evaluate
 from prompt_r1.failures import EnvironmentFailure
 from warehouse.store import Warehouse

@@ -12,9 +12,10 @@ import pytest
 
 from prompt_r1.baselines.base import Budget, BudgetExhausted, baseline_prompt
 from prompt_r1.baselines.opro import meta_prompt, parse_instruction
-from prompt_r1.config import EnvConfig, load_config
+from prompt_r1.config import load_config
 from prompt_r1.env.base import EnvReply
 from prompt_r1.env.inprocess import InProcessEnvironment
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.evaluate import evaluate
 from prompt_r1.ingest import ingest
 from prompt_r1.trajectory import EnvCall

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.config import ConfigError, load_config
+from prompt_r1.config import load_config
+from prompt_r1.config_base import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from prompt_r1.config import EnvConfig
 from prompt_r1.env import open_environment
 from prompt_r1.env.base import with_system
 from prompt_r1.env.inprocess import InProcessEnvironment
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.models import CHATML_TEMPLATE
 
 

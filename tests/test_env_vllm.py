@@ -22,12 +22,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prompt_r1.config import EnvConfig
 from prompt_r1.env import open_environment
 from prompt_r1.env.openai_env import OpenAIEnvironment
 from prompt_r1.env.server_guard import group_members
 from prompt_r1.env.vllm_server import (VLLMServer, VLLMServerError, check_cpu_head_size, keep_server,
                                        managed_vllm_server, server_command)
+from prompt_r1.env_config import EnvConfig
 
 
 @pytest.fixture(scope="module")
@@ -406,8 +406,8 @@ def test_a_managed_server_dies_with_its_kill_9d_parent(servable_tiny, tmp_path):
     parent, (port, pgid) = _start_parent(f"""
 import time
 from pathlib import Path
-from prompt_r1.config import EnvConfig
 from prompt_r1.env.vllm_server import VLLMServer
+from prompt_r1.env_config import EnvConfig
 cfg = EnvConfig(name="orphan", kind="vllm", model={str(servable_tiny)!r}, startup_timeout_s=300)
 server = VLLMServer(cfg, Path({str(tmp_path)!r}), records_dir=Path({str(records)!r}))
 server.start()

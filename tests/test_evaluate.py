@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.config import load_config
 from prompt_r1.agent_resolver import resolve_agents
+from prompt_r1.config import load_config
 from prompt_r1.evaluate import EvalError, evaluate, extract_cot_answer, suite_datasets
 from prompt_r1.ingest import IN_DOMAIN, OOD, PROMPT_R1_FILES, ingest
 from prompt_r1.trajectory import Trajectory
@@ -126,7 +126,7 @@ def test_whole_files_when_limit_is_null(warehouse, shared_data):
 
 
 def test_report_has_intervals_paired_comparisons_and_cost_plot(home):
-    from prompt_r1.config import EnvConfig
+    from prompt_r1.env_config import EnvConfig
     from prompt_r1.eval_report import write_report
     from prompt_r1.evaluate import aggregate
 

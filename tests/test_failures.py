@@ -21,9 +21,9 @@ import pytest
 from typer.testing import CliRunner
 
 from prompt_r1.env.base import EnvReply
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.evaluate import METRICS, Prediction, aggregate, score_predictions
 from prompt_r1.failures import EnvironmentFailure, check_error_rate, error_rate
-from prompt_r1.config import EnvConfig
 from prompt_r1.train_loop import usable_for_update
 from prompt_r1.trajectory import EnvCall, Trajectory
 from test_rollout import ASK, ANSWER, ScriptedEnv, ScriptedPolicy, question, run

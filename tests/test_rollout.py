@@ -12,16 +12,17 @@ import asyncio
 import pytest
 import torch
 
-from prompt_r1.config import AgentConfig, EnvConfig, RewardConfig, RolloutConfig
+from prompt_r1.config import AgentConfig, RewardConfig, RolloutConfig
 from prompt_r1.env.base import EnvReply as Reply
 from prompt_r1.env.inprocess import InProcessEnvironment
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.policy.base import Policy, Sample, per_row_limits
 from prompt_r1.policy.hf import TransformersPolicy
 from prompt_r1.protocol import wrap_env_reply
+from prompt_r1.questions import QuestionRow
 from prompt_r1.reward import compute_reward
 from prompt_r1.rollout import agent_prompt_ids, run_rollout, score_trajectories, text_ids
 from prompt_r1.trajectory import EnvCall, Trajectory, env_call_records, rollout_stats
-from prompt_r1.questions import QuestionRow
 
 ASK = "<think>plan {n}</think><interaction_prompt>Tell me about {q} (step {n})</interaction_prompt>"
 ANSWER = "<think>done</think><answer>Paris</answer>"

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from prompt_r1.config import AgentConfig, EnvConfig, RewardConfig, RolloutConfig
+from prompt_r1.config import AgentConfig, RewardConfig, RolloutConfig
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.protocol import wrap_env_reply
 from prompt_r1.questions import QuestionRow
 

@@ -12,7 +12,8 @@ import torch
 from grpo_helpers import hand_trajectories, make_config, rollout
 from transformers import AutoModelForCausalLM
 
-from prompt_r1.config import ConfigError, load_config, parse_config
+from prompt_r1.config import load_config, parse_config
+from prompt_r1.config_base import ConfigError
 from prompt_r1.models import build_tiny_model
 from prompt_r1.trainer import GRPOLearner, resolve_device
 from prompt_r1.trajectory import rollout_stats

@@ -22,8 +22,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from prompt_r1.config import BaselinesConfig, EnvConfig
+from prompt_r1.config import BaselinesConfig
 from prompt_r1.env.base import cost_usd, endpoint_identity, sampling_settings
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.metrics import score_all
 from prompt_r1.questions import QuestionRow
 

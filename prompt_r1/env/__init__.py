@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prompt_r1.config import EnvConfig
 from prompt_r1.env.base import EnvReply, Environment, cache_key, cost_usd, reply_cache_key
+from prompt_r1.env_config import EnvConfig
 
 if TYPE_CHECKING:
     from warehouse.store import Warehouse

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.config import EnvConfig
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.trajectory import EnvCall
 
 ERROR_PREFIX = "[environment error: "

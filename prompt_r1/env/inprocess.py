@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.config import EnvConfig
 from prompt_r1.env.base import EnvReply, Environment, check_messages, with_system
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.seeding import derive_seed
 from prompt_r1.tokens import chat_prompt_ids, left_pad, pad_token_id, stop_token_ids
 

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 
-from prompt_r1.config import EnvConfig
 from prompt_r1.env.base import EnvReply, Environment, check_messages, reply_cache_key, short_reason, with_system
+from prompt_r1.env_config import EnvConfig
 
 if TYPE_CHECKING:
     from warehouse.store import Warehouse

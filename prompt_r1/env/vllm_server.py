@@ -48,9 +48,10 @@ from pathlib import Path
 
 import httpx
 
-from prompt_r1.config import EnvConfig, runs_home
+from prompt_r1.config import runs_home
 from prompt_r1.env.inprocess import load_chat_template
 from prompt_r1.env.server_guard import process_cmdline, spawn_guarded, stop_group, sweep_leftovers, write_record
+from prompt_r1.env_config import EnvConfig
 
 log = logging.getLogger(__name__)
 
