@@ -332,3 +332,18 @@ def test_retry_and_timeout_settings_are_bounded(field, value):
 
     with pytest.raises(ValidationError, match=field):
         make_cfg("http://127.0.0.1:1/v1", **{field: value})
+
+
+def test_backoff_jitter_is_reproducible_and_apart_for_environments_sharing_a_seed():
+    """The malformed-body retry pauses follow the project's seed rule: the same environment and
+    seed give the same pauses in every process; two environments with one seed do not retry in
+    lockstep."""
+    from prompt_r1.env.openai_env import backoff_delay
+
+    def pauses(name: str, seed: int | None) -> list[float]:
+        env = OpenAIEnvironment(make_cfg("http://127.0.0.1:9/v1", name=name, seed=seed))
+        return [backoff_delay(1.0, 0, env._rng) for _ in range(8)]
+
+    assert pauses("a", 0) == pauses("a", 0)
+    assert pauses("a", None) == pauses("a", None)
+    assert len({tuple(pauses(n, s)) for n in ("a", "b") for s in (0, 1, None)}) == 6

@@ -45,6 +45,7 @@ import openai
 
 from prompt_r1.env.base import EnvReply, Environment, check_messages, reply_cache_key, short_reason, with_system
 from prompt_r1.env_config import EnvConfig
+from prompt_r1.seeding import derive_seed
 
 if TYPE_CHECKING:
     from warehouse.store import Warehouse
@@ -132,7 +133,8 @@ class OpenAIEnvironment(Environment):
         self.warehouse = warehouse if cfg.cache else None
         self._has_key = bool(cfg.api_key_env)
         resolve_api_key(cfg)  # fail at construction when the variable is missing
-        self._rng = random.Random(cfg.seed)
+        # jitter of malformed-body retries: reproducible, and apart for environments sharing a seed
+        self._rng = random.Random(derive_seed("env_backoff", cfg.name, "none" if cfg.seed is None else cfg.seed))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: openai.AsyncOpenAI | None = None
         self._semaphore: asyncio.Semaphore | None = None
