@@ -33,20 +33,6 @@ def epoch_order(question_ids: list[str], seed: int, epoch: int) -> list[str]:
     return order
 
 
-def batch_at(question_ids: list[str], batch_size: int, seed: int, position: int) -> list[str]:
-    """Batch number `position` (0-based, counted across epochs).
-
-    >>> batch_at(list("abcdef"), 2, 0, 3) == epoch_order(list("abcdef"), 0, 1)[:2]
-    True
-    """
-    if position < 0:
-        raise ValueError(f"data position must be >= 0, got {position}")
-    per_epoch = batches_per_epoch(len(question_ids), batch_size)
-    epoch, index = divmod(position, per_epoch)
-    order = epoch_order(question_ids, seed, epoch)
-    return order[index * batch_size:(index + 1) * batch_size]
-
-
 def batches(question_ids: list[str], batch_size: int, seed: int,
             start_position: int = 0) -> Iterator[tuple[int, list[str]]]:
     """Endless `(position, batch)` pairs from `start_position` on.
@@ -57,6 +43,8 @@ def batches(question_ids: list[str], batch_size: int, seed: int,
     >>> [next(resumed) for _ in range(2)] == full[3:]
     True
     >>> sorted(full[0][1] + full[1][1]) == sorted(set(full[0][1] + full[1][1]))  # no repeats in an epoch
+    True
+    >>> full[3][1] == epoch_order(list("abcdefg"), 1, epoch=1)[3:6]  # 2 batches an epoch: the 2nd of epoch 1
     True
     """
     if not question_ids:

@@ -301,10 +301,6 @@ class GRPOLearner:
         return metrics
 
     # -- weights out ---------------------------------------------------------------------------
-    def plain_model(self) -> torch.nn.Module:
-        """The HF model without any adapter wrapper (the base model under LoRA)."""
-        return self.model.get_base_model() if self.use_lora else self.model
-
     @torch.no_grad()
     def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
         """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched), on

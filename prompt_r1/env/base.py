@@ -37,10 +37,6 @@ class EnvReply:
     text: str  # the reply text the agent sees (an error text when the call failed)
     call: EnvCall  # usage, latency, attempts, cached, error (None on success)
 
-    @property
-    def ok(self) -> bool:
-        return self.call.error is None
-
 
 def error_text(reason: str) -> str:
     """The text the agent sees for a failed call.
