@@ -21,6 +21,7 @@ import mlflow
 from mlflow import MlflowClient
 
 from prompt_r1.config import Config, runs_home
+from prompt_r1.fsutil import atomic_dir
 
 if TYPE_CHECKING:
     from prompt_r1.questions import QuestionRow
@@ -311,19 +312,17 @@ def registry_agent_path(uri: str) -> Path | None:
     target = runs_home() / "registry" / name / f"v{version.version}"
     if not (target / "agent" / "config.json").exists():
         import shutil
-        import tempfile
 
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        # a folder left without its agent (an older, interrupted download) is replaced
+        with atomic_dir(target, replace=True) as tmp:
             mlflow.set_tracking_uri(tracking_uri())
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version.version}",
-                                                             dst_path=tmp))
+                                                             dst_path=str(tmp / "download")))
             agent = _agent_artifact(local)
             if not (agent / "config.json").is_file():
                 raise FileNotFoundError(f"{uri} (version {version.version}) holds no agent model folder")
-            shutil.rmtree(target, ignore_errors=True)
-            target.mkdir()
-            agent.rename(target / "agent")
+            agent.rename(tmp / "agent")
+            shutil.rmtree(tmp / "download", ignore_errors=True)
     return target / "agent"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -88,6 +89,12 @@ def test_champion_is_a_pyfunc_model_that_answers(registry):
     folder = resolve_agent(CHAMPION)
     assert (folder / "config.json").read_bytes() == (agent / "config.json").read_bytes()
     assert (folder / "model.safetensors").read_bytes() == (agent / "model.safetensors").read_bytes()
+    # built beside and renamed in: the version folder holds the agent only, its parent no temp folders
+    assert [p.name for p in folder.parent.iterdir()] == ["agent"]
+    assert [p.name for p in folder.parent.parent.iterdir()] == [folder.parent.name]
+    shutil.rmtree(folder)                                                 # a download cut short earlier
+    (folder.parent / "partial.bin").write_text("x")
+    assert resolve_agent(CHAMPION) == folder and [p.name for p in folder.parent.iterdir()] == ["agent"]
     assert resolve_agent(None, default_model="tiny") == folder            # default: the champion
     assert resolve_agent("models:/prompt-r1-agent/2").parent.name == "v2"
     from prompt_r1.agent_resolver import AgentSpecError
