@@ -41,6 +41,7 @@ from prompt_r1.ingest import IN_DOMAIN, OOD
 from prompt_r1.metrics import score_all
 from prompt_r1.protocol import extract_answer, parse_turn
 from prompt_r1.questions import QuestionRow
+from prompt_r1.seeding import NO_STEP, draw_seed
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -207,14 +208,11 @@ async def _agent_method(policy, env, questions, cfg: Config, label: str, seed: i
 
 
 def _agent_only(policy, questions: list[QuestionRow], agent_cfg: AgentConfig, label: str, seed: int) -> list[Prediction]:
-    tok = policy.tokenizer
-    prompts = [
-        tok.apply_chat_template([{"role": "user", "content": f"Question: {q.question}{AGENT_ONLY_SUFFIX}"}],
-                                add_generation_prompt=True, tokenize=True, return_dict=False)
-        for q in questions
-    ]
-    from prompt_r1.seeding import NO_STEP, draw_seed
+    from prompt_r1.tokens import chat_prompt_ids  # imports torch: only when an agent is evaluated
 
+    prompts = [chat_prompt_ids(policy.tokenizer,
+                               [{"role": "user", "content": f"Question: {q.question}{AGENT_ONLY_SUFFIX}"}])
+               for q in questions]
     samples = policy.generate(prompts, agent_cfg.max_new_tokens,
                               [draw_seed(seed, NO_STEP, q.question_id, 0, 0) for q in questions])
     return [Prediction(q, f"agent_only:{label}", extract_agent_only_answer(s.text), 0)
