@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from prompt_r1.cli import _fail, _fail_environment, _load, app, console, parse_overrides
+from prompt_r1.cli import ConfigOpt, SetOpt, _fail, _fail_environment, _load, app, console, parse_overrides
 from prompt_r1.agent_resolver import register_scheme
 from prompt_r1.failures import EnvironmentFailure
 
@@ -34,7 +34,7 @@ register_scheme("models", _registry_agent)
 def pipeline(
     config: Path = typer.Option(Path("configs/demo.yaml"), "--config", "-c", help="YAML experiment config."),
     data: Optional[str] = typer.Option(None, help="Extra data folder to ingest (e.g. path/to/prompt-r1-data)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+    set_: list[str] = SetOpt,
 ) -> None:
     """Run the main job as a Prefect flow: ingest -> train -> evaluate, tracked in MLflow."""
     from flows.pipeline import pipeline_flow
@@ -50,8 +50,8 @@ def pipeline(
 @app.command("run-flow")
 def run_flow(
     name: str = typer.Argument(..., help="ingest | train | evaluate | transfer-eval"),
-    config: Path = typer.Option(..., "--config", "-c", help="YAML experiment config."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+    config: Path = ConfigOpt,
+    set_: list[str] = SetOpt,
 ) -> None:
     """Run one flow locally (the same code the deployments run)."""
     _load(config, set_)

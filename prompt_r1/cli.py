@@ -27,6 +27,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 ConfigOpt = typer.Option(..., "--config", "-c", help="YAML experiment config (see configs/).")
 DbOpt = typer.Option(None, "--db", help="Warehouse file (default: $PROMPT_R1_HOME/warehouse.duckdb).")
+SetOpt = typer.Option([], "--set", help="Override a config key: KEY=VALUE (repeatable).")
 
 
 def _fail(message: str) -> None:
@@ -230,7 +231,7 @@ def train(
                                 "A finished run is never resumed."),
     force: bool = typer.Option(False, "--force", help="With --resume: continue the run even though its config or "
                                "training pool changed (its checkpoints were trained under the old ones)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+    set_: list[str] = SetOpt,
 ) -> None:
     """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
     from prompt_r1.config import new_run_id, run_dir, runs_home
@@ -286,7 +287,7 @@ def evaluate(
     out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default: the run folder)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Id for the warehouse rows."),
     sequential: bool = typer.Option(False, help="One environment call at a time (for timing)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+    set_: list[str] = SetOpt,
 ) -> None:
     """Evaluate methods x suites x environments; writes warehouse rows, tables and plots."""
     from prompt_r1.agent_resolver import AgentSpecError, parse_labelled_specs, resolve_agents
@@ -326,7 +327,7 @@ def rollout(
     db: Optional[Path] = DbOpt,
     workers: Optional[int] = typer.Option(None, "--workers", help="Ray rollout actors (default: rollout.num_workers)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Id for the warehouse rows (step 0)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+    set_: list[str] = SetOpt,
 ) -> None:
     """Sample one rollout batch of training questions through Ray actors; store and summarise it."""
     import random

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from prompt_r1.cli import ConfigOpt, _agent_folder, _fail, _load, app, console
+from prompt_r1.cli import ConfigOpt, SetOpt, _agent_folder, _fail, _load, app, console
 
 AgentSpecOpt = typer.Option(None, "--agent", help="Agent: a bundled model name, a folder, a training run id, or "
                              "models:/prompt-r1-agent@champion (default: the registry's champion when there is "
@@ -62,7 +62,7 @@ def ask(
                                       "training environment)."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole episode as JSON (turns, token ids, "
                                  "environment calls, tokens, cost) instead of the turns as they happen."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+    set_: list[str] = SetOpt,
 ) -> None:
     """Ask a trained agent one question: it prompts the environment LLM, then answers."""
     import asyncio
@@ -119,7 +119,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port."),
     max_concurrent: int = typer.Option(64, "--max-concurrent", min=1, help="Episodes running at once."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: KEY=VALUE."),
+    set_: list[str] = SetOpt,
 ) -> None:
     """Serve the agent as an OpenAI-compatible API: one model `prompt-r1:<env>` per environment."""
     from prompt_r1.agent_service import config_environments
