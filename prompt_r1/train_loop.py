@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from prompt_r1.config import Config, EnvConfig
+from prompt_r1.config import Config
+from prompt_r1.env_config import EnvConfig
 from prompt_r1.seeding import derive_seed
 from prompt_r1.trajectory import Trajectory, env_call_records, rollout_stats
 from prompt_r1.questions import QuestionRow
