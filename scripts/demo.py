@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = {  # `make demo QUICK=1`: same pipeline, smaller numbers (under 10 minutes here): one GRPO
-    # step on 2 questions x 2 samples, 2 validation questions, 1 test question per dataset, the agent methods with the
-    # environment only, against the first demo environment only (the full demo adds agent_only,
-    # the OPRO baseline and the transfer to Gemma 3)
+QUICK = {  # `make demo QUICK=1`: same pipeline, smaller numbers (under 10 minutes here): one
+    # GRPO step on 2 questions x 2 samples, 2 validation questions, 1 test question per dataset,
+    # the agent methods with the environment only, against the first demo environment only (the
+    # full demo adds agent_only, the OPRO baseline and the transfer to Gemma 3)
     "train.steps": 1, "rollout.group_size": 2, "train.validation_questions": 2,
     "agent.max_new_tokens": 64, "eval.limit_per_dataset": 1,
 }
