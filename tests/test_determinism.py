@@ -22,6 +22,11 @@ from prompt_r1.questions import QuestionRow
 TIMING = ("rollout_time_s", "step_time_s", "tokens_per_s")  # wall-clock: never reproducible
 
 
+def reproducible(key: str) -> bool:
+    """Metrics a rerun must repeat: not wall-clock timings, not MLflow's `system/*` samples."""
+    return key not in TIMING and not key.startswith("system/")
+
+
 def stable(traj) -> dict:
     """A trajectory's record without its environment calls' wall-clock latencies."""
     record = traj.to_record()
@@ -203,9 +208,9 @@ def test_rerun_of_a_training_run_reproduces_its_metrics(home):
     client = MlflowClient()
     runs = [client.get_run(r["run_id"]) for r in (first, again)]
     assert runs[0].data.tags["deterministic"] == runs[1].data.tags["deterministic"] == "true"
-    keys = sorted(k for k in runs[0].data.metrics if k not in TIMING)
+    keys = sorted(k for k in runs[0].data.metrics if reproducible(k))
     assert {"reward_mean", "pg_loss", "grad_norm", "val_reward"} <= set(keys)
-    assert sorted(k for k in runs[1].data.metrics if k not in TIMING) == keys
+    assert sorted(k for k in runs[1].data.metrics if reproducible(k)) == keys
     for key in keys:
         history = [sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)) for r in runs]
         assert history[0] == history[1], key
