@@ -86,7 +86,7 @@ class TrainingHooks:
     def before_checkpoint(self, step: int) -> None:
         """Called before the checkpoint of `step` completed updates is written."""
 
-    def after_checkpoint(self, step: int, path: Path | None) -> None:
+    def after_checkpoint(self, step: int, path: Path) -> None:
         """Called once the checkpoint of `step` completed updates is on disk."""
 
 
@@ -261,12 +261,11 @@ class TrainingSession:
     def broadcast(self) -> None:
         self.pool.broadcast(self.learner.state_dict_for_broadcast())
 
-    def checkpoint(self, force: bool = False) -> Path | None:
+    def checkpoint(self) -> Path:
+        """Save weights, optimiser, RNG and data position after `step` updates (`run` decides when)."""
         from prompt_r1.checkpoint import save_checkpoint
 
-        if force or self.step % self.cfg.train.checkpoint_every == 0:
-            return save_checkpoint(self.learner, self.ckpt_dir, self.step, {"position": self.position}, self.cfg)
-        return None
+        return save_checkpoint(self.learner, self.ckpt_dir, self.step, {"position": self.position}, self.cfg)
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts on held-out questions: mean reward, answer score, format gate rate
@@ -318,10 +317,11 @@ class TrainingSession:
             if last or (cfg.validate_every and self.step % cfg.validate_every == 0):
                 val = hooks.stage("validate", self.validate)
                 hooks.on_validation(self.step, val)
-                after = val if last else after
+                if last:
+                    after = val
             if last or self.step % cfg.checkpoint_every == 0:
                 hooks.before_checkpoint(self.step)
-                path = hooks.stage("checkpoint", self.checkpoint, True)
+                path = hooks.stage("checkpoint", self.checkpoint)
                 hooks.after_checkpoint(self.step, path)
         if not after:  # resumed after the final checkpoint: validate the final weights
             after = hooks.stage("validate", self.validate)

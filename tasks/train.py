@@ -66,7 +66,7 @@ class FlowTrainingHooks(TrainingHooks):
     def before_checkpoint(self, step: int) -> None:
         self.buffer.save(self.ckpt_dir / f"metrics-{step:05d}.json")
 
-    def after_checkpoint(self, step: int, path: Path | None) -> None:
+    def after_checkpoint(self, step: int, path: Path) -> None:
         self.buffer.flush()
         mlflow.log_text("\n".join(json.dumps(x.to_record()) for x in self.last_trajectories[:4]),
                         f"trajectories/step-{step - 1:05d}.jsonl")
