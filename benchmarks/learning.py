@@ -127,6 +127,18 @@ def fmt(summary: dict) -> str:
     return f"{summary['mean']:.3f} [{summary['ci_low']:.3f}, {summary['ci_high']:.3f}]"
 
 
+def previous_results(args: argparse.Namespace) -> list[dict]:
+    """Results of an earlier part of the same sweep, minus the learning rates about to be rerun."""
+    path = args.out / "learning.json"
+    if not path.exists():
+        return []
+    earlier = json.loads(path.read_text())
+    if (earlier["config"], earlier["overrides"]) != (args.config, args.overrides):
+        raise SystemExit(f"{path} holds a sweep of {earlier['config']} with {earlier['overrides']}; "
+                         f"--append needs the same --config and --set (or use another --out)")
+    return [r for r in earlier["results"] if r["lr"] not in args.lrs]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/demo.yaml")
@@ -137,10 +149,13 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="Extra config override KEY=VALUE (as `prompt-r1 train --set`), repeatable.")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmarks" / "learning")
+    parser.add_argument("--append", action="store_true",
+                        help="Keep the results already in OUT/learning.json for other learning rates "
+                             "(a sweep run in parts); the same config and overrides are required.")
     args = parser.parse_args()
     setup_logging()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
+    results = previous_results(args) if args.append else []
     for lr in args.lrs:
         cfg = load_config(ROOT / args.config, {
             "train.lr": lr, "train.steps": args.steps, "train.validate_every": 0,
@@ -148,7 +163,7 @@ def main() -> None:
             "train.validation_questions": 64, **parse_overrides(args.overrides)})
         with tempfile.TemporaryDirectory(prefix="learning-") as home:
             result = train_once(cfg, Path(home))
-        results.append(result)
+        results = sorted(results + [result], key=lambda r: -r["lr"])
         print(f"lr {lr:g}: {args.steps} steps in {result['wall_s']:.0f} s; reward per step "
               + " ".join(f"{p['reward_mean']:+.3f}" for p in result["curve"])
               + f"; validation {fmt(result['val_before'])} -> {fmt(result['val_after'])}", flush=True)

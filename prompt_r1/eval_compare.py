@@ -2,7 +2,9 @@
 
 Two methods are compared on the questions both scored (a question whose environment call failed
 under either method is left out and counted as `dropped`): the difference of their primary
-scores, its 95% bootstrap interval and a sign-flip p-value (`prompt_r1.eval_stats`). One row per
+scores, its 95% bootstrap interval and a sign-flip p-value (`prompt_r1.eval_stats`), and how many
+of those questions got a different final answer (a trained agent can change answers without
+changing a score). One row per
 environment x other method x dataset, plus one per group of datasets (in-domain, OOD), where the
 difference is the mean of the per-dataset differences, as in the paper's averages.
 """
@@ -20,13 +22,13 @@ REFERENCE = "agent:trained"
 
 
 def paired_comparisons(predictions: list[dict[str, Any]], reference: str = REFERENCE) -> list[dict[str, Any]]:
-    """Rows (env_name, method, dataset, diff, ci_low, ci_high, p_value, n, dropped) comparing
+    """Rows (env_name, method, dataset, diff, ci_low, ci_high, p_value, n, changed, dropped) comparing
     `reference` with each other method on the same questions; [] when `reference` did not run.
 
     >>> rows = [{"env_name": "e", "method": m, "dataset": "nq", "question_id": q, "score": s, "error": None}
     ...         for m, scores in (("agent:trained", [1, 1, 0]), ("direct", [0, 1, 0])) for q, s in enumerate(scores)]
-    >>> [(r["dataset"], round(r["diff"], 3), r["n"], r["dropped"]) for r in paired_comparisons(rows)]
-    [('nq', 0.333, 3, 0), ('avg in_domain', 0.333, 3, 0)]
+    >>> [(r["dataset"], round(r["diff"], 3), r["n"], r["changed"], r["dropped"]) for r in paired_comparisons(rows)]
+    [('nq', 0.333, 3, 0, 0), ('avg in_domain', 0.333, 3, 0, 0)]
     """
     by_cell: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
     for p in predictions:
@@ -38,6 +40,7 @@ def paired_comparisons(predictions: list[dict[str, Any]], reference: str = REFER
         for method in others:
             strata: dict[str, tuple[list[float], list[float]]] = {}
             dropped: dict[str, int] = {}
+            changed: dict[str, int] = {}
             datasets = sorted({d for e, m, d in by_cell if e == env and m == method and (e, reference, d) in by_cell},
                               key=lambda d: (d in OOD, d))
             for d in datasets:
@@ -47,36 +50,37 @@ def paired_comparisons(predictions: list[dict[str, Any]], reference: str = REFER
                       and ref[q]["score"] is not None and oth[q]["score"] is not None]
                 strata[d] = ([ref[q]["score"] for q in ok], [oth[q]["score"] for q in ok])
                 dropped[d] = len(set(ref) | set(oth)) - len(ok)
-                out.append(_row(env, method, d, [strata[d]], dropped[d]))
+                changed[d] = sum(ref[q].get("prediction") != oth[q].get("prediction") for q in ok)
+                out.append(_row(env, method, d, [strata[d]], changed[d], dropped[d]))
             for group in ("in_domain", "ood"):
                 members = [d for d in datasets if (d in OOD) == (group == "ood") and strata[d][0]]
                 if members:
                     out.append(_row(env, method, f"avg {group}", [strata[d] for d in members],
-                                    sum(dropped[d] for d in members)))
+                                    sum(changed[d] for d in members), sum(dropped[d] for d in members)))
     return out
 
 
 def _row(env: str, method: str, dataset: str, strata: list[tuple[list[float], list[float]]],
-         dropped: int) -> dict[str, Any]:
+         changed: int, dropped: int) -> dict[str, Any]:
     stats = paired_comparison([a for a, _ in strata], [b for _, b in strata],
                               seed=cell_seed(env, REFERENCE, method, dataset))
     return {"env_name": env, "reference": REFERENCE, "method": method, "dataset": dataset, **stats,
-            "dropped": dropped}
+            "changed": changed, "dropped": dropped}
 
 
 def comparison_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: difference x 100 with its 95% interval and p-value, per environment."""
     if not rows:
         return "(no `agent:trained` rows to compare)\n"
-    lines = ["| environment | vs method | dataset | Δ (trained − method) | 95% CI | p | n | dropped |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| environment | vs method | dataset | Δ (trained − method) | 95% CI | p | n | answers differ | dropped |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["diff"] is None:
-            lines.append(f"| {r['env_name']} | {r['method']} | {r['dataset']} | n/a | | | 0 | {r['dropped']} |")
+            lines.append(f"| {r['env_name']} | {r['method']} | {r['dataset']} | n/a | | | 0 | 0 | {r['dropped']} |")
             continue
         lines.append(f"| {r['env_name']} | {r['method']} | {r['dataset']} | {r['diff'] * 100:+.1f} | "
                      f"[{r['ci_low'] * 100:+.1f}, {r['ci_high'] * 100:+.1f}] | {r['p_value']:.3g} | "
-                     f"{r['n']} | {r['dropped']} |")
+                     f"{r['n']} | {r['changed']} | {r['dropped']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -121,6 +121,23 @@ def test_comparisons_pair_by_question_and_drop_failures():
     assert paired_comparisons([r for r in rows if r["method"] == "direct"]) == []
 
 
+@pytest.mark.parametrize("seed", range(200))
+def test_answers_differ_counts_changed_answers_among_paired_questions(seed):
+    """`changed` = paired (error-free) questions whose final answers differ, whatever the scores."""
+    rng = random.Random(seed)
+    cases = [(rng.choice("abc"), rng.choice("abc"), rng.random() < 0.2) for _ in range(rng.randint(1, 30))]
+    rows = []
+    for q, (ref_text, other_text, failed) in enumerate(cases):
+        rows.append({"env_name": "e", "method": "agent:trained", "dataset": "nq", "question_id": q,
+                     "score": 0.0, "prediction": ref_text, "error": "timeout" if failed else None})
+        rows.append({"env_name": "e", "method": "agent:base", "dataset": "nq", "question_id": q,
+                     "score": 0.0, "prediction": other_text, "error": None})
+    cell = paired_comparisons(rows)[0]
+    assert cell["dataset"] == "nq"
+    assert cell["changed"] == sum(a != b for a, b, failed in cases if not failed)
+    assert cell["n"] + cell["dropped"] == len(cases)
+
+
 def test_old_warehouse_gains_interval_columns(tmp_path):
     path = tmp_path / "old.duckdb"
     con = duckdb.connect(str(path))
