@@ -108,7 +108,8 @@ def plot(results: list[dict], path: Path, title: str) -> None:
         ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                         color=line.get_color(), alpha=0.15)
     ax.set_xlabel("GRPO step")
-    ax.set_ylabel("training reward (mean +- std over the step's trajectories)")
+    ax.set_xticks(sorted({p["step"] + 1 for r in results for p in r["curve"]}))
+    ax.set_ylabel("training reward (mean +- std)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -125,6 +126,11 @@ def fmt(summary: dict) -> str:
     if summary["mean"] is None:
         return "n/a"
     return f"{summary['mean']:.3f} [{summary['ci_low']:.3f}, {summary['ci_high']:.3f}]"
+
+
+def plot_sweep(results: list[dict], config: str, out: Path) -> None:
+    plot(results, out / "learning.png", f"{config}: GRPO reward per step (n = "
+         f"{results[0]['curve'][0]['n']:.0f} trajectories per step)")
 
 
 def previous_results(args: argparse.Namespace) -> list[dict]:
@@ -152,9 +158,13 @@ def main() -> None:
     parser.add_argument("--append", action="store_true",
                         help="Keep the results already in OUT/learning.json for other learning rates "
                              "(a sweep run in parts); the same config and overrides are required.")
+    parser.add_argument("--replot", action="store_true", help="Only redraw OUT/learning.png from OUT/learning.json.")
     args = parser.parse_args()
     setup_logging()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        saved = json.loads((args.out / "learning.json").read_text())
+        return plot_sweep(saved["results"], saved["config"], args.out)
     results = previous_results(args) if args.append else []
     for lr in args.lrs:
         cfg = load_config(ROOT / args.config, {
@@ -170,8 +180,7 @@ def main() -> None:
         # Written after every learning rate: a long sweep keeps what it finished.
         (args.out / "learning.json").write_text(json.dumps(
             {"config": args.config, "overrides": args.overrides, "results": results}, indent=1))
-        plot(results, args.out / "learning.png", f"{args.config}: GRPO reward per step (n = "
-             f"{results[0]['curve'][0]['n']:.0f} trajectories per step)")
+        plot_sweep(results, args.config, args.out)
     print(f"wrote {args.out / 'learning.json'} and {args.out / 'learning.png'}")
 
 
