@@ -145,8 +145,9 @@ def test_report_has_intervals_paired_comparisons_and_cost_plot(home):
     text = files["markdown"].read_text()
     assert f"[{direct['ci_low'] * 100:.1f}, {direct['ci_high'] * 100:.1f}]" in text
     rows = files["comparisons"].read_text().splitlines()
-    assert rows[0].startswith("env_name,reference,method,dataset,diff,ci_low,ci_high,p_value,n,dropped")
+    assert rows[0].startswith("env_name,reference,method,dataset,diff,ci_low,ci_high,p_value,n,changed,dropped")
     cell = rows[1].split(",")
-    assert cell[2:4] == ["direct", "PopQA"] and int(cell[8]) == 39 and int(cell[9]) == 1
+    assert cell[2:4] == ["direct", "PopQA"] and int(cell[8]) == 39 and int(cell[10]) == 1
+    assert int(cell[9]) == 0  # both methods answered "" to every question: no answer differs
     assert float(cell[4]) == pytest.approx(29 / 39 - 19 / 39)
     assert files["accuracy_vs_cost"].stat().st_size > 1000
