@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from prompt_r1.cli import parse_overrides  # noqa: E402
 from prompt_r1.config import Config, load_config  # noqa: E402
 from prompt_r1.eval_stats import bootstrap_ci, cell_seed  # noqa: E402
+from prompt_r1.fsutil import atomic_write_text  # noqa: E402
 from prompt_r1.logging_setup import setup_logging  # noqa: E402
 from prompt_r1.train_loop import TrainingSession  # noqa: E402
 
@@ -178,7 +179,7 @@ def main() -> None:
               + " ".join(f"{p['reward_mean']:+.3f}" for p in result["curve"])
               + f"; validation {fmt(result['val_before'])} -> {fmt(result['val_after'])}", flush=True)
         # Written after every learning rate: a long sweep keeps what it finished.
-        (args.out / "learning.json").write_text(json.dumps(
+        atomic_write_text(args.out / "learning.json", json.dumps(
             {"config": args.config, "overrides": args.overrides, "results": results}, indent=1))
         plot_sweep(results, args.config, args.out)
     print(f"wrote {args.out / 'learning.json'} and {args.out / 'learning.png'}")

@@ -180,7 +180,8 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     comparisons = paired_comparisons(predictions) if predictions else []
     paired = ("\n## Paired comparisons (agent:trained − method, same questions)\n\n"
               "Differences x 100; 95% bootstrap interval over questions; two-sided sign-flip p-value; "
-              "`answers differ`: of the `n` questions, how many got a different final answer; `dropped`: questions left out because an environment call failed under either method.\n\n"
+              "`answers differ`: of the `n` questions, how many got a different final answer; "
+              "`dropped`: questions left out because an environment call failed under either method.\n\n"
               + comparison_table(comparisons)) if predictions is not None else ""
     files["markdown"].write_text("# Evaluation results\n\nPrimary metric x 100 [95% bootstrap interval over "
                                  "questions].\n\n" + markdown_table(results) + paired
