@@ -20,13 +20,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prompt_r1.agent_resolver import resolve_agents  # noqa: E402
-from prompt_r1.config import load_config  # noqa: E402
+from prompt_r1.models.resolver import resolve_agents  # noqa: E402
+from prompt_r1.config.experiment import load_config  # noqa: E402
 from prompt_r1.env.vllm_server import managed_vllm_server  # noqa: E402
-from prompt_r1.env_config import EnvConfig  # noqa: E402
-from prompt_r1.evaluate import evaluate  # noqa: E402
-from prompt_r1.ingest import ingest  # noqa: E402
-from prompt_r1.logging_setup import setup_logging  # noqa: E402
+from prompt_r1.config.env import EnvConfig  # noqa: E402
+from prompt_r1.evaluation.evaluate import evaluate  # noqa: E402
+from prompt_r1.data.ingest import ingest  # noqa: E402
+from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
 from warehouse.store import Warehouse  # noqa: E402
 
 

@@ -25,11 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prompt_r1.config import parse_config  # noqa: E402
-from prompt_r1.models import resolve_model  # noqa: E402
-from prompt_r1.reward import RewardBreakdown  # noqa: E402
-from prompt_r1.trainer import GRPOLearner  # noqa: E402
-from prompt_r1.trajectory import Trajectory  # noqa: E402
+from prompt_r1.config.experiment import parse_config  # noqa: E402
+from prompt_r1.models.bundled import resolve_model  # noqa: E402
+from prompt_r1.core.reward import RewardBreakdown  # noqa: E402
+from prompt_r1.training.learner import GRPOLearner  # noqa: E402
+from prompt_r1.core.trajectory import Trajectory  # noqa: E402
 
 
 def make_batch(vocab: int, n: int, prompt_len: int, resp_len: int, group: int) -> list[Trajectory]:
@@ -73,7 +73,7 @@ def time_ours(model_path, trajs, repeats: int) -> list[float]:
 
 
 def _tensors(trajs):
-    from prompt_r1.grpo import group_advantages
+    from prompt_r1.core.grpo import group_advantages
 
     prompt = torch.tensor([t.prompt_ids for t in trajs])
     completion = torch.tensor([t.token_ids for t in trajs])
@@ -125,7 +125,7 @@ def time_naive(model_path, trajs, repeats: int) -> list[float]:
 
     from transformers import AutoModelForCausalLM
 
-    from prompt_r1.grpo import policy_loss
+    from prompt_r1.core.grpo import policy_loss
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(DEVICE)
     reference = copy.deepcopy(model).eval().requires_grad_(False)

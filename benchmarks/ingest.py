@@ -1,4 +1,4 @@
-"""Ingestion speed: the bulk path (`prompt_r1.ingest`) against a row-by-row baseline, one process.
+"""Ingestion speed: the bulk path (`prompt_r1.data.ingest`) against a row-by-row baseline, one process.
 
 The baseline is the write path ingestion used before it went bulk: the same rows inserted with
 one `executemany` parameter set per row (`INSERT ... ON CONFLICT`), one transaction per file. Both
@@ -29,9 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 import duckdb  # noqa: E402
 
-from prompt_r1.ingest import discover, ingest, source_hash  # noqa: E402
-from prompt_r1.ingest_files import READERS  # noqa: E402
-from prompt_r1.protocol import build_agent_prompt  # noqa: E402
+from prompt_r1.data.ingest import discover, ingest  # noqa: E402
+from prompt_r1.data.rows import source_hash  # noqa: E402
+from prompt_r1.data.files import READERS  # noqa: E402
+from prompt_r1.core.protocol import build_agent_prompt  # noqa: E402
 from warehouse.store import Warehouse  # noqa: E402
 
 

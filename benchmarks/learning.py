@@ -30,12 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prompt_r1.cli import parse_overrides  # noqa: E402
-from prompt_r1.config import Config, load_config  # noqa: E402
-from prompt_r1.eval_stats import bootstrap_ci, cell_seed  # noqa: E402
-from prompt_r1.fsutil import atomic_write_text  # noqa: E402
-from prompt_r1.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.train_loop import TrainingSession  # noqa: E402
+from prompt_r1.config.experiment import parse_overrides  # noqa: E402
+from prompt_r1.config.experiment import Config, load_config  # noqa: E402
+from prompt_r1.evaluation.stats import bootstrap_ci, cell_seed  # noqa: E402
+from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
+from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
+from prompt_r1.training.session import TrainingSession  # noqa: E402
 
 log = logging.getLogger("benchmarks.learning")
 
@@ -71,7 +71,7 @@ def summarise(values: list[float], *seed_parts: object) -> dict[str, float | int
 
 def train_once(cfg: Config, home: Path) -> dict:
     """One training run in a fresh warehouse under `home`; curve and validation before/after."""
-    from prompt_r1.ingest import ingest
+    from prompt_r1.data.ingest import ingest
     from warehouse.store import Warehouse
 
     run_id = f"lr{cfg.train.lr:g}"

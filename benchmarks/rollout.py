@@ -26,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prompt_r1.config import AgentConfig, RewardConfig, RolloutConfig  # noqa: E402
-from prompt_r1.env_config import EnvConfig  # noqa: E402
-from prompt_r1.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.models import resolve_model  # noqa: E402
-from prompt_r1.questions import QuestionRow  # noqa: E402
+from prompt_r1.config.experiment import AgentConfig, RewardConfig, RolloutConfig  # noqa: E402
+from prompt_r1.config.env import EnvConfig  # noqa: E402
+from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
+from prompt_r1.models.bundled import resolve_model  # noqa: E402
+from prompt_r1.core.questions import QuestionRow  # noqa: E402
 
 log = logging.getLogger("benchmarks.rollout")
 
@@ -45,7 +45,7 @@ def generation_speed(model: str, n_prompts: int, new_tokens: int) -> dict[str, f
     """Tokens/s of each backend on the same prompts (transformers first: vLLM pins torch threads)."""
     from prompt_r1.policy.hf import TransformersPolicy
     from prompt_r1.policy.vllm_policy import VLLMPolicy
-    from prompt_r1.rollout import agent_prompt_ids
+    from prompt_r1.core.tokens import agent_prompt_ids
 
     path = resolve_model(model)
     out = {}
@@ -83,7 +83,7 @@ class OneAtATime:
 def loop_speed(agent: str, n_questions: int, group: int, max_turns: int, new_tokens: int) -> dict[str, float]:
     from prompt_r1.env import open_environment
     from prompt_r1.policy import make_policy
-    from prompt_r1.rollout import rollout_batch
+    from prompt_r1.rollout.episode import rollout_batch
 
     agent_cfg = AgentConfig(model=agent, max_new_tokens=new_tokens, max_response_tokens=1024,
                             max_env_reply_tokens=96, temperature=1.0)

@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 import openai  # noqa: E402
 
 from prompt_r1.env import vllm_server  # noqa: E402
-from prompt_r1.env_config import EnvConfig  # noqa: E402
-from prompt_r1.logging_setup import setup_logging  # noqa: E402
+from prompt_r1.config.env import EnvConfig  # noqa: E402
+from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
 
 OURS_COMMAND, OURS_ENV = vllm_server.server_command, vllm_server.server_env
 

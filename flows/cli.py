@@ -12,9 +12,10 @@ from typing import Optional
 
 import typer
 
-from prompt_r1.cli import ConfigOpt, SetOpt, _fail, _fail_environment, _load, app, console, parse_overrides
-from prompt_r1.agent_resolver import register_scheme
-from prompt_r1.failures import EnvironmentFailure
+from prompt_r1.cli import ConfigOpt, SetOpt, _fail, _fail_environment, _load, app, console
+from prompt_r1.config.experiment import parse_overrides
+from prompt_r1.models.resolver import register_scheme
+from prompt_r1.core.failures import EnvironmentFailure
 
 
 def _registry_agent(uri: str) -> Path | None:

@@ -12,11 +12,11 @@ from typing import Any
 import mlflow
 from prefect import flow
 
-from prompt_r1.agent_resolver import resolve_agents
-from prompt_r1.config import default_db_path, load_config, run_dir
-from prompt_r1.eval_report import markdown_table, write_report
-from prompt_r1.evaluate import EvalOutcome
-from prompt_r1.failures import EnvironmentFailure
+from prompt_r1.models.resolver import resolve_agents
+from prompt_r1.config.experiment import default_db_path, load_config, run_dir
+from prompt_r1.evaluation.report import markdown_table, write_report
+from prompt_r1.evaluation.evaluate import EvalOutcome
+from prompt_r1.core.failures import EnvironmentFailure
 from tasks.artifacts import publish_eval_table
 from tasks.evaluate import evaluate_environment
 from tasks.ingest import ingest_sources
@@ -33,7 +33,7 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
                   parent_run_id: str | None = None) -> dict[str, Any]:
     """Evaluate; returns the MLflow run id, the results rows and the report folder.
 
-    `agents` maps labels to agent specs (`prompt_r1.agent_resolver`: folders, run ids, bundled
+    `agents` maps labels to agent specs (`prompt_r1.models.resolver`: folders, run ids, bundled
     models, `models:/` URIs); `use_champion` evaluates the registry's champion alone.
     """
     cfg = load_config(config, overrides)

@@ -19,11 +19,11 @@ import mlflow
 from mlflow import MlflowClient
 from prefect import flow
 
-from prompt_r1.config import default_db_path, load_config, run_dir
-from prompt_r1.failures import EnvironmentFailure
+from prompt_r1.config.experiment import default_db_path, load_config, run_dir
+from prompt_r1.core.failures import EnvironmentFailure
 from prompt_r1.policy import backend_deterministic
-from prompt_r1.run_record import mismatches, read_record
-from prompt_r1.train_loop import TrainingSession, training_pool_hash
+from prompt_r1.training.run_record import mismatches, read_record
+from prompt_r1.training.session import TrainingSession, training_pool_hash
 from tasks.artifacts import publish_training_metrics
 from tasks.train import FlowTrainingHooks
 from tasks.ingest import ingest_sources

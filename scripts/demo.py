@@ -35,8 +35,8 @@ def main() -> int:
     os.chdir(ROOT)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry errors
-    from prompt_r1.config import load_config, runs_home
-    from prompt_r1.logging_setup import setup_logging
+    from prompt_r1.config.experiment import load_config, runs_home
+    from prompt_r1.cli.logging_setup import setup_logging
 
     setup_logging()
     base = load_config(args.config)
@@ -48,8 +48,8 @@ def main() -> int:
         overrides["eval.suites"] = list(dict.fromkeys(base.eval.suites + ["in_domain", "ood"]))
         overrides["eval.limit_per_dataset"] = 2  # 16 datasets: keep the demo within its time
     t_start = time.perf_counter()
-    from prompt_r1.agent_resolver import resolve_agent
-    from prompt_r1.models import resolve_model
+    from prompt_r1.models.resolver import resolve_agent
+    from prompt_r1.models.bundled import resolve_model
 
     t0 = time.perf_counter()
     # Built once and cached under runs/models: the environment's model, then the agent's format

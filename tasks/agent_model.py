@@ -35,9 +35,9 @@ class AgentModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         import yaml
 
-        from prompt_r1.agent_service import BatchingPolicy
-        from prompt_r1.config import parse_config
-        from prompt_r1.evaluate import eval_agent
+        from prompt_r1.serving.service import BatchingPolicy
+        from prompt_r1.config.experiment import parse_config
+        from prompt_r1.evaluation.evaluate import eval_agent
         from prompt_r1.policy import make_policy
 
         self.agent_dir = Path(context.artifacts["agent"])
@@ -53,8 +53,8 @@ class AgentModel(mlflow.pyfunc.PythonModel):
 
     def _env_config(self, spec: Any):
         """EnvConfig from a name in the config, a dict of EnvConfig fields, or None (training env)."""
-        from prompt_r1.agent_service import pick_environment
-        from prompt_r1.env_config import EnvConfig
+        from prompt_r1.serving.service import pick_environment
+        from prompt_r1.config.env import EnvConfig
 
         if isinstance(spec, dict):
             return EnvConfig(**spec)
@@ -75,8 +75,8 @@ class AgentModel(mlflow.pyfunc.PythonModel):
     def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> Any:
         import pandas as pd
 
-        from prompt_r1.agent_service import answer_question, episode_report
-        from prompt_r1.env_config import EnvConfig
+        from prompt_r1.serving.service import answer_question, episode_report
+        from prompt_r1.config.env import EnvConfig
 
         params = {k: v for k, v in (params or {}).items() if v}
         if params.get("env_base_url"):

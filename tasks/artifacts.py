@@ -54,7 +54,7 @@ def _cell(value: Any, digits: int = 4) -> Any:
 
 
 def eval_table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The results cells (`prompt_r1.evaluate.aggregate` rows) reduced to `EVAL_COLUMNS`, sorted.
+    """The results cells (`prompt_r1.evaluation.evaluate.aggregate` rows) reduced to `EVAL_COLUMNS`, sorted.
 
     >>> rows = eval_table_rows([{"env_name": "e", "method": "direct", "dataset": "nq", "n": 4,
     ...                          "score": 0.5, "ci_low": 0.12345, "ci_high": 0.9, "errors": 0}])
@@ -68,7 +68,7 @@ def eval_table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def publish_eval_table(rows: list[dict[str, Any]], key: str) -> UUID:
     """Publish evaluation results as a table artifact `key` and a Markdown artifact `key`-report
     (the report's table: scores x 100 with their 95% intervals). Returns the table's id."""
-    from prompt_r1.eval_report import markdown_table
+    from prompt_r1.evaluation.report import markdown_table
 
     key = artifact_key(key)
     table = eval_table_rows(rows)

@@ -7,10 +7,10 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from prompt_r1.config import Config
-from prompt_r1.env_config import EnvConfig
-from prompt_r1.evaluate import EvalOutcome, evaluate
-from prompt_r1.failures import EnvironmentFailure
+from prompt_r1.config.experiment import Config
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.evaluation.evaluate import EvalOutcome, evaluate
+from prompt_r1.core.failures import EnvironmentFailure
 from warehouse.store import Warehouse
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from prompt_r1.ingest import MAX_QUESTION_CHARS, ingest
+from prompt_r1.data.ingest import ingest
+from prompt_r1.data.rows import MAX_QUESTION_CHARS
 from warehouse.store import Warehouse
 
 

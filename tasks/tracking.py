@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import mlflow
 from mlflow import MlflowClient
 
-from prompt_r1.config import Config, runs_home
-from prompt_r1.fsutil import atomic_dir
+from prompt_r1.config.experiment import Config, runs_home
+from prompt_r1.core.fsutil import atomic_dir
 
 if TYPE_CHECKING:
-    from prompt_r1.questions import QuestionRow
+    from prompt_r1.core.questions import QuestionRow
     from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
     `baselines` (`EvalOutcome.baselines`): each optimised instruction goes to its method's run as
     params (`instruction`, `cache_key`), metrics (`train_score`, `opt_*` spend) and, all together,
     to the environment run as `baselines/<env>.json`."""
-    from prompt_r1.eval_report import averages
+    from prompt_r1.evaluation.report import averages
 
     rows = [r for r in results if r["env_name"] == env_name]
     suite = ",".join(suites)
@@ -222,10 +222,10 @@ def log_datasets(warehouse: "Warehouse", cfg: Config, purpose: str) -> dict[str,
     purpose="training": the training pool (`training`) and its held-out share (`validation`);
     purpose="evaluation": one dataset per evaluation suite (`suite:<name>`, context `evaluation`),
     limited as the evaluation limits it. Returns dataset name -> number of questions."""
-    from prompt_r1.evaluate import select_questions
+    from prompt_r1.evaluation.evaluate import select_questions
 
     if purpose == "training":
-        from prompt_r1.train_loop import training_pool
+        from prompt_r1.training.session import training_pool
 
         train, val = training_pool(warehouse, cfg)
         named = {"training": ("training", train), "validation": ("validation", val)}
@@ -340,7 +340,7 @@ def _agent_artifact(model_dir: Path) -> Path:
 
 def install_registry_resolver() -> None:
     """Let the library's agent resolver take `models:/...` specs (the champion included)."""
-    from prompt_r1.agent_resolver import register_scheme
+    from prompt_r1.models.resolver import register_scheme
 
     register_scheme("models", registry_agent_path)
 

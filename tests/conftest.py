@@ -39,14 +39,14 @@ def warehouse(home):
 
 @pytest.fixture(scope="session")
 def tiny_model_path(_model_cache):
-    from prompt_r1.models import resolve_model
+    from prompt_r1.models.bundled import resolve_model
 
     return resolve_model("tiny")
 
 
 @pytest.fixture(scope="session")
 def smollm2_path(_model_cache):
-    from prompt_r1.models import resolve_model
+    from prompt_r1.models.bundled import resolve_model
 
     return resolve_model("smollm2-135m-instruct")
 

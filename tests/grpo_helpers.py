@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from prompt_r1.config import Config, parse_config
-from prompt_r1.reward import RewardBreakdown
-from prompt_r1.trajectory import Trajectory
+from prompt_r1.config.experiment import Config, parse_config
+from prompt_r1.core.reward import RewardBreakdown
+from prompt_r1.core.trajectory import Trajectory
 
 
 def make_config(lora: bool = False, temperature: float = 1.0, **train: Any) -> Config:

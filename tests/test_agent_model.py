@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prompt_r1.config import load_config
+from prompt_r1.config.experiment import load_config
 
 CHAMPION = "models:/prompt-r1-agent@champion"
 
@@ -26,8 +26,8 @@ def registry(home, monkeypatch):
     """An MLflow sqlite store in the test's run home with two registered tiny agents."""
     import mlflow
 
-    from prompt_r1 import agent_resolver
-    from prompt_r1.models import resolve_model
+    from prompt_r1.models import resolver as agent_resolver
+    from prompt_r1.models.bundled import resolve_model
     from tasks.tracking import register_agent, setup_mlflow
 
     cfg = load_config("configs/smoke.yaml", {})
@@ -44,9 +44,9 @@ def registry(home, monkeypatch):
 
 
 def _library_answer(cfg, agent: Path, question: str) -> str:
-    from prompt_r1.agent_service import answer_question
+    from prompt_r1.serving.service import answer_question
     from prompt_r1.env import open_environment
-    from prompt_r1.evaluate import eval_agent
+    from prompt_r1.evaluation.evaluate import eval_agent
     from prompt_r1.policy import make_policy
 
     policy = make_policy(eval_agent(cfg), agent, seed=cfg.seed)
@@ -64,7 +64,7 @@ def test_champion_is_a_pyfunc_model_that_answers(registry):
     import mlflow
     import pandas as pd
 
-    from prompt_r1.agent_resolver import register_scheme, resolve_agent
+    from prompt_r1.models.resolver import register_scheme, resolve_agent
     from tasks.tracking import registry_agent_path, tracking_uri
 
     cfg, agent, versions = registry
@@ -97,7 +97,7 @@ def test_champion_is_a_pyfunc_model_that_answers(registry):
     assert resolve_agent(CHAMPION) == folder and [p.name for p in folder.parent.iterdir()] == ["agent"]
     assert resolve_agent(None, default_model="tiny") == folder            # default: the champion
     assert resolve_agent("models:/prompt-r1-agent/2").parent.name == "v2"
-    from prompt_r1.agent_resolver import AgentSpecError
+    from prompt_r1.models.resolver import AgentSpecError
 
     with pytest.raises(AgentSpecError, match="not in the registry"):
         resolve_agent("models:/prompt-r1-agent@nobody")

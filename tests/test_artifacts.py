@@ -62,10 +62,10 @@ def test_training_run_logs_its_datasets_and_system_metrics(warehouse):
     import mlflow
     from mlflow import MlflowClient
 
-    from prompt_r1.config import load_config
-    from prompt_r1.evaluate import select_questions
-    from prompt_r1.ingest import ingest
-    from prompt_r1.train_loop import training_pool
+    from prompt_r1.config.experiment import load_config
+    from prompt_r1.evaluation.evaluate import select_questions
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.training.session import training_pool
     from tasks.tracking import log_datasets, setup_mlflow, start_training_run
 
     ingest(warehouse, [Path("data/sample")])
@@ -106,7 +106,7 @@ def test_training_run_logs_its_datasets_and_system_metrics(warehouse):
 
 
 def test_log_datasets_rejects_an_unknown_purpose(warehouse):
-    from prompt_r1.config import load_config
+    from prompt_r1.config.experiment import load_config
     from tasks.tracking import log_datasets
 
     with pytest.raises(ValueError, match="purpose must be `training` or `evaluation`, not 'tuning'"):

@@ -16,12 +16,12 @@ import httpx
 import openai
 import pytest
 
-from prompt_r1 import agent_resolver
-from prompt_r1.agent_resolver import AgentSpecError, resolve_agent
-from prompt_r1.agent_service import BatchingPolicy
-from prompt_r1.config import load_config
+from prompt_r1.models import resolver as agent_resolver
+from prompt_r1.models.resolver import AgentSpecError, resolve_agent
+from prompt_r1.serving.service import BatchingPolicy
+from prompt_r1.config.experiment import load_config
 from prompt_r1.policy.base import Policy, Sample
-from prompt_r1.protocol import extract_answer
+from prompt_r1.core.protocol import extract_answer
 
 
 # -- the resolver ------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def test_resolver_accepts_every_form_and_names_what_it_tried(home, no_schemes, t
         resolve_agent("no-such-thing")
     with pytest.raises(AgentSpecError, match="no resolver for `models:/`"):
         resolve_agent("models:/prompt-r1-agent@champion")
-    from prompt_r1.models import resolve_model
+    from prompt_r1.models.bundled import resolve_model
 
     assert resolve_agent("tiny") == Path(resolve_model("tiny"))
 
@@ -199,8 +199,8 @@ class LiveServer:
 
 @pytest.fixture(scope="module")
 def live():
-    from prompt_r1.agent_resolver import resolve_agent
-    from prompt_r1.serve import ServeConfig, create_app
+    from prompt_r1.models.resolver import resolve_agent
+    from prompt_r1.serving.http import ServeConfig, create_app
 
     cfg = load_config("configs/smoke.yaml", {})
     app, server = create_app(cfg, resolve_agent("tiny-protocol"), ServeConfig(max_body_bytes=4096))
@@ -272,7 +272,7 @@ def test_concurrent_requests_share_batches_and_never_mix_answers(live):
 
 
 def test_a_failing_environment_gives_502_naming_it(home):
-    from prompt_r1.serve import ServeConfig, create_app
+    from prompt_r1.serving.http import ServeConfig, create_app
 
     dead = f"http://127.0.0.1:{free_port()}/v1"
     cfg = load_config("configs/smoke.yaml", {

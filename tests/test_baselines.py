@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.baselines.base import Budget, BudgetExhausted, baseline_prompt
-from prompt_r1.baselines.opro import meta_prompt, parse_instruction
-from prompt_r1.config import load_config
+from prompt_r1.evaluation.baselines.base import Budget, BudgetExhausted, baseline_prompt
+from prompt_r1.evaluation.baselines.opro import meta_prompt, parse_instruction
+from prompt_r1.config.experiment import load_config
 from prompt_r1.env.base import EnvReply
 from prompt_r1.env.inprocess import InProcessEnvironment
-from prompt_r1.env_config import EnvConfig
-from prompt_r1.evaluate import evaluate
-from prompt_r1.ingest import ingest
-from prompt_r1.trajectory import EnvCall
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.evaluation.evaluate import evaluate
+from prompt_r1.data.ingest import ingest
+from prompt_r1.core.trajectory import EnvCall
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,8 +120,8 @@ def test_opro_budget_instruction_and_cached_rerun(monkeypatch, warehouse, opro_c
 
 
 def test_baseline_prompt_is_the_cot_layout():
-    from prompt_r1.baselines.base import SEED_INSTRUCTION
-    from prompt_r1.evaluate import COT_SUFFIX
+    from prompt_r1.evaluation.baselines.base import SEED_INSTRUCTION
+    from prompt_r1.evaluation.answers import COT_SUFFIX
 
     assert baseline_prompt("Q?", SEED_INSTRUCTION) == "Q?" + COT_SUFFIX
 
@@ -159,7 +159,7 @@ def test_textgrad_budget_instruction_and_cached_rerun(monkeypatch, warehouse, op
 
     if importlib.util.find_spec("textgrad") is None:  # import needs the litellm stub the module installs
         pytest.skip("scripts/setup.sh installs textgrad")
-    from prompt_r1.baselines.textgrad_opt import step_calls
+    from prompt_r1.evaluation.baselines.textgrad_opt import step_calls
 
     cfg = opro_cfg.model_copy(deep=True)
     cfg.eval.methods = ["textgrad"]
@@ -202,7 +202,7 @@ def test_optimised_instructions_reach_mlflow_and_the_report(home, tmp_path):
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from prompt_r1.eval_report import write_report
+    from prompt_r1.evaluation.report import write_report
     from tasks.tracking import log_eval_environment, setup_mlflow
 
     row = {"env_name": "e1", "dataset": "gsm8k", "method": "opro", "n": 2, "primary_metric": "em", "score": 0.5,

@@ -10,12 +10,12 @@ from grpo_helpers import make_config, prompt_ids, rollout
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from prompt_r1 import data_order
-from prompt_r1.checkpoint import (export_checkpoint, latest_checkpoint, list_checkpoints, load_checkpoint,
+from prompt_r1.data import order as data_order
+from prompt_r1.training.checkpoint import (export_checkpoint, latest_checkpoint, list_checkpoints, load_checkpoint,
                                   save_checkpoint)
 from prompt_r1.cli import app
-from prompt_r1.data_order import batches
-from prompt_r1.trainer import GRPOLearner
+from prompt_r1.data.order import batches
+from prompt_r1.training.learner import GRPOLearner
 
 QUESTIONS = [f"q{i}" for i in range(5)]
 TOTAL_STEPS = 6
@@ -122,7 +122,7 @@ def test_export_refuses_a_folder_with_user_files_even_with_overwrite(tmp_path) -
 
 
 def test_export_replaces_only_an_earlier_export(tiny_model_path, tmp_path) -> None:
-    from prompt_r1.checkpoint import EXPORT_MARKER
+    from prompt_r1.training.checkpoint import EXPORT_MARKER
 
     cfg = make_config()
     learner = GRPOLearner(cfg, tiny_model_path)
@@ -142,7 +142,7 @@ def test_export_replaces_only_an_earlier_export(tiny_model_path, tmp_path) -> No
 
 # -- resume continues only the same run ------------------------------------------------------
 def test_open_run_refuses_changed_or_finished_runs(tmp_path) -> None:
-    from prompt_r1.run_record import ResumeError, mark_finished, open_run, read_record
+    from prompt_r1.training.run_record import ResumeError, mark_finished, open_run, read_record
 
     run = tmp_path / "r1"
     first = open_run(run, "smoke", "cfgA", "poolP", resume=False)
@@ -169,7 +169,7 @@ def test_find_resumable_is_the_newest_unfinished_matching_run(tmp_path) -> None:
     """Random run folders against a brute-force statement of the rule."""
     import random
 
-    from prompt_r1.run_record import find_resumable, write_record
+    from prompt_r1.training.run_record import find_resumable, write_record
 
     rng = random.Random(5)
     for case in range(60):
@@ -198,8 +198,8 @@ class _FakeSession:
         self.args = (cfg, wh, run_id, run_dir, resume, force)
 
     def __enter__(self):
-        from prompt_r1.run_record import open_run
-        from prompt_r1.train_loop import training_pool_hash
+        from prompt_r1.training.run_record import open_run
+        from prompt_r1.training.session import training_pool_hash
 
         cfg, wh, run_id, run_dir, resume, force = self.args
         open_run(run_dir, cfg.name, cfg.hash(), training_pool_hash(wh, cfg), resume, force)
@@ -210,7 +210,7 @@ class _FakeSession:
         return None
 
     def run(self, hooks=None):
-        from prompt_r1.train_loop import TrainingOutcome
+        from prompt_r1.training.session import TrainingOutcome
 
         return TrainingOutcome(None, {}, {})
 
@@ -219,10 +219,10 @@ class _FakeSession:
 
 
 def test_cli_resume_picks_the_same_unfinished_run(home, monkeypatch) -> None:
-    from prompt_r1 import train_loop
-    from prompt_r1.config import load_config
-    from prompt_r1.ingest import ingest
-    from prompt_r1.run_record import write_record
+    from prompt_r1.training import session as train_loop
+    from prompt_r1.config.experiment import load_config
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.training.run_record import write_record
     from warehouse.store import Warehouse
 
     monkeypatch.setattr(train_loop, "TrainingSession", _FakeSession)
@@ -253,10 +253,10 @@ def test_cli_resume_picks_the_same_unfinished_run(home, monkeypatch) -> None:
 
 
 def test_training_session_checks_the_run_before_loading_anything(home, warehouse) -> None:
-    from prompt_r1.config import load_config, run_dir
-    from prompt_r1.ingest import ingest
-    from prompt_r1.run_record import ResumeError, write_record
-    from prompt_r1.train_loop import TrainingSession
+    from prompt_r1.config.experiment import load_config, run_dir
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.training.run_record import ResumeError, write_record
+    from prompt_r1.training.session import TrainingSession
 
     cfg = load_config("configs/smoke.yaml", {"agent.model": "no-such-model"})  # loading it would fail
     ingest(warehouse, cfg.data.sources)

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.config import load_config
-from prompt_r1.config_base import ConfigError
+from prompt_r1.config.experiment import load_config
+from prompt_r1.config.base import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,7 @@ def _names(n: int = 600) -> list[str]:
 
 
 def test_config_and_environment_names_are_safe_slugs(tmp_path):
-    from prompt_r1.config import parse_config
+    from prompt_r1.config.experiment import parse_config
 
     accepted = 0
     for name in _names():
@@ -104,7 +104,7 @@ def test_traversing_name_in_a_file_names_the_key_and_file(tmp_path):
 
 
 def test_run_dir_refuses_a_traversing_run_id(tmp_path, monkeypatch):
-    from prompt_r1.config import run_dir
+    from prompt_r1.config.experiment import run_dir
 
     monkeypatch.setenv("PROMPT_R1_HOME", str(tmp_path))
     assert run_dir("smoke", "20250101-000000-abcdef") == tmp_path.resolve() / "smoke" / "20250101-000000-abcdef"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.config import load_config
-from prompt_r1.seeding import draw_seed
-from prompt_r1.questions import QuestionRow
+from prompt_r1.config.experiment import load_config
+from prompt_r1.core.seeding import draw_seed
+from prompt_r1.core.questions import QuestionRow
 
 TIMING = ("rollout_time_s", "step_time_s", "tokens_per_s")  # wall-clock: never reproducible
 
@@ -107,9 +107,9 @@ def _questions() -> list[QuestionRow]:
 
 
 def test_rollout_seeds_each_turn_by_the_rule_and_ignores_latency(_model_cache):
-    from prompt_r1.models import resolve_model
+    from prompt_r1.models.bundled import resolve_model
     from prompt_r1.policy.hf import TransformersPolicy
-    from prompt_r1.rollout import rollout_batch
+    from prompt_r1.rollout.episode import rollout_batch
 
     cfg = smoke()
     seen: list[tuple[list[int], int]] = []
@@ -148,9 +148,9 @@ def _turn_start(traj, turn: int) -> int:
 
 # -- (b) two training runs, one behind random delays: identical everything ----------------
 def _train(home: Path, max_delay_s: float, monkeypatch) -> tuple[list[dict], list[list[dict]], bytes]:
-    from prompt_r1.ingest import ingest
-    from prompt_r1.ray_rollout import RolloutPool, init_ray
-    from prompt_r1.train_loop import TrainingHooks, TrainingSession
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+    from prompt_r1.training.session import TrainingHooks, TrainingSession
     from warehouse.store import Warehouse
 
     class Session(TrainingSession):

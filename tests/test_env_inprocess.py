@@ -9,8 +9,8 @@ import pytest
 from prompt_r1.env import open_environment
 from prompt_r1.env.base import with_system
 from prompt_r1.env.inprocess import InProcessEnvironment
-from prompt_r1.env_config import EnvConfig
-from prompt_r1.models import CHATML_TEMPLATE
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.models.bundled import CHATML_TEMPLATE
 
 
 def conversation(i: int) -> list[dict[str, str]]:

@@ -18,7 +18,7 @@ from prompt_r1.env import open_environment
 from prompt_r1.env.base import reply_cache_key, with_system
 from prompt_r1.env.openai_env import OpenAIEnvironment
 from prompt_r1.env.vllm_server import free_port
-from prompt_r1.env_config import EnvConfig
+from prompt_r1.config.env import EnvConfig
 
 SECRET = "sk-test-S3CRET-do-not-leak-0123456789"
 

@@ -27,13 +27,13 @@ from prompt_r1.env.openai_env import OpenAIEnvironment
 from prompt_r1.env.server_guard import group_members
 from prompt_r1.env.vllm_server import (VLLMServer, VLLMServerError, check_cpu_head_size, keep_server,
                                        managed_vllm_server, server_command)
-from prompt_r1.env_config import EnvConfig
+from prompt_r1.config.env import EnvConfig
 
 
 @pytest.fixture(scope="module")
 def servable_tiny(_model_cache) -> Path:
     """The random byte-tokenizer test model, 256 wide: head_dim 64 is one the CPU kernels have."""
-    from prompt_r1.models import build_tiny_model, models_dir
+    from prompt_r1.models.bundled import build_tiny_model, models_dir
 
     return build_tiny_model(models_dir() / "tiny-bytes-h256", hidden_size=256)
 
@@ -381,7 +381,7 @@ def test_sigterm_runs_the_cli_commands_cleanup():
 
     proc = subprocess.Popen([sys.executable, "-c", """
 import time
-from prompt_r1.cli import _main
+from prompt_r1.cli.common import _main
 _main(verbose=False)  # what every command runs first
 try:
     print("started", flush=True)
@@ -407,7 +407,7 @@ def test_a_managed_server_dies_with_its_kill_9d_parent(servable_tiny, tmp_path):
 import time
 from pathlib import Path
 from prompt_r1.env.vllm_server import VLLMServer
-from prompt_r1.env_config import EnvConfig
+from prompt_r1.config.env import EnvConfig
 cfg = EnvConfig(name="orphan", kind="vllm", model={str(servable_tiny)!r}, startup_timeout_s=300)
 server = VLLMServer(cfg, Path({str(tmp_path)!r}), records_dir=Path({str(records)!r}))
 server.start()

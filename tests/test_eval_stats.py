@@ -11,8 +11,8 @@ import duckdb
 import numpy as np
 import pytest
 
-from prompt_r1.eval_compare import paired_comparisons
-from prompt_r1.eval_stats import bootstrap_ci, paired_comparison, sign_flip_p
+from prompt_r1.evaluation.compare import paired_comparisons
+from prompt_r1.evaluation.stats import bootstrap_ci, paired_comparison, sign_flip_p
 from warehouse.store import Warehouse
 
 

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.agent_resolver import resolve_agents
-from prompt_r1.config import load_config
-from prompt_r1.evaluate import EvalError, evaluate, extract_cot_answer, suite_datasets
-from prompt_r1.ingest import IN_DOMAIN, OOD, PROMPT_R1_FILES, ingest
-from prompt_r1.trajectory import Trajectory
+from prompt_r1.models.resolver import resolve_agents
+from prompt_r1.config.experiment import load_config
+from prompt_r1.evaluation.answers import extract_cot_answer
+from prompt_r1.evaluation.evaluate import EvalError, evaluate, suite_datasets
+from prompt_r1.data.ingest import ingest
+from prompt_r1.data.rows import IN_DOMAIN, OOD, PROMPT_R1_FILES
+from prompt_r1.core.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"direct", "cot", "agent:base", "agent_only:base"}
@@ -89,8 +91,8 @@ def test_agent_evaluation_uses_the_eval_decoding(monkeypatch, warehouse, overrid
     """`eval.temperature/top_p/max_turns` reach the policy's settings and the rollout loop."""
     import asyncio
 
-    import prompt_r1.rollout as rollout_module
-    from prompt_r1.evaluate import _agent_method, eval_agent
+    import prompt_r1.rollout.episode as rollout_module
+    from prompt_r1.evaluation.evaluate import _agent_method, eval_agent
 
     ingest(warehouse, [ROOT / "data" / "sample"])
     questions = warehouse.questions(splits=["test"], limit_per_dataset=1)[:2]
@@ -126,9 +128,9 @@ def test_whole_files_when_limit_is_null(warehouse, shared_data):
 
 
 def test_report_has_intervals_paired_comparisons_and_cost_plot(home):
-    from prompt_r1.env_config import EnvConfig
-    from prompt_r1.eval_report import write_report
-    from prompt_r1.evaluate import aggregate
+    from prompt_r1.config.env import EnvConfig
+    from prompt_r1.evaluation.report import write_report
+    from prompt_r1.evaluation.evaluate import aggregate
 
     preds = []
     for q in range(40):

@@ -21,13 +21,13 @@ import pytest
 from typer.testing import CliRunner
 
 from prompt_r1.env.base import EnvReply
-from prompt_r1.env_config import EnvConfig
-from prompt_r1.evaluate import METRICS, Prediction, aggregate, score_predictions
-from prompt_r1.failures import EnvironmentFailure, check_error_rate, error_rate
-from prompt_r1.train_loop import usable_for_update
-from prompt_r1.trajectory import EnvCall, Trajectory
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.evaluation.evaluate import METRICS, Prediction, aggregate, score_predictions
+from prompt_r1.core.failures import EnvironmentFailure, check_error_rate, error_rate
+from prompt_r1.training.session import usable_for_update
+from prompt_r1.core.trajectory import EnvCall, Trajectory
 from test_rollout import ASK, ANSWER, ScriptedEnv, ScriptedPolicy, question, run
-from prompt_r1.questions import QuestionRow
+from prompt_r1.core.questions import QuestionRow
 from warehouse.store import Warehouse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +144,7 @@ def test_warehouse_keeps_errors_and_null_scores_and_upgrades_an_old_file(tmp_pat
         failed = Trajectory("q2", 0, [1], token_ids=[2], loss_mask=[1], logprobs=[0.0], agent_turns=["a"],
                             env_calls=[EnvCall(0, "e", "m", error="HTTP 500")], stop_reason="env_error",
                             error="HTTP 500")
-        from prompt_r1.train_loop import trajectory_rows
+        from prompt_r1.training.session import trajectory_rows
 
         wh.replace_step("run", 0, *trajectory_rows([failed]))
         assert wh.query("SELECT reward_total, error, stop_reason FROM trajectories") == [(None, "HTTP 500", "env_error")]
@@ -221,7 +221,7 @@ def _check_recorded(wh: Warehouse, run_id: str, marker: str) -> tuple[int, int]:
     Returns (attempts recorded, failed calls)."""
     from transformers import AutoTokenizer
 
-    from prompt_r1.models import resolve_model
+    from prompt_r1.models.bundled import resolve_model
 
     tok = AutoTokenizer.from_pretrained(resolve_model("tiny-protocol"))
     calls = wh.query("SELECT error, attempts, completion_tokens FROM env_calls WHERE run_id = ?", [run_id])

@@ -96,7 +96,7 @@ def test_pipeline_flow_end_to_end_and_rerun(prefect_api, home):
 
 def test_train_flow_killed_mid_run_resumes_without_duplicates(home, tmp_path):
     """SIGKILL the training flow after its second checkpoint, run it again, count the steps."""
-    from prompt_r1.checkpoint import step_dir_name
+    from prompt_r1.training.checkpoint import step_dir_name
     from warehouse.store import Warehouse
 
     steps = 4
@@ -132,8 +132,8 @@ def test_train_flow_killed_mid_run_resumes_without_duplicates(home, tmp_path):
 def test_train_flow_continues_only_a_run_with_the_same_config_and_pool(home):
     """The unfinished run of a changed config (or pool, or a finished run folder) is left alone."""
     from flows.train import unfinished_run
-    from prompt_r1.config import run_dir
-    from prompt_r1.run_record import write_record
+    from prompt_r1.config.experiment import run_dir
+    from prompt_r1.training.run_record import write_record
     from tasks.tracking import setup_mlflow
 
     exp = setup_mlflow("smoke")

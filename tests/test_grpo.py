@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from prompt_r1 import grpo
-from prompt_r1.grpo import gather_logprobs, group_advantages, k3_kl, policy_loss
+from prompt_r1.core import grpo
+from prompt_r1.core.grpo import gather_logprobs, group_advantages, k3_kl, policy_loss
 
 
 def test_doctests() -> None:

@@ -8,8 +8,9 @@ import sys
 import duckdb
 import pytest
 
-from prompt_r1.ingest import IN_DOMAIN, OOD, IngestError, ingest, ingest_hf
-from prompt_r1.protocol import INSTRUCTION_MARKER
+from prompt_r1.data.ingest import ingest, ingest_hf
+from prompt_r1.data.rows import IN_DOMAIN, OOD, IngestError
+from prompt_r1.core.protocol import INSTRUCTION_MARKER
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -264,8 +265,8 @@ def test_unknown_split_is_an_error(warehouse, tmp_path):
 
 
 def test_question_length_cap(warehouse, tmp_path):
-    from prompt_r1.config import DataConfig
-    from prompt_r1.ingest import MAX_QUESTION_CHARS
+    from prompt_r1.config.experiment import DataConfig
+    from prompt_r1.data.rows import MAX_QUESTION_CHARS
 
     assert MAX_QUESTION_CHARS == DataConfig().max_question_chars
     recs = [{"question": "short?", "answers": ["a"], "task_family": "math"},

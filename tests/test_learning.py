@@ -19,8 +19,8 @@ import statistics
 
 import pytest
 
-from prompt_r1.config import load_config
-from prompt_r1.reward import compute_reward
+from prompt_r1.config.experiment import load_config
+from prompt_r1.core.reward import compute_reward
 
 WINDOW = 4          # steps averaged at each end of the run
 MARGIN = 0.2        # required rise of the mean reward (measured 0.35; rewards span [-1, 1])
@@ -28,8 +28,8 @@ MARGIN = 0.2        # required rise of the mean reward (measured 0.35; rewards s
 
 @pytest.mark.slow
 def test_training_raises_the_reward_by_asking_the_environment(home, warehouse):
-    from prompt_r1.ingest import ingest
-    from prompt_r1.train_loop import TrainingSession
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.training.session import TrainingSession
 
     cfg = load_config("configs/learning.yaml")
     ingest(warehouse, cfg.data.sources, cfg.data.max_question_chars)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from prompt_r1.metrics import (
+from prompt_r1.core.metrics import (
     exact_match, f1_score, normalize_answer, score_all, semantic_similarities,
     semantic_similarity, substring_match,
 )

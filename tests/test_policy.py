@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prompt_r1.config import AgentConfig, parse_config
+from prompt_r1.config.experiment import AgentConfig, parse_config
 from prompt_r1.policy import make_policy
 from prompt_r1.policy.hf import TransformersPolicy, top_p_filter
-from prompt_r1.rollout import agent_prompt_ids
+from prompt_r1.core.tokens import agent_prompt_ids
 
 NEVER = ("\x00never\x00",)
 
@@ -56,7 +56,7 @@ def test_seeded_sampling_is_reproducible_and_batch_rows_differ(tiny_model_path):
 
 @pytest.mark.parametrize("model_name", ["tiny", "tiny-smollm2"])
 def test_stops_at_a_stop_string_even_when_it_spans_tokens(model_name, _model_cache):
-    from prompt_r1.models import resolve_model
+    from prompt_r1.models.bundled import resolve_model
 
     path = resolve_model(model_name)
     free = TransformersPolicy(path, temperature=1.0, stop_strings=NEVER)
@@ -164,9 +164,9 @@ def test_learner_logprobs_equal_the_sampled_ones_at_temperature_07(backend, mode
         pytest.importorskip("vllm")
     from grpo_helpers import reward_of
 
-    from prompt_r1.models import resolve_model
-    from prompt_r1.trainer import GRPOLearner
-    from prompt_r1.trajectory import Trajectory
+    from prompt_r1.models.bundled import resolve_model
+    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.core.trajectory import Trajectory
 
     path = resolve_model(model)
     agent = {"model": model, "backend": backend, "temperature": 0.7}

@@ -2,11 +2,11 @@
 
 import pytest
 
-from prompt_r1.protocol import (
+from prompt_r1.core.protocol import (
     build_agent_prompt, env_messages, extract_answer, is_answer_turn, is_interaction_turn,
     parse_turn, split_question, wrap_env_reply,
 )
-from prompt_r1.reward import compute_reward, format_score
+from prompt_r1.core.reward import compute_reward, format_score
 
 ASK = "<think>explain</think>\n<interaction_prompt>What is X?</interaction_prompt>"
 FINAL = "<think>done</think>\n<answer>Paris</answer>"
@@ -58,7 +58,7 @@ def test_answer_turn_and_extraction():
 
 
 def test_evaluation_reads_the_same_answer_as_the_reward():
-    from prompt_r1.evaluate import extract_agent_only_answer
+    from prompt_r1.evaluation.answers import extract_agent_only_answer
 
     two = "<think>a</think><answer> Lyon </answer><answer>Paris</answer>"
     assert extract_agent_only_answer(two) == extract_answer(two) == "Lyon"
@@ -113,7 +113,7 @@ def test_worked_values_of_the_spec():
 def test_config_defaults_are_the_reward_defaults():
     import inspect
 
-    from prompt_r1.config import RewardConfig
+    from prompt_r1.config.experiment import RewardConfig
 
     params = inspect.signature(compute_reward).parameters
     defaults = RewardConfig().model_dump()

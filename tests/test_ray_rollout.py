@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from prompt_r1.config import load_config
-from prompt_r1.questions import QuestionRow
+from prompt_r1.config.experiment import load_config
+from prompt_r1.core.questions import QuestionRow
 
 ray = pytest.importorskip("ray")
 
@@ -25,7 +25,7 @@ class EchoModelEnv:
     """A real transformers environment (the tiny model, greedy), built inside each actor."""
 
     def __init__(self, env_cfg):
-        from prompt_r1.models import resolve_model
+        from prompt_r1.models.bundled import resolve_model
         from prompt_r1.policy.hf import TransformersPolicy
 
         self.name, self.model = env_cfg.name, env_cfg.model
@@ -35,7 +35,7 @@ class EchoModelEnv:
     async def reply(self, messages, turn=0):
         from types import SimpleNamespace
 
-        from prompt_r1.trajectory import EnvCall
+        from prompt_r1.core.trajectory import EnvCall
 
         tok = self.policy.tokenizer
         ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
@@ -62,8 +62,8 @@ def test_an_unreachable_ray_address_fails_fast_with_a_message():
     import socket
     import time
 
-    from prompt_r1.config import RolloutConfig
-    from prompt_r1.ray_rollout import RayWaitError, init_ray
+    from prompt_r1.config.experiment import RolloutConfig
+    from prompt_r1.rollout.ray_pool import RayWaitError, init_ray
 
     if ray.is_initialized():
         ray.shutdown()
@@ -86,8 +86,8 @@ def test_an_address_that_is_no_ray_cluster_fails_within_the_deadline(tmp_path):
 
     code = """
 import socket, time
-from prompt_r1.config import RolloutConfig
-from prompt_r1.ray_rollout import RayWaitError, init_ray
+from prompt_r1.config.experiment import RolloutConfig
+from prompt_r1.rollout.ray_pool import RayWaitError, init_ray
 silent = socket.create_server(("0.0.0.0", 0), backlog=64)
 started = time.monotonic()
 try:
@@ -105,8 +105,8 @@ except RayWaitError as err:
 def local_ray():
     if ray.is_initialized():
         ray.shutdown()
-    from prompt_r1.config import RolloutConfig
-    from prompt_r1.ray_rollout import init_ray
+    from prompt_r1.config.experiment import RolloutConfig
+    from prompt_r1.rollout.ray_pool import init_ray
 
     init_ray(RolloutConfig(ray_num_cpus=2))
     yield
@@ -122,7 +122,7 @@ def smoke_cfg(**overrides):
 
 
 def test_pool_of_two_actors_and_weight_broadcast(local_ray, tiny_model_path, home):
-    from prompt_r1.ray_rollout import RolloutPool
+    from prompt_r1.rollout.ray_pool import RolloutPool
 
     cfg = smoke_cfg()
     batch = questions(3)
@@ -180,7 +180,7 @@ def test_cli_rollout_writes_jsonl_and_warehouse(local_ray, home, tmp_path):
 def test_a_pool_bigger_than_the_local_ray_fails_at_once(local_ray, tiny_model_path):
     import time
 
-    from prompt_r1.ray_rollout import RayWaitError, RolloutPool
+    from prompt_r1.rollout.ray_pool import RayWaitError, RolloutPool
 
     started = time.monotonic()
     with pytest.raises(RayWaitError, match=r"3 actors x 1 CPUs = 3 CPUs, but the local Ray instance has 2 CPUs"):
@@ -191,7 +191,7 @@ def test_a_pool_bigger_than_the_local_ray_fails_at_once(local_ray, tiny_model_pa
 def test_actors_that_cannot_start_fail_within_the_deadline_and_free_their_claim(local_ray, tiny_model_path):
     import time
 
-    from prompt_r1.ray_rollout import RayWaitError, RolloutPool
+    from prompt_r1.rollout.ray_pool import RayWaitError, RolloutPool
 
     @ray.remote(num_cpus=2)
     class Holder:  # another job holding every CPU of the local instance
@@ -222,19 +222,19 @@ def hanging_rollouts(env_cfg):
     """Inside the actor: every rollout batch hangs (as on an environment that stopped answering)."""
     import asyncio
 
-    import prompt_r1.rollout
+    import prompt_r1.rollout.episode
 
     async def hang(*args, **kwargs):
         await asyncio.sleep(120)
 
-    prompt_r1.rollout.rollout_batch = hang
+    prompt_r1.rollout.episode.rollout_batch = hang
     return EchoModelEnv.__new__(EchoModelEnv)
 
 
 def test_a_stuck_rollout_fails_within_the_deadline(local_ray, tiny_model_path):
     import time
 
-    from prompt_r1.ray_rollout import RayWaitError, RolloutPool
+    from prompt_r1.rollout.ray_pool import RayWaitError, RolloutPool
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cfg = smoke_cfg()
@@ -250,9 +250,9 @@ def test_a_stuck_rollout_fails_within_the_deadline(local_ray, tiny_model_path):
 
 def test_training_session_stops_what_it_started_when_a_later_stage_fails(local_ray, warehouse, tmp_path,
                                                                          monkeypatch):
-    from prompt_r1.ingest import ingest
-    from prompt_r1.ray_rollout import RayWaitError
-    from prompt_r1.train_loop import TrainingSession
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.rollout.ray_pool import RayWaitError
+    from prompt_r1.training.session import TrainingSession
 
     ingest(warehouse, ["data/sample"])
     stopped = []

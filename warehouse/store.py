@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from prompt_r1.questions import QuestionRow
+from prompt_r1.core.questions import QuestionRow
 
 SCHEMA = Path(__file__).with_name("schema.sql")
 # How long an open waits for another process to release the file before giving up.

@@ -9,6 +9,8 @@ synchronous) that yields an `Environment` whose methods are async:
 - `kind=inprocess`: an `InProcessEnvironment` (transformers in this process, batched).
 
 Call `await env.aclose()` from the event loop that used the environment before leaving the block.
+
+Imports: `prompt_r1.core`, `prompt_r1.config`, `prompt_r1.models` (bundled model folders).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prompt_r1.env.base import EnvReply, Environment, cache_key, cost_usd, reply_cache_key
-from prompt_r1.env_config import EnvConfig
+from prompt_r1.config.env import EnvConfig
 
 if TYPE_CHECKING:
     from warehouse.store import Warehouse

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.env_config import EnvConfig
-from prompt_r1.trajectory import EnvCall
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.trajectory import EnvCall
 
 ERROR_PREFIX = "[environment error: "
 MAX_ERROR_CHARS = 300

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.env.base import EnvReply, Environment, check_messages, with_system
-from prompt_r1.env_config import EnvConfig
-from prompt_r1.seeding import derive_seed
-from prompt_r1.tokens import chat_prompt_ids, left_pad, pad_token_id, stop_token_ids
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.seeding import derive_seed
+from prompt_r1.core.tokens import chat_prompt_ids, left_pad, pad_token_id, stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class InProcessEnvironment(Environment):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from prompt_r1.models import resolve_model
+        from prompt_r1.models.bundled import resolve_model
 
         self.model_path = str(resolve_model(cfg.model))
         self.gather_s = gather_s

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 import openai
 
 from prompt_r1.env.base import EnvReply, Environment, check_messages, reply_cache_key, short_reason, with_system
-from prompt_r1.env_config import EnvConfig
-from prompt_r1.seeding import derive_seed
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.seeding import derive_seed
 
 if TYPE_CHECKING:
     from warehouse.store import Warehouse

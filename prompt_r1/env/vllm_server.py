@@ -48,10 +48,10 @@ from pathlib import Path
 
 import httpx
 
-from prompt_r1.config import runs_home
+from prompt_r1.config.experiment import runs_home
 from prompt_r1.env.inprocess import load_chat_template
 from prompt_r1.env.server_guard import process_cmdline, spawn_guarded, stop_group, sweep_leftovers, write_record
-from prompt_r1.env_config import EnvConfig
+from prompt_r1.config.env import EnvConfig
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class VLLMServer:
     """
 
     def __init__(self, cfg: EnvConfig, log_dir: Path | None = None, records_dir: Path | None = None):
-        from prompt_r1.models import resolve_model
+        from prompt_r1.models.bundled import resolve_model
 
         self.cfg = cfg
         self.model_path = str(resolve_model(cfg.model))

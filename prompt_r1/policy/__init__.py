@@ -2,13 +2,15 @@
 
 `make_policy(agent_cfg, model_path)` builds a `TransformersPolicy` (CPU, reference log-probs) or a
 `VLLMPolicy` (offline vLLM engine, imported only when asked for, so vLLM stays optional).
+
+Imports: `prompt_r1.core`, `prompt_r1.config`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from prompt_r1.config import AgentConfig
+from prompt_r1.config.experiment import AgentConfig
 from prompt_r1.policy.base import Policy, Sample
 
 __all__ = ["Policy", "Sample", "backend_deterministic", "make_policy"]

@@ -15,7 +15,7 @@ Conventions shared by all backends:
 - `Sample.logprobs[i]` is the log-prob of `token_ids[i]` under the distribution it was sampled
   from (after temperature and top-p); at temperature 0 it is the model's plain log-softmax.
 - `finish_reason` is "stop" (stop string or EOS) or "length" (hit that row's max_new_tokens).
-- `seeds` gives one seed per row (see `prompt_r1.seeding.draw_seed`): a row's draws depend on its
+- `seeds` gives one seed per row (see `prompt_r1.core.seeding.draw_seed`): a row's draws depend on its
   own seed only, never on which other rows share the batch or in what order. `deterministic`
   says whether the backend also makes a row's sampled ids and log-probs exactly independent of
   the batch (same seed and prompt -> same sample, bit for bit); see each backend.
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from prompt_r1.protocol import STOP_STRINGS
+from prompt_r1.core.protocol import STOP_STRINGS
 
 
 @dataclass
@@ -104,7 +104,7 @@ def per_row_seeds(seeds: Sequence[int] | None, rows: int, policy_seed: int, call
     >>> a = per_row_seeds(None, 2, 0, 0); a == per_row_seeds(None, 2, 0, 0) and a[0] != a[1]
     True
     """
-    from prompt_r1.seeding import derive_seed
+    from prompt_r1.core.seeding import derive_seed
 
     if seeds is None:
         return [derive_seed("policy_call", policy_seed, call, row) for row in range(rows)]

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds
-from prompt_r1.protocol import STOP_STRINGS
-from prompt_r1.tokens import left_pad, pad_token_id, stop_token_ids, torch_dtype
+from prompt_r1.core.protocol import STOP_STRINGS
+from prompt_r1.core.tokens import left_pad, pad_token_id, stop_token_ids, torch_dtype
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds
-from prompt_r1.protocol import STOP_STRINGS
+from prompt_r1.core.protocol import STOP_STRINGS
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,248 @@
+"""The commands for the pipeline's stages: `ingest`, `summary`, `check-config`, `serve-env`,
+`train`, `evaluate` and `rollout`, each a thin typer wrapper over the library's API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from prompt_r1.cli.common import (
+    ConfigOpt, DbOpt, LockWaitOpt, SetOpt, _agent_folder, _fail, _fail_environment, _load, _open_db, app, console,
+)
+from prompt_r1.config.experiment import DataConfig
+
+
+@app.command()
+def ingest(
+    sources: list[str] = typer.Argument(..., help="Files/folders (Parquet, JSONL) or hf:NAME."),
+    db: Optional[Path] = DbOpt,
+    question_col: str = typer.Option("question", help="hf: column with the question."),
+    answers_col: str = typer.Option("answers", help="hf: column with the gold answer(s)."),
+    task_family: str = typer.Option("standard_qa", help="hf: task family of the dataset."),
+    split: str = typer.Option("test", help="hf: split to record (train / test / ood)."),
+    hf_split: str = typer.Option("train", help="hf: split of the HF dataset to load."),
+    max_question_chars: int = typer.Option(
+        DataConfig.model_fields["max_question_chars"].default, min=1,
+        help="Longest question accepted (characters); a longer row is an error naming it."),
+    lock_wait: Optional[float] = LockWaitOpt,
+) -> None:
+    """Ingest datasets into the warehouse: one question per source row. Re-ingesting an unchanged
+    source is a no-op; a changed one updates its questions in place and says how many."""
+    from prompt_r1.data.ingest import ingest as ingest_paths, ingest_hf
+    from prompt_r1.data.rows import IngestError
+
+    with _open_db(db, wait_s=lock_wait) as wh:
+        reports = []
+        try:
+            for source in sources:
+                if source.startswith("hf:"):
+                    reports.append(ingest_hf(wh, source[3:], max_question_chars, question_col=question_col,
+                                             answers_col=answers_col, task_family=task_family,
+                                             split=split, hf_split=hf_split))
+                else:
+                    reports.extend(ingest_paths(wh, [source], max_question_chars))
+        except IngestError as err:
+            for r in reports:
+                console.print(f"kept: {r.source} ({r.inserted} questions)")
+            _fail(f"{err}\nNothing from that source was written; sources before it are kept.")
+        for r in reports:
+            console.print(f"{r.source}: {r.describe()}", highlight=False, soft_wrap=True)
+        print_summary(wh)
+
+
+def print_summary(wh) -> None:
+    table = Table(title=f"warehouse {wh.path}")
+    for col in ("dataset", "split", "task_family", "primary_metric", "n"):
+        table.add_column(col, justify="right" if col == "n" else "left")
+    for row in wh.question_summary():
+        table.add_row(*(str(row[c]) for c in ("dataset", "split", "task_family", "primary_metric", "n")))
+    console.print(table)
+
+
+@app.command()
+def summary(db: Optional[Path] = DbOpt, lock_wait: Optional[float] = LockWaitOpt) -> None:
+    """Print what the warehouse holds (opens it read-only: readers never block each other)."""
+    with _open_db(db, read_only=True, wait_s=lock_wait) as wh:
+        print_summary(wh)
+        console.print(wh.table_counts())
+
+
+@app.command("check-config")
+def check_config(config: Path = ConfigOpt) -> None:
+    """Validate a config file and print its hash."""
+    cfg = _load(config)
+    console.print(f"{config}: ok (name={cfg.name}, hash={cfg.hash()})")
+
+
+# -- commands added by later modules go below ----------------------------------------------
+
+
+@app.command("serve-env")
+def serve_env(
+    config: Path = ConfigOpt,
+    env: Optional[str] = typer.Option(None, "--env", help="Name of an `eval.environments` entry (default: `environment`)."),
+) -> None:
+    """Start the managed vLLM server of an environment, print its URL, and serve until Ctrl-C or SIGTERM."""
+    import signal
+    import time
+
+    # A process started in the background by a non-interactive shell inherits SIGINT ignored, and
+    # Python then never raises KeyboardInterrupt; this command promises that Ctrl-C and SIGTERM stop it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+    from prompt_r1.config.experiment import runs_home
+    from prompt_r1.env.vllm_server import VLLMServerError, managed_vllm_server
+
+    cfg = _load(config)
+    candidates = [cfg.environment, *cfg.eval.environments]
+    if env is None:
+        env_cfg = cfg.environment
+    else:
+        named = [e for e in candidates if e.name == env]
+        if not named:
+            _fail(f"{config}: no environment named {env!r}; known: {sorted({e.name for e in candidates})}")
+        env_cfg = named[0]
+    if env_cfg.kind != "vllm":
+        _fail(f"{config}: environment {env_cfg.name!r} has kind={env_cfg.kind}; serve-env starts managed "
+              "vLLM servers only (kind: vllm)")
+    log_dir = runs_home() / "logs"
+    console.print(f"starting vLLM for {env_cfg.model} (log under {log_dir}); this takes a minute on CPU ...")
+    try:
+        with managed_vllm_server(env_cfg, log_dir) as base_url:
+            body = json.dumps({"model": env_cfg.model, "max_tokens": 32,
+                               "messages": [{"role": "user", "content": "Say hello."}]})
+            console.print(f"environment {env_cfg.name!r} serving {env_cfg.model} at {base_url}", highlight=False)
+            console.print(f"try: curl {base_url}/chat/completions -H 'Content-Type: application/json' "
+                          f"-d '{body}'", highlight=False, soft_wrap=True)
+            console.print("Ctrl-C stops the server.")
+            while True:
+                time.sleep(3600)
+    except VLLMServerError as err:
+        _fail(str(err))
+    except KeyboardInterrupt:
+        pass
+    console.print("server stopped")
+
+
+@app.command()
+def train(
+    config: Path = ConfigOpt,
+    db: Optional[Path] = DbOpt,
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Id of a new run, or (with --resume) of the run to continue."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an unfinished run from its last checkpoint: the one "
+                                "given by --run-id, else the newest one with this config hash and training pool. "
+                                "A finished run is never resumed."),
+    force: bool = typer.Option(False, "--force", help="With --resume: continue the run even though its config or "
+                               "training pool changed (its checkpoints were trained under the old ones)."),
+    set_: list[str] = SetOpt,
+) -> None:
+    """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
+    from prompt_r1 import api
+    from prompt_r1.config.base import ConfigError
+    from prompt_r1.core.failures import EnvironmentFailure
+    from prompt_r1.training.run_record import ResumeError
+    from warehouse.store import WarehouseError
+
+    cfg = _load(config, set_)
+
+    def started(run_id: str, folder: Path) -> None:
+        console.print(f"{'resuming' if resume else 'starting'} run {run_id} ({folder}; config hash {cfg.hash()})",
+                      highlight=False)
+
+    try:
+        run = api.train(cfg, run_id=run_id, resume=resume, force=force, warehouse=db, on_start=started)
+    except (ConfigError, ResumeError, WarehouseError) as err:
+        _fail(str(err))
+    except EnvironmentFailure as err:
+        _fail_environment(err)
+    shown = lambda v: f"{v['val_reward']:.3f}" if "val_reward" in v else "n/a"  # noqa: E731
+    console.print(f"run {run.run_id}: {cfg.train.steps} steps; validation reward {shown(run.validation_before)} "
+                  f"before -> {shown(run.validation_after)} after; trained agent (plain HF folder): {run.agent}",
+                  highlight=False)
+
+
+@app.command()
+def evaluate(
+    config: Path = ConfigOpt,
+    db: Optional[Path] = DbOpt,
+    agent: list[str] = typer.Option([], "--agent", help="LABEL=SPEC or SPEC (repeatable): a bundled model, a folder, a training run id or a models:/ URI, e.g. trained=runs/smoke/RUN_ID; labels `base` (the config's agent.model) and `champion` (the registry's) need no SPEC: list them in eval.agent_checkpoints."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default: the run folder)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Id for the warehouse rows."),
+    sequential: bool = typer.Option(False, help="One environment call at a time (for timing)."),
+    set_: list[str] = SetOpt,
+) -> None:
+    """Evaluate methods x suites x environments; writes warehouse rows, tables and plots."""
+    from prompt_r1 import api
+    from prompt_r1.config.base import ConfigError
+    from prompt_r1.core.failures import EnvironmentFailure
+    from prompt_r1.evaluation.evaluate import EvalError
+    from prompt_r1.models.resolver import AgentSpecError
+    from warehouse.store import WarehouseError
+
+    cfg = _load(config, set_)
+    try:
+        result = api.evaluate(cfg, agents=agent, run_id=run_id, out=out, warehouse=db, concurrent=not sequential)
+    except (AgentSpecError, FileNotFoundError, ConfigError, EvalError, WarehouseError) as err:
+        _fail(str(err))
+    except EnvironmentFailure as err:
+        _fail_environment(err)
+    console.print(result.table())
+    console.print(f"run id {result.run_id}; report: {result.files['markdown']}; plots in {result.folder}")
+
+
+@app.command()
+def rollout(
+    config: Path = ConfigOpt,
+    out: Optional[Path] = typer.Option(None, "--out", help="Write one JSON trajectory per line here."),
+    db: Optional[Path] = DbOpt,
+    workers: Optional[int] = typer.Option(None, "--workers", help="Ray rollout actors (default: rollout.num_workers)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Id for the warehouse rows (step 0)."),
+    set_: list[str] = SetOpt,
+) -> None:
+    """Sample one rollout batch of training questions through Ray actors; store and summarise it."""
+    import random
+
+    from prompt_r1.config.experiment import new_run_id, run_dir
+    from prompt_r1.data.ingest import ingest as ingest_paths
+    from prompt_r1.rollout.ray_pool import RolloutPool, actor_environment, init_ray
+    from collections import Counter
+
+    from prompt_r1.core.seeding import derive_seed
+    from prompt_r1.core.trajectory import env_call_records, rollout_stats
+
+    cfg = _load(config, set_)
+    run_id = run_id or new_run_id()
+    with _open_db(db) as wh:
+        if not wh.questions(splits=["train"]):
+            ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)
+        pool_questions = wh.questions(splits=["train"], datasets=cfg.data.train_datasets or None)
+        if not pool_questions:
+            _fail(f"no train-split questions in {wh.path} (sources: {cfg.data.sources}); "
+                  "ingest a dataset with a train split first (`prompt-r1 ingest ...`)")
+        random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool_questions)
+        questions = pool_questions[: cfg.rollout.batch_questions]
+        init_ray(cfg.rollout)
+        with actor_environment(cfg.environment, run_dir(cfg.name, run_id) / "logs") as env_cfg:
+            actor_cfg = cfg.model_copy(update={"environment": env_cfg})
+            with RolloutPool(actor_cfg, _agent_folder(cfg.agent.model, cfg), workers) as pool:
+                trajectories = pool.rollout(questions, step=0)
+        records = [t.to_record() for t in trajectories]
+        wh.replace_step(run_id, 0, records, env_call_records(trajectories))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    stats = rollout_stats(trajectories, format_cap=cfg.reward.format_cap)
+    console.print(
+        f"run {run_id}: {len(trajectories)} trajectories from {len(questions)} questions; "
+        f"mean reward {stats['reward_mean']:.3f} (format {stats['format_mean']:.3f}, at the cap "
+        f"{stats['format_valid_rate']:.0%}, answer {stats['answer_score']:.3f}); agent turns {stats['turns']:.2f}; "
+        f"env calls {stats['env_calls']:.2f} per trajectory ({stats['env_error_rate']:.0%} failed); "
+        f"stop reasons {dict(Counter(t.stop_reason for t in trajectories))}"
+        + (f"; wrote {out}" if out else ""))
+
+

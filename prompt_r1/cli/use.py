@@ -1,0 +1,120 @@
+"""`prompt-r1` commands that use a trained agent: `ask`, `serve`, `export`.
+
+They sit on the same typer `app` as the data / train / evaluate commands of `prompt_r1.cli`
+(which imports this module, so every entry point lists them); an agent is named by one spec,
+resolved by `prompt_r1.models.resolver` (`_agent_folder`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from prompt_r1.cli.common import ConfigOpt, SetOpt, _agent_folder, _fail, _load, app, console
+
+AgentSpecOpt = typer.Option(None, "--agent", help="Agent: a bundled model name, a folder, a training run id, or "
+                             "models:/prompt-r1-agent@champion (default: the registry's champion when there is "
+                             "one, else the config's agent.model).")
+
+
+def escape_markup(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def runs_home_logs() -> Path:
+    from prompt_r1.config.experiment import runs_home
+
+    return runs_home() / "logs"
+
+
+@app.command("export")
+def export(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint folder (runs/.../checkpoints/step-N)."),
+    out_dir: Path = typer.Argument(..., help="Folder for the plain HF model: new or empty, or an earlier export (with --overwrite)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT_DIR when it holds an earlier export. "
+                                   "A non-empty folder that is not an export is always refused, never emptied."),
+) -> None:
+    """Export a checkpoint as a plain HF model folder (LoRA merged, tokenizer included).
+
+    The export is built beside OUT_DIR and renamed into place, and carries a small marker file
+    (.prompt-r1-export.json) so that a later export may replace it; nothing else is ever deleted.
+    """
+    from prompt_r1.training.checkpoint import export_checkpoint
+
+    try:
+        folder = export_checkpoint(checkpoint, out_dir, overwrite=overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError, OSError) as err:
+        _fail(f"cannot export {checkpoint}: {err}")
+    console.print(f"exported {checkpoint} -> {folder}")
+
+
+@app.command()
+def ask(
+    question: str = typer.Argument(..., help="The question for the agent."),
+    config: Path = ConfigOpt,
+    agent: Optional[str] = AgentSpecOpt,
+    env: Optional[str] = typer.Option(None, "--env", help="Environment name from the config (default: the "
+                                      "training environment)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole episode as JSON (turns, token ids, "
+                                 "environment calls, tokens, cost) instead of the turns as they happen."),
+    set_: list[str] = SetOpt,
+) -> None:
+    """Ask a trained agent one question: it prompts the environment LLM, then answers."""
+    from prompt_r1 import api
+    from prompt_r1.serving.service import pick_environment
+
+    cfg = _load(config, set_)
+    try:
+        env_cfg = pick_environment(cfg, env)
+    except KeyError as err:
+        _fail(f"{config}: {err.args[0]}")
+    folder = _agent_folder(agent, cfg)
+    if not as_json:
+        console.print(f"agent {folder}; environment {env_cfg.name} ({env_cfg.model})", highlight=False)
+
+    def show(kind: str, text: str) -> None:
+        label = "[bold cyan]agent ->[/]" if kind == "interaction" else f"[bold green]{env_cfg.name} ->[/]"
+        console.print(f"{label} {escape_markup(text.strip() or '(empty)')}", soft_wrap=True, highlight=False)
+
+    reply = api.Agent(folder, cfg).ask(question, env_cfg.name, on_event=None if as_json else show)
+    report = reply.report(tokens=True)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        usage = report["usage"]
+        traj = reply.trajectory
+        console.print(f"[bold]answer:[/] {escape_markup(reply.answer)}", soft_wrap=True, highlight=False)
+        console.print(f"{len(traj.agent_turns)} agent turns, {len(traj.env_calls)} environment calls, stop "
+                      f"{traj.stop_reason}; tokens: agent {usage['agent_prompt_tokens']}+"
+                      f"{usage['agent_completion_tokens']}, environment {usage['env_prompt_tokens']}+"
+                      f"{usage['env_completion_tokens']}; cost ${report['cost_usd']:.6f}", highlight=False)
+    if reply.error:
+        _fail(f"environment {env_cfg.name!r} failed: {reply.error}")
+
+
+@app.command()
+def serve(
+    config: Path = ConfigOpt,
+    agent: Optional[str] = AgentSpecOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port."),
+    max_concurrent: int = typer.Option(64, "--max-concurrent", min=1, help="Episodes running at once."),
+    set_: list[str] = SetOpt,
+) -> None:
+    """Serve the agent as an OpenAI-compatible API: one model `prompt-r1:<env>` per environment."""
+    from prompt_r1.serving.service import config_environments
+    from prompt_r1.serving.http import ServeConfig, serve_agent
+
+    cfg = _load(config, set_)
+    folder = _agent_folder(agent, cfg)
+    models = ", ".join(f"prompt-r1:{name}" for name in config_environments(cfg))
+    console.print(f"agent {folder}; models {models}; http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
+    try:
+        serve_agent(cfg, folder, host, port, ServeConfig(max_concurrent=max_concurrent), log_dir=runs_home_logs())
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,109 @@
+"""Settings of one environment LLM (`environment:` and each `eval.environments` entry).
+
+The environment clients (`prompt_r1.env`) and the baselines need only this model, not the whole
+experiment config (`prompt_r1.config.experiment`), which holds it in `environment`, `eval.environments` and
+`eval.baselines.optimizer`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from prompt_r1.config.base import SafeName, StrictModel
+
+
+# What the environment is told before the conversation (the reference's wording): the agent's earlier
+# prompts and the environment's own replies come as chat turns, and the new prompt builds on them.
+ENV_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Please read the provided content (including previous conversations "
+    "and the current task) and help the user complete the task or answer the question."
+)
+MAX_TIMEOUT_S = 3600.0
+MAX_RETRIES = 20
+
+
+class EnvConfig(StrictModel):
+    """One environment LLM: where it runs, how it samples, and the limits of a call to it.
+
+    >>> EnvConfig(kind="openai", model="m")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for EnvConfig
+      Value error, kind=openai needs base_url ...
+    """
+
+    name: SafeName = Field("env", description="Short name used in tables, MLflow tags and file names.")
+    kind: Literal["openai", "vllm", "inprocess"] = Field(
+        "inprocess",
+        description="`openai` = any OpenAI-compatible URL; `vllm` = managed local vLLM server; "
+        "`inprocess` = transformers model in this process.",
+    )
+    model: str = Field("tiny", description="Model name (openai) or model id/folder (vllm, inprocess).")
+    base_url: str | None = Field(None, description="OpenAI-compatible base URL (kind=openai).")
+    api_key_env: str | None = Field(
+        None, description="Name of the environment variable holding the API key (never the key)."
+    )
+    system_prompt: str | None = Field(
+        ENV_SYSTEM_PROMPT,
+        description="System message put before every conversation sent to the environment (rollouts and "
+        "the direct/cot baselines); None or empty = no system message.",
+    )
+    max_tokens: int = Field(128, ge=1, description="Reply token limit.")
+    temperature: float = Field(0.0, ge=0.0, description="Environment sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Environment nucleus sampling.")
+    seed: int | None = Field(0, description="Sampling seed sent to the server (None = send none).")
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Strings that end a reply (e.g. `\\n\\nUser:` for base models that keep writing turns).",
+    )
+    concurrency: int = Field(16, ge=1, le=4096, description="Maximum simultaneous calls.")
+    timeout_s: float = Field(
+        60.0, gt=0, le=MAX_TIMEOUT_S, description="Timeout of one request (one attempt) in seconds."
+    )
+    max_retries: int = Field(
+        4, ge=0, le=MAX_RETRIES,
+        description="Retries of one call: the openai client's (timeouts, connection errors, 408/409/429, 5xx; "
+        "its backoff, Retry-After-Ms and Retry-After) and, from the same budget, malformed 200 bodies.",
+    )
+    backoff_s: float = Field(
+        0.5, ge=0.01, le=60.0,
+        description="First pause before retrying a malformed body; doubles with jitter (the other retries "
+        "use the openai client's backoff).",
+    )
+    call_deadline_s: float = Field(
+        300.0, gt=0, le=4 * MAX_TIMEOUT_S,
+        description="Overall deadline of one environment call: waiting for a free slot, every attempt and "
+        "every backoff. A call that reaches it fails (recorded) instead of retrying further.",
+    )
+    max_reply_bytes: int = Field(
+        256 * 1024, ge=1024, le=64 * 1024 * 1024,
+        description="Largest response body read from an OpenAI-compatible server; a larger one fails the "
+        "call (recorded) instead of being read and tokenised.",
+    )
+    cache: bool = Field(
+        True, description="Cache replies in DuckDB keyed on endpoint, model, chat template, messages and sampling."
+    )
+    chat_template: str | None = Field(
+        None, description="Jinja chat template for base models without one (vllm/inprocess)."
+    )
+    port: int | None = Field(None, description="Port for a managed vLLM server (None = free port).")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1.0, description="vLLM memory share.")
+    startup_timeout_s: float = Field(600.0, gt=0, description="Wait limit for a managed server.")
+    enforce_eager: bool = Field(
+        True, description="Managed vLLM server without graph compilation (`--enforce-eager`): starts "
+        "in well under a minute on CPU instead of about 2 minutes; turn off for GPU throughput.",
+    )
+    max_error_rate: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="Largest share of this environment's calls that may fail (after retries) in one training "
+        "step or one evaluation; above it the run stops (exit 3) naming the environment and its first error.",
+    )
+    price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens.")
+    price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> "EnvConfig":
+        if self.kind == "openai" and not self.base_url:
+            raise ValueError("kind=openai needs base_url")
+        return self

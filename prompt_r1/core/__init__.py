@@ -1,0 +1,9 @@
+"""The pure core: what the paper states exactly, with no model, config or I/O.
+
+Owns the Prompt-R1 protocol (`protocol`), the dual-constrained reward (`reward`), the answer
+metrics (`metrics`), the GRPO maths (`grpo`), the records a rollout produces (`trajectory`), the
+question type (`questions`), the one seed rule (`seeding`), token conventions (`tokens`), the
+failure-rate rule (`failures`) and the one atomic write (`fsutil`).
+
+Imports: nothing else of `prompt_r1` (the bottom layer); `warehouse/` builds on it.
+"""

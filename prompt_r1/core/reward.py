@@ -1,0 +1,96 @@
+"""The dual-constrained reward of Prompt-R1 (format + answer), as a pure function.
+
+Format first, correctness second: the answer score only counts once the format score
+reaches its cap (epsilon), so an agent cannot collect answer reward without following the
+protocol, and it cannot reach the cap without asking the environment at least once.
+Only the agent's own messages are scored; environment replies never enter here.
+
+Format: `think_prompt_score` per well-formed non-final turn (`is_interaction_turn`);
+for the final turn, `nonblank_answer_score` when its first `<answer>` is non-blank after
+stripping, plus `final_format_score` when the turn is also in full format (`is_answer_turn`).
+A missing or blank answer adds nothing. The sum is capped at `format_cap`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from prompt_r1.core.metrics import f1_score
+from prompt_r1.core.protocol import extract_answer, is_answer_turn, is_interaction_turn
+
+# Float sums of the weights (0.4 + 0.5 + 0.1) must open the gate as the exact cap would.
+GATE_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class RewardBreakdown:
+    format: float
+    answer: float
+    total: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def format_score(
+    agent_turns: Sequence[str],
+    think_prompt_score: float = 0.4,
+    nonblank_answer_score: float = 0.5,
+    final_format_score: float = 0.1,
+    format_cap: float = 1.0,
+) -> float:
+    """Format part of the reward (reference semantics); equals `format_cap` exactly at the cap.
+
+    >>> ask = "<think>t</think><interaction_prompt>p</interaction_prompt>"
+    >>> format_score([ask, "<think>t</think>\\nFinal answer: <answer>42</answer>"])
+    1.0
+    >>> format_score(["<think>t</think><answer>42</answer>"])  # never asked: cannot reach the cap
+    0.6
+    >>> format_score([ask, "<think>t</think><answer>  </answer>"])  # blank answer earns nothing
+    0.4
+    >>> format_score([" " + ask, "<answer>42</answer>"])  # leading space; final turn lacks think
+    0.5
+    """
+    if not agent_turns:
+        return 0.0
+    score = sum((think_prompt_score for turn in agent_turns[:-1] if is_interaction_turn(turn)), 0.0)
+    final = agent_turns[-1]
+    if extract_answer(final):
+        score += nonblank_answer_score
+        if is_answer_turn(final):
+            score += final_format_score
+    return format_cap if score >= format_cap - GATE_TOLERANCE else score
+
+
+def compute_reward(
+    agent_turns: Sequence[str],
+    golds: Sequence[str],
+    think_prompt_score: float = 0.4,
+    nonblank_answer_score: float = 0.5,
+    final_format_score: float = 0.1,
+    format_cap: float = 1.0,
+) -> RewardBreakdown:
+    """Reward of one trajectory from the agent's messages (last = final turn) and gold answers.
+
+    `answer` is the max token-F1 of the final turn's first answer (stripped) against the golds;
+    `total` is `-1 + format + answer` when format reaches the cap, else `-1 + format`.
+
+    >>> ask = "<think>t</think><interaction_prompt>q</interaction_prompt>"
+    >>> compute_reward([ask, "<think>t</think>\\nFinal answer: <answer>Paris</answer>"], ["Paris"])
+    RewardBreakdown(format=1.0, answer=1.0, total=1.0)
+    >>> compute_reward([ask, "<think>t</think><answer>  </answer>"], ["Paris"])
+    RewardBreakdown(format=0.4, answer=0.0, total=-0.6)
+    >>> compute_reward(["<think>t</think><answer>Paris</answer>"], ["Paris"]).total
+    -0.4
+    """
+    fmt = format_score(
+        agent_turns,
+        think_prompt_score=think_prompt_score,
+        nonblank_answer_score=nonblank_answer_score,
+        final_format_score=final_format_score,
+        format_cap=format_cap,
+    )
+    answer = f1_score(extract_answer(agent_turns[-1]), golds) if agent_turns else 0.0
+    total = -1.0 + fmt + answer if fmt == format_cap else -1.0 + fmt
+    return RewardBreakdown(format=fmt, answer=answer, total=total)

@@ -1,0 +1,113 @@
+"""Dataset ingestion: Prompt-R1 Parquet files, JSONL files and Hugging Face datasets -> warehouse.
+
+Every source becomes rows of the `questions` table with its dataset, split, task family and
+primary metric. One source row is one question, even when two rows share their text: its id is
+a hash of (dataset, split, row key), the row key being the source's own `id` value when it has
+an `id` column and `<file name>:<row index>` otherwise. So re-ingesting finds the same ids, and a
+corrected file updates its questions in place (the report says how many).
+
+A source is identified by the hash of its content and of how that content maps to questions,
+so re-ingesting an unchanged source is a no-op. Sources are read in bulk (DuckDB reads Parquet
+and JSONL itself, see `prompt_r1.data.files`; HF datasets are Arrow already), every row is checked in one
+pass over the columns (`build_table`), and one source is one transaction: a bad row rolls the whole source back and the error
+names the file, the row and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+
+from prompt_r1.data.files import READERS
+from prompt_r1.data.rows import (
+    DEFAULT_METRIC, ID_COLUMN, INGEST_FORMAT, MAX_QUESTION_CHARS, Columns, IngestError, IngestReport, _not_empty,
+    build_table, source_hash,
+)
+from warehouse.store import Warehouse
+
+log = logging.getLogger(__name__)
+
+def read_hf(name: str, question_col: str, answers_col: str, task_family: str, split: str = "test",
+            hf_split: str = "train", config: str | None = None, dataset: str | None = None,
+            max_question_chars: int = MAX_QUESTION_CHARS) -> tuple[str, str, pa.Table]:
+    """A Hugging Face dataset (hub name, or a local folder/file for `datasets.load_dataset`).
+
+    Returns (source label, content hash, questions); the hash is the dataset fingerprint +
+    mapping. An `id` column, when the dataset has one, keys the rows.
+    """
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, config, split=hf_split)
+    except Exception as err:  # datasets raises many types; name the source either way
+        raise IngestError(f"hf:{name}: cannot load ({type(err).__name__}: {err})") from None
+    for col in (question_col, answers_col):
+        if col not in ds.column_names:
+            raise IngestError(f"hf:{name}: no column `{col}` (columns: {', '.join(ds.column_names)})")
+    label = f"hf:{name}:{config or ''}:{hf_split}"
+    has_id = ID_COLUMN in ds.column_names and ID_COLUMN not in (question_col, answers_col)
+    table = ds.select_columns([question_col, answers_col] + ([ID_COLUMN] if has_id else [])) \
+              .with_format("arrow")[:]
+    dataset = dataset or Path(name).stem.replace("/", "_")
+    cols = Columns(table.column(question_col).to_pylist(), table.column(answers_col).to_pylist(),
+                   dataset, split, task_family, DEFAULT_METRIC.get(task_family, "f1"),
+                   table.column(ID_COLUMN).to_pylist() if has_id else None, label, answers_col)
+    where = lambda i: f"hf:{name} row {i}"  # noqa: E731
+    mapping = json.dumps([INGEST_FORMAT, name, config, hf_split, question_col, answers_col, task_family, split])
+    content_hash = hashlib.sha256(f"{ds._fingerprint}{mapping}".encode()).hexdigest()
+    return label, content_hash, build_table(_not_empty(cols, f"hf:{name}"), where, max_question_chars)
+
+
+def discover(source: Path) -> list[Path]:
+    """Files to ingest under a path: Parquet and JSONL, sorted for a stable order."""
+    if source.is_file():
+        return [source]
+    if source.is_dir():
+        files = sorted(p for p in source.rglob("*") if p.suffix in (".parquet", ".jsonl"))
+        if not files:
+            raise IngestError(f"{source}: no .parquet or .jsonl files inside")
+        return files
+    raise IngestError(f"{source}: no such file or directory")
+
+
+def _store(wh: Warehouse, source: str, content_hash: str, table: pa.Table) -> IngestReport:
+    dataset = table.column("dataset")[0].as_py()
+    counts = wh.add_source(source, content_hash, dataset, table)
+    report = IngestReport(source, dataset, counts.inserted, False, counts.updated, counts.removed)
+    (log.warning if counts.updated or counts.removed else log.info)("%s: %s", source, report.describe())
+    return report
+
+
+def ingest_file(wh: Warehouse, path: Path, max_question_chars: int = MAX_QUESTION_CHARS) -> IngestReport:
+    path = path.resolve()
+    reader = READERS.get(path.suffix)
+    if reader is None:
+        raise IngestError(f"{path}: unsupported file type (use .parquet or .jsonl)")
+    content_hash = source_hash(path)
+    if wh.source_ingested(content_hash):
+        log.info("already ingested, skipping: %s", path)
+        return IngestReport(str(path), path.stem, 0, True)
+    return _store(wh, str(path), content_hash, reader(path, max_question_chars))
+
+
+def ingest(wh: Warehouse, sources: Iterable[str | Path],
+           max_question_chars: int = MAX_QUESTION_CHARS) -> list[IngestReport]:
+    """Ingest files and folders; each file is its own transaction, so earlier ones stay."""
+    reports = []
+    for source in sources:
+        for path in discover(Path(source)):
+            reports.append(ingest_file(wh, path, max_question_chars))
+    return reports
+
+
+def ingest_hf(wh: Warehouse, name: str, max_question_chars: int = MAX_QUESTION_CHARS,
+              **mapping: str) -> IngestReport:
+    label, content_hash, table = read_hf(name, max_question_chars=max_question_chars, **mapping)
+    if wh.source_ingested(content_hash):
+        return IngestReport(label, table.column("dataset")[0].as_py(), 0, True)
+    return _store(wh, label, content_hash, table)

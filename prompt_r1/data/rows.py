@@ -1,0 +1,218 @@
+"""The row rules of ingestion: what a question row must hold, its id, its split, and the checks.
+
+Every source (Parquet, JSONL, Hugging Face dataset) ends as the same Arrow table, built and
+checked here in one pass over the columns (`build_table`), so a bad row is named by file, row
+and field before anything is written. Readers (`prompt_r1.data.files`) and ingestion
+(`prompt_r1.data.ingest`) both build on these rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from prompt_r1.config.experiment import DataConfig
+from warehouse.store import QUESTION_COLUMNS
+
+FAMILIES = ("multihop_qa", "standard_qa", "math", "generation")
+METRICS = ("f1", "em", "ssim")
+SPLITS = ("train", "test", "ood")
+DEFAULT_METRIC = {"multihop_qa": "f1", "standard_qa": "f1", "math": "em", "generation": "ssim"}
+MAX_QUESTION_CHARS: int = DataConfig.model_fields["max_question_chars"].default
+ID_COLUMN = "id"  # a source column with this name gives each row its key
+# Part of every content hash: when the way rows become questions changes, sources re-ingest.
+INGEST_FORMAT = 2
+
+# The reference release: file stem -> (task family, primary metric). See shared data README.
+PROMPT_R1_FILES: dict[str, tuple[str, str]] = {
+    "2WikiMultihopQA": ("multihop_qa", "f1"),
+    "hotpot": ("multihop_qa", "f1"),
+    "MusiQue": ("standard_qa", "f1"),
+    "PopQA": ("standard_qa", "f1"),
+    "gsm8k": ("math", "em"),
+    "DAPO-Math": ("math", "em"),
+    "BookSum": ("generation", "ssim"),
+    "WritingPrompts": ("generation", "ssim"),
+    "squad_v2_ood": ("standard_qa", "f1"),
+    "triviaqa_ood": ("standard_qa", "em"),
+    "MathQA_ood": ("math", "em"),
+    "Xsum_ood": ("generation", "ssim"),
+    # The training pool: mixed, mostly competition math, rewarded with F1.
+    "validation": ("math", "f1"),
+}
+IN_DOMAIN = [s for s in PROMPT_R1_FILES if not s.endswith("_ood") and s != "validation"]
+OOD = [s for s in PROMPT_R1_FILES if s.endswith("_ood")]
+
+
+class IngestError(ValueError):
+    """A source that cannot be ingested; the message names the file, row and field."""
+
+
+@dataclass
+class IngestReport:
+    source: str
+    dataset: str
+    inserted: int
+    skipped: bool  # already ingested (same content hash)
+    updated: int = 0  # stored questions whose text, gold answers or labels changed
+    removed: int = 0  # questions of an earlier version of this source that it no longer holds
+
+    def describe(self) -> str:
+        """What the ingest changed, in words.
+
+        >>> IngestReport("f.jsonl", "f", 0, False, updated=2).describe()
+        '0 new, 2 updated (question text, gold answers or labels changed)'
+        """
+        if self.skipped:
+            return "already ingested (same content)"
+        parts = [f"{self.inserted} new"]
+        if self.updated:
+            parts.append(f"{self.updated} updated (question text, gold answers or labels changed)")
+        if self.removed:
+            parts.append(f"{self.removed} removed (no longer in the source)")
+        return ", ".join(parts)
+
+
+@dataclass
+class Columns:
+    """One source read in bulk, one list entry per row; a plain string is the value of every row."""
+
+    questions: list
+    golds: list
+    dataset: str | list
+    split: str | list
+    task_family: str | list
+    primary_metric: str | list
+    ids: list | None  # the source's own `id` column, when it has one
+    key_prefix: str  # row key without an id column: f"{key_prefix}:{row index}"
+    gold_field: str  # where the gold answers come from, for error messages
+
+
+def question_id(dataset: str, split: str, row_key: str) -> str:
+    """Stable id of one source row.
+
+    >>> question_id("hotpot", "test", "hotpot.parquet:0")
+    '43d58b68b8d957a8'
+    """
+    return hashlib.sha256(f"{dataset}\x1f{split}\x1f{row_key}".encode()).hexdigest()[:16]
+
+
+def source_hash(path: Path) -> str:
+    """Content hash of a file together with what its path decides (dataset name, split), so two
+    files with the same bytes but different names, empty ones included, are different sources."""
+    digest = hashlib.sha256(f"{INGEST_FORMAT}\x1f{path.name}\x1f{split_for(path)}\x1f".encode())
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def split_for(path: Path) -> str:
+    """`_ood` files are split `ood`, files under a `train/` folder are `train`, the rest `test`."""
+    if path.stem.endswith("_ood"):
+        return "ood"
+    if path.parent.name == "train":
+        return "train"
+    return "test"
+
+
+def _golds(value: object) -> list[str]:
+    """Gold answers of one row: a string or a list of strings (numbers are written as text).
+
+    >>> _golds(["4", 4])
+    ['4', '4']
+    >>> _golds([" "])
+    Traceback (most recent call last):
+    ...
+    ValueError: no gold answer (fix or drop the row, then ingest again)
+    """
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        value = [value]
+    if value is None:
+        value = []
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"gold answers must be a string or a list of strings, "
+                         f"got {type(value).__name__} {str(value)[:80]!r}")
+    golds = []
+    for g in value:
+        if isinstance(g, str):
+            golds.append(g)
+        elif isinstance(g, (int, float)) and not isinstance(g, bool):
+            golds.append(str(g))
+        else:
+            raise ValueError(f"gold answer {str(g)[:80]!r} is not a string")
+    if not any(g.strip() for g in golds):
+        raise ValueError("no gold answer (fix or drop the row, then ingest again)")
+    return golds
+
+
+def _check_labels(values: str | list, allowed: Sequence[str], field: str, where: Callable[[int], str]) -> None:
+    """Every row's `field` is one of `allowed`; else the first offending row is named."""
+    rows = [values] if isinstance(values, str) else values
+    bad = set(rows) - set(allowed)
+    if bad:
+        i = next(i for i, v in enumerate(rows) if v in bad)
+        raise IngestError(f"{where(i)}: {field} {rows[i]!r} is not one of {', '.join(allowed)}")
+
+
+def build_table(cols: Columns, where: Callable[[int], str], max_question_chars: int) -> pa.Table:
+    """Check every row of a source and turn it into the warehouse's question table.
+
+    `where(i)` names row i for error messages (file and row or line).
+    """
+    n = len(cols.questions)
+    _check_labels(cols.task_family, FAMILIES, "task_family", where)
+    _check_labels(cols.primary_metric, METRICS, "primary_metric", where)
+    _check_labels(cols.split, SPLITS, "split", where)
+    questions, golds = [], []
+    for i, (q, g) in enumerate(zip(cols.questions, cols.golds)):
+        if type(q) is str and type(g) is list and 0 < len(q) <= max_question_chars and not q[0].isspace() \
+                and not q[-1].isspace() and all(type(x) is str for x in g) and any(x.strip() for x in g):
+            questions.append(q)  # the common case, checked without the slower general path
+            golds.append(g)
+            continue
+        if not isinstance(q, str) or not q.strip():
+            raise IngestError(f"{where(i)}: empty or missing question text")
+        q = q.strip()
+        if len(q) > max_question_chars:
+            raise IngestError(
+                f"{where(i)}: question is {len(q):,} characters, over the limit of {max_question_chars:,} "
+                "(shorten or drop the row, or raise data.max_question_chars / --max-question-chars)")
+        questions.append(q)
+        try:
+            golds.append(_golds(g))
+        except ValueError as err:
+            raise IngestError(f"{where(i)} field {cols.gold_field}: {err}") from None
+    keys = _row_keys(cols, where)
+    per_row = {f: getattr(cols, f) if isinstance(getattr(cols, f), list) else [getattr(cols, f)] * n
+               for f in ("dataset", "split", "task_family", "primary_metric")}
+    ids = [question_id(d, s, k) for d, s, k in zip(per_row["dataset"], per_row["split"], keys)]
+    return pa.table({"question_id": ids, **{f: per_row[f] for f in ("dataset", "split")},
+                     "question": questions, "golds": golds,
+                     **{f: per_row[f] for f in ("task_family", "primary_metric")},
+                     "row_index": list(range(n))}, schema=QUESTION_COLUMNS)
+
+
+def _row_keys(cols: Columns, where: Callable[[int], str]) -> list[str]:
+    if cols.ids is None:
+        return [f"{cols.key_prefix}:{i}" for i in range(len(cols.questions))]
+    seen: dict[str, int] = {}
+    for i, value in enumerate(cols.ids):
+        if value is None or str(value).strip() == "":
+            raise IngestError(f"{where(i)}: field `{ID_COLUMN}` is empty; give every row an id or none")
+        first = seen.setdefault(str(value), i)
+        if first != i:
+            raise IngestError(f"{where(i)}: `{ID_COLUMN}` {str(value)!r} repeats {where(first)}; ids must be unique")
+    return [f"{ID_COLUMN}:{v}" for v in cols.ids]
+
+
+def _not_empty(cols: Columns, source: object) -> Columns:
+    if not cols.questions:
+        raise IngestError(f"{source}: no rows (empty file); nothing was ingested. Remove it or fill it.")
+    return cols
+
+

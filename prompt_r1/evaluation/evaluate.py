@@ -1,0 +1,328 @@
+"""Evaluation: methods x datasets x environment LLMs, scored by one metric implementation.
+
+Methods, and the one rule each uses to extract its prediction:
+- `direct`: the bare question to the environment; prediction = the whole reply, stripped.
+- `cot`: the question plus a chain-of-thought instruction; prediction = the text after the last
+  `Answer:` in the reply (or its last non-empty line when there is none).
+- `agent:<ckpt>`: the multi-turn Prompt-R1 protocol with an agent checkpoint, decoding with
+  `eval.temperature`/`eval.top_p` for at most `eval.max_turns` generations (greedy and
+  `rollout.max_turns` by default); prediction = the `<answer>` of the agent's final turn
+  (never text the environment wrote).
+- `opro` / `gepa` / `textgrad`: an instruction optimised on training questions within
+  `eval.baselines`' budget (`prompt_r1.evaluation.baselines`), appended to the question; prediction as `cot`.
+- `agent_only:<ckpt>`: the agent answers alone, no environment (the paper's "w/o Env"
+  ablation); prediction = its `<answer>` when present, else its whole reply.
+Every prediction is scored with EM, F1, substring match and SSim; `score` is the dataset's
+primary metric. A row whose environment call failed (after the client's retries) is stored with
+its `error` and NULL scores, never scored; a cell's means are over its scored rows and `errors`
+counts the others. An environment whose share of failed rows passes its `max_error_rate` raises
+`EnvironmentFailure` after its rows are written. Environment calls of a suite run concurrently
+(bounded by the environment's semaphore); greedy decoding (or seeded sampling) and the
+environment cache make reruns reproduce every number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.failures import check_error_rate
+from prompt_r1.data.rows import IN_DOMAIN, OOD
+from prompt_r1.core.metrics import score_all
+from prompt_r1.core.questions import QuestionRow
+from prompt_r1.core.seeding import NO_STEP, draw_seed
+from prompt_r1.evaluation.answers import AGENT_ONLY_SUFFIX, COT_SUFFIX, extract_agent_only_answer, extract_cot_answer
+from warehouse.store import Warehouse
+
+log = logging.getLogger(__name__)
+
+class EvalError(ValueError):
+    """An evaluation request that cannot run (unknown suite, no questions ingested...)."""
+
+
+@dataclass
+class Prediction:
+    question: QuestionRow
+    method: str
+    text: str
+    num_turns: int = 0
+    env_prompt_tokens: int = 0
+    env_completion_tokens: int = 0
+    trajectory: dict[str, Any] | None = None
+    error: str | None = None  # the environment call failed: a failure to record, never a prediction to score
+
+
+@dataclass
+class EvalOutcome:
+    predictions: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    env_error_rates: dict[str, float] = field(default_factory=dict)  # env name -> share of failed rows
+    baselines: list[dict[str, Any]] = field(default_factory=list)  # optimised instructions and their spend
+
+
+def suite_datasets(warehouse: Warehouse, suites: Sequence[str]) -> list[tuple[str, str]]:
+    """(dataset, split) pairs of the named suites, checked against what is ingested."""
+    present = {(r["dataset"], r["split"]) for r in warehouse.question_summary()}
+    wanted: list[tuple[str, str]] = []
+    for suite in suites:
+        if suite == "in_domain":
+            names = [(d, "test") for d in IN_DOMAIN]
+        elif suite == "ood":
+            names = [(d, "ood") for d in OOD]
+        elif suite == "sample":
+            names = sorted(p for p in present if p[0].startswith("sample_") and p[1] == "test")
+        else:
+            names = sorted(p for p in present if p[0] == suite and p[1] != "train")
+            if not names:
+                raise EvalError(f"unknown suite or dataset `{suite}` (use in_domain, ood, sample, or an ingested dataset)")
+        missing = [d for d, s in names if (d, s) not in present]
+        if missing:
+            raise EvalError(f"suite `{suite}` needs datasets not in the warehouse: {', '.join(missing)}. "
+                            "Ingest them first, e.g. `prompt-r1 ingest path/to/prompt-r1-data`.")
+        wanted += [n for n in names if n not in wanted]
+    return wanted
+
+
+def select_questions(warehouse: Warehouse, suites: Sequence[str], limit: int | None) -> list[QuestionRow]:
+    out: list[QuestionRow] = []
+    for dataset, split in suite_datasets(warehouse, suites):
+        out += warehouse.questions(splits=[split], datasets=[dataset], limit_per_dataset=limit)
+    return out
+
+
+async def _env_method(env, questions: list[QuestionRow], method: str, concurrent: bool,
+                      instruction: str | None = None) -> list[Prediction]:
+    """`direct`, `cot`, or a baseline's optimised `instruction` (evaluated with the `cot` rule)."""
+    suffix = COT_SUFFIX if method == "cot" else ("\n" + instruction if instruction is not None else "")
+    cot_rule = method == "cot" or instruction is not None
+
+    async def one(q: QuestionRow) -> Prediction:
+        reply = await env.reply([{"role": "user", "content": q.question + suffix}])
+        if reply.call.error is not None:
+            return Prediction(q, method, "", 1, reply.call.prompt_tokens, reply.call.completion_tokens,
+                              error=reply.call.error)
+        text = extract_cot_answer(reply.text) if cot_rule else reply.text.strip()
+        return Prediction(q, method, text, 1, reply.call.prompt_tokens, reply.call.completion_tokens)
+
+    bar = tqdm(total=len(questions), desc=f"{env.name}:{method}", leave=False)
+    results: list[Prediction] = []
+    if concurrent:
+        tasks = [asyncio.ensure_future(one(q)) for q in questions]
+        for task in tasks:
+            task.add_done_callback(lambda _: bar.update())
+        results = list(await asyncio.gather(*tasks))
+    else:
+        for q in questions:
+            results.append(await one(q))
+            bar.update()
+    bar.close()
+    return results
+
+
+def eval_agent(cfg: Config) -> AgentConfig:
+    """The agent's settings for evaluation: `eval.temperature` and `eval.top_p` (greedy by default).
+
+    >>> from prompt_r1.config.experiment import parse_config
+    >>> a = eval_agent(parse_config({"eval": {"temperature": 0.7, "top_p": 0.8}}))
+    >>> (a.temperature, a.top_p), (eval_agent(Config()).temperature, eval_agent(Config()).top_p)
+    ((0.7, 0.8), (0.0, 1.0))
+    """
+    return cfg.agent.model_copy(update={"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p})
+
+
+def eval_rollout(cfg: Config) -> RolloutConfig:
+    """The rollout settings for evaluation: `eval.max_turns` generations (default `rollout.max_turns`).
+
+    >>> from prompt_r1.config.experiment import parse_config
+    >>> eval_rollout(parse_config({"rollout": {"max_turns": 3}, "eval": {"max_turns": 10}})).max_turns
+    10
+    >>> eval_rollout(parse_config({"rollout": {"max_turns": 3}})).max_turns
+    3
+    """
+    return cfg.rollout.model_copy(update={"max_turns": cfg.eval.max_turns or cfg.rollout.max_turns})
+
+
+async def _agent_method(policy, env, questions, cfg: Config, label: str, seed: int) -> list[Prediction]:
+    from prompt_r1.rollout.episode import rollout_batch
+
+    preds: list[Prediction] = []
+    batch = max(1, cfg.rollout.batch_questions * cfg.rollout.group_size)
+    for start in tqdm(range(0, len(questions), batch), desc=f"{env.name}:agent:{label}", leave=False):
+        chunk = questions[start : start + batch]
+        trajs = await rollout_batch(policy, env, chunk, eval_agent(cfg), eval_rollout(cfg), cfg.reward,
+                                    group_size=1, seed=seed)
+        by_id = {t.question_id: t for t in trajs}
+        for q in chunk:
+            t = by_id[q.question_id]
+            preds.append(Prediction(
+                q, f"agent:{label}", t.answer, len(t.agent_turns),
+                sum(c.prompt_tokens for c in t.env_calls), sum(c.completion_tokens for c in t.env_calls),
+                trajectory=t.to_record(), error=t.error))
+    return preds
+
+
+def _agent_only(policy, questions: list[QuestionRow], agent_cfg: AgentConfig, label: str, seed: int) -> list[Prediction]:
+    from prompt_r1.core.tokens import chat_prompt_ids  # imports torch: only when an agent is evaluated
+
+    prompts = [chat_prompt_ids(policy.tokenizer,
+                               [{"role": "user", "content": f"Question: {q.question}{AGENT_ONLY_SUFFIX}"}])
+               for q in questions]
+    samples = policy.generate(prompts, agent_cfg.max_new_tokens,
+                              [draw_seed(seed, NO_STEP, q.question_id, 0, 0) for q in questions])
+    return [Prediction(q, f"agent_only:{label}", extract_agent_only_answer(s.text), 0)
+            for q, s in zip(questions, samples)]
+
+
+METRICS = ("score", "em", "f1", "substring", "ssim")
+
+
+def score_predictions(preds: list[Prediction]) -> list[dict[str, Any]]:
+    """Warehouse rows; a prediction whose environment call failed keeps its error and no scores."""
+    scored = [p for p in preds if p.error is None]
+    scores = score_all([p.text for p in scored], [p.question.golds for p in scored]) if scored else {}
+    by_pred = {id(p): {name: scores[name][i] for name in scores} for i, p in enumerate(scored)}
+    rows = []
+    for p in preds:
+        row = by_pred.get(id(p))
+        metrics = ({"score": row[p.question.primary_metric], **row} if row is not None
+                   else dict.fromkeys(METRICS))
+        rows.append({
+            "env_name": "", "method": p.method, "dataset": p.question.dataset,
+            "question_id": p.question.question_id, "prediction": p.text,
+            "primary_metric": p.question.primary_metric, **metrics, "num_turns": p.num_turns,
+            "env_prompt_tokens": p.env_prompt_tokens, "env_completion_tokens": p.env_completion_tokens,
+            "error": p.error,
+        })
+    return rows
+
+
+def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, Any]]:
+    """One result per (env, method, dataset) cell: means and the score's 95% interval over the
+    scored rows, token and dollar totals over all rows, and the count of failed rows."""
+    from prompt_r1.env.base import cost_usd
+    from prompt_r1.evaluation.stats import bootstrap_ci, cell_seed
+
+    cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["env_name"], r["method"], r["dataset"]), []).append(r)
+    out = []
+    for (env_name, method, dataset), rs in sorted(cells.items()):
+        ok = [r for r in rs if not r.get("error")]  # means over scored rows; failures are counted
+        pt = sum(r["env_prompt_tokens"] for r in rs)
+        ct = sum(r["env_completion_tokens"] for r in rs)
+        ci_low, ci_high = bootstrap_ci([r["score"] for r in ok], seed=cell_seed(env_name, method, dataset))
+        out.append({
+            "env_name": env_name, "method": method, "dataset": dataset, "n": len(rs),
+            "primary_metric": rs[0]["primary_metric"],
+            **{m: (sum(r[m] for r in ok) / len(ok) if ok else None) for m in METRICS},
+            "ci_low": ci_low, "ci_high": ci_high,  # 95% bootstrap over the scored questions
+            "env_prompt_tokens": pt, "env_completion_tokens": ct,
+            "cost_usd": cost_usd(env_cfg, pt, ct), "errors": len(rs) - len(ok),
+        })
+    return out
+
+
+def evaluate(
+    cfg: Config,
+    warehouse: Warehouse,
+    run_id: str,
+    agents: dict[str, Path | str],
+    environments: Sequence[EnvConfig] | None = None,
+    log_dir: Path | None = None,
+    concurrent: bool = True,
+) -> EvalOutcome:
+    """Run every configured method on the configured suites against each environment.
+
+    `agents` maps a label (`base`, `trained`, ...) to a model folder. Rows are written to the
+    warehouse per environment (one transaction each), so a failure keeps earlier environments.
+    """
+    from prompt_r1.env import open_environment
+    from prompt_r1.policy import make_policy
+
+    questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset)
+    if not questions:
+        raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
+    environments = list(environments or cfg.eval_environments())
+    outcome = EvalOutcome()
+    policies = {label: make_policy(eval_agent(cfg), path, seed=cfg.seed) for label, path in agents.items()
+                if {"agent", "agent_only"} & set(cfg.eval.methods)}
+    agent_only_rows: dict[str, list[dict[str, Any]]] = {}
+    if "agent_only" in cfg.eval.methods:  # independent of the environment: run once per agent
+        for label, policy in policies.items():
+            t0 = time.perf_counter()
+            agent_only_rows[label] = score_predictions(_agent_only(policy, questions, eval_agent(cfg), label, cfg.seed))
+            outcome.seconds[f"agent_only:{label}"] = time.perf_counter() - t0
+    for env_cfg in environments:
+        log.info("evaluating against environment %s (%s, %s)", env_cfg.name, env_cfg.kind, env_cfg.model)
+        with open_environment(env_cfg, warehouse=warehouse, log_dir=log_dir) as env:
+            # One event loop per environment: async clients stay bound to the loop they started in.
+            env_rows = asyncio.run(_evaluate_env(env, cfg, questions, policies, agent_only_rows, outcome, concurrent,
+                                                  warehouse))
+        for r in env_rows:
+            r["env_name"] = env_cfg.name
+        for e in outcome.examples:
+            e.setdefault("env_name", env_cfg.name)
+        results = aggregate(env_rows, env_cfg)
+        warehouse.write_eval(run_id, env_rows, results)  # failures included: recorded before any stop
+        outcome.predictions += env_rows
+        outcome.results += results
+        outcome.env_error_rates[env_cfg.name] = check_error_rate(
+            env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
+            env_cfg.max_error_rate, "evaluation")
+    return outcome
+
+
+async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, outcome: EvalOutcome,
+                        concurrent: bool, warehouse: Warehouse | None = None) -> list[dict[str, Any]]:
+    env_rows: list[dict[str, Any]] = []
+    try:
+        for method in cfg.eval.methods:
+            t0 = time.perf_counter()
+            if method in ("direct", "cot"):
+                rows = score_predictions(await _env_method(env, questions, method, concurrent))
+            elif method in ("opro", "gepa", "textgrad"):  # optimise (or reuse) an instruction, then evaluate it
+                from prompt_r1.evaluation.baselines import optimised_instruction
+
+                opt = await optimised_instruction(method, env, cfg, warehouse)
+                outcome.baselines.append({"env_name": env.name, "method": method, "instruction": opt.instruction,
+                                          "train_score": opt.train_score, "cached": opt.cached,
+                                          "cache_key": opt.cache_key, **opt.spend})
+                rows = score_predictions(await _env_method(env, questions, method, concurrent, opt.instruction))
+            elif method == "agent":
+                rows = []
+                for label, policy in policies.items():
+                    preds = await _agent_method(policy, env, questions, cfg, label, cfg.seed)
+                    rows += score_predictions(preds)
+                    outcome.examples += _examples(preds, cfg.eval.examples_per_dataset)
+            else:
+                rows = [dict(r) for label in policies for r in agent_only_rows[label]]
+            outcome.seconds[f"{env.name}:{method}"] = time.perf_counter() - t0
+            env_rows += rows
+    finally:
+        await env.aclose()
+    return env_rows
+
+
+def _examples(preds: list[Prediction], per_dataset: int) -> list[dict[str, Any]]:
+    seen: dict[str, int] = {}
+    out = []
+    for p in preds:
+        if p.trajectory is None or seen.get(p.question.dataset, 0) >= per_dataset:
+            continue
+        seen[p.question.dataset] = seen.get(p.question.dataset, 0) + 1
+        t = p.trajectory
+        out.append({"method": p.method, "dataset": p.question.dataset,
+                    "question": p.question.question, "golds": p.question.golds,
+                    "agent_turns": t["agent_turns"], "env_replies": t["env_replies"], "answer": t["answer"]})
+    return out

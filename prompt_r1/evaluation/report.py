@@ -1,0 +1,212 @@
+"""Turn evaluation rows into what people read: tables (Markdown, CSV), plots (PNG), costs.
+
+The wide table is one block per environment: datasets as rows, methods as columns, the
+primary metric x 100 in each cell with its 95% bootstrap interval over questions, the paper's averages (in-domain, OOD) and the change of
+each agent method over `direct`. Plots: per-environment bars with and without the agent, and
+the OOD averages across environments (the transfer picture), and accuracy versus environment
+cost. Given the per-question rows, paired comparisons of `agent:trained` with every other method
+(`prompt_r1.evaluation.compare`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from prompt_r1.data.rows import OOD
+
+LONG_COLUMNS = ["env_name", "dataset", "method", "n", "primary_metric", "score", "em", "f1",
+                "substring", "ssim", "ci_low", "ci_high", "errors", "env_prompt_tokens", "env_completion_tokens",
+                "cost_usd"]
+
+
+def _methods(results: list[dict[str, Any]]) -> list[str]:
+    order = {"direct": 0, "cot": 1, "agent_only": 2, "agent": 3}
+    return sorted({r["method"] for r in results}, key=lambda m: (order.get(m.split(":")[0], 9), m))
+
+
+def averages(results: list[dict[str, Any]], env_name: str, method: str) -> dict[str, float | None]:
+    """Mean primary score over in-domain and OOD datasets (None when a group is absent)."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        if r["env_name"] == env_name and r["method"] == method and r["score"] is not None:  # None: all failed
+            groups["ood" if r["dataset"] in OOD else "in_domain"].append(r["score"])
+    return {g: (sum(v) / len(v) if v else None) for g, v in (("in_domain", groups["in_domain"]), ("ood", groups["ood"]))}
+
+
+def _cell_text(row: dict[str, Any] | None) -> str:
+    """A table cell: the score x 100 with its 95% interval, and the count of failed environment
+    calls it leaves out.
+
+    >>> _cell_text({"score": 0.5, "errors": 0}), _cell_text({"score": 0.5, "errors": 1}), _cell_text({"score": None, "errors": 2})
+    ('50.0', '50.0 (1 err)', 'n/a (2 err)')
+    >>> _cell_text({"score": 0.5, "ci_low": 0.41, "ci_high": 0.59, "errors": 0})
+    '50.0 [41.0, 59.0]'
+    """
+    if row is None:
+        return ""
+    text = "n/a" if row["score"] is None else f"{row['score'] * 100:.1f}"
+    if row["score"] is not None and row.get("ci_low") is not None:
+        text += f" [{row['ci_low'] * 100:.1f}, {row['ci_high'] * 100:.1f}]"
+    return text + (f" ({row['errors']} err)" if row.get("errors") else "")
+
+
+def markdown_table(results: list[dict[str, Any]]) -> str:
+    """Results as Markdown, one block per environment (scores x 100)."""
+    methods = _methods(results)
+    lines: list[str] = []
+    for env_name in sorted({r["env_name"] for r in results}):
+        cell = {(r["dataset"], r["method"]): r for r in results if r["env_name"] == env_name}
+        datasets = sorted({d for d, _ in cell}, key=lambda d: (d in OOD, d))
+        lines += [f"### environment: {env_name}", "",
+                  "| dataset | metric | " + " | ".join(methods) + " |",
+                  "|---|---|" + "---:|" * len(methods)]
+        for d in datasets:
+            metric = next(r["primary_metric"] for (dd, _), r in cell.items() if dd == d)
+            vals = [_cell_text(cell.get((d, m))) for m in methods]
+            lines.append(f"| {d}{' (OOD)' if d in OOD else ''} | {metric} | " + " | ".join(vals) + " |")
+        for group in ("in_domain", "ood"):
+            avg = {m: averages(results, env_name, m)[group] for m in methods}
+            if all(v is None for v in avg.values()):
+                continue
+            lines.append(f"| **avg {group}** | | " + " | ".join(
+                f"**{v * 100:.1f}**" if v is not None else "" for v in avg.values()) + " |")
+            base = avg.get("direct")
+            if base is not None:
+                lines.append(f"| Δ vs direct ({group}) | | " + " | ".join(
+                    f"{(v - base) * 100:+.1f}" if v is not None and m.startswith("agent") else ""
+                    for m, v in avg.items()) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def cost_table(results: list[dict[str, Any]]) -> str:
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
+    for r in results:
+        t = totals[(r["env_name"], r["method"])]
+        t[0] += r["env_prompt_tokens"]
+        t[1] += r["env_completion_tokens"]
+        t[2] += r["cost_usd"]
+    lines = ["| environment | method | prompt tokens | completion tokens | cost (USD) |",
+             "|---|---|---:|---:|---:|"]
+    for (env_name, method), (pt, ct, cost) in sorted(totals.items()):
+        lines.append(f"| {env_name} | {method} | {int(pt)} | {int(ct)} | {cost:.4f} |")
+    return "\n".join(lines)
+
+
+def baseline_table(baselines: list[dict[str, Any]]) -> str:
+    """The optimised instructions (`EvalOutcome.baselines`): training score and optimisation spend.
+
+    >>> print(baseline_table([{"env_name": "e", "method": "opro", "instruction": "Be | brief.",
+    ...     "train_score": 0.5, "env_calls": 9, "cost_usd": 0.0, "cached": True}]))
+    | environment | method | instruction | train score | optimiser env calls | cost (USD) | reused |
+    |---|---|---|---:|---:|---:|---|
+    | e | opro | Be \\| brief. | 50.0 | 9 | 0.0000 | yes |
+    """
+    lines = ["| environment | method | instruction | train score | optimiser env calls | cost (USD) | reused |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for b in sorted(baselines, key=lambda b: (b["env_name"], b["method"])):
+        text = " ".join(b["instruction"].split()).replace("|", "\\|")
+        score = "n/a" if b["train_score"] is None else f"{b['train_score'] * 100:.1f}"
+        lines.append(f"| {b['env_name']} | {b['method']} | {text} | {score} | {b.get('env_calls', 0)} | "
+                     f"{b.get('cost_usd', 0.0):.4f} | {'yes' if b['cached'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def plot_results(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Per-environment grouped bars (datasets x methods) and OOD averages across environments."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
+    methods = _methods(results)
+    envs = sorted({r["env_name"] for r in results})
+    for env_name in envs:
+        cell = {(r["dataset"], r["method"]): r["score"] for r in results if r["env_name"] == env_name}
+        datasets = sorted({d for d, _ in cell}, key=lambda d: (d in OOD, d))
+        fig, ax = plt.subplots(figsize=(max(6, len(datasets) * 0.9), 4))
+        width = 0.8 / max(1, len(methods))
+        for i, m in enumerate(methods):
+            xs = [j + i * width for j in range(len(datasets))]
+            ax.bar(xs, [(cell.get((d, m)) or 0) * 100 for d in datasets], width, label=m)  # absent/failed: no bar
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(datasets))])
+        ax.set_xticklabels(datasets, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("primary metric x 100")
+        ax.set_title(f"{env_name}: with and without the agent")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"bars_{env_name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    groups = [g for g in ("in_domain", "ood")
+              if any(averages(results, e, m)[g] is not None for e in envs for m in methods)]
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        width = 0.8 / max(1, len(methods))
+        for i, m in enumerate(methods):
+            vals = [(averages(results, e, m)[group] or 0) * 100 for e in envs]
+            ax.bar([j + i * width for j in range(len(envs))], vals, width, label=m)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(envs))])
+        ax.set_xticklabels(envs, fontsize=8)
+        ax.set_title(f"average over {group} datasets")
+        ax.set_ylabel("primary metric x 100")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out_dir / "averages_by_environment.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return paths + [path]
+
+
+def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], out_dir: Path,
+                 seconds: dict[str, float] | None = None,
+                 predictions: list[dict[str, Any]] | None = None,
+                 baselines: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+    """Write results.md / results.csv / costs.md / examples.json / plots into `out_dir`, and with
+    the per-question `predictions`, paired comparisons (in results.md and comparisons.csv); with
+    `baselines`, the optimised instructions (results.md and baselines.json)."""
+    from prompt_r1.evaluation.compare import comparison_table, paired_comparisons, plot_accuracy_vs_cost
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
+             "costs": out_dir / "costs.md", "examples": out_dir / "examples.json"}
+    timing = "".join(f"\n- {k}: {v:.1f} s" for k, v in sorted((seconds or {}).items()))
+    comparisons = paired_comparisons(predictions) if predictions else []
+    paired = ("\n## Paired comparisons (agent:trained − method, same questions)\n\n"
+              "Differences x 100; 95% bootstrap interval over questions; two-sided sign-flip p-value; "
+              "`answers differ`: of the `n` questions, how many got a different final answer; "
+              "`dropped`: questions left out because an environment call failed under either method.\n\n"
+              + comparison_table(comparisons)) if predictions is not None else ""
+    files["markdown"].write_text("# Evaluation results\n\nPrimary metric x 100 [95% bootstrap interval over "
+                                 "questions].\n\n" + markdown_table(results) + paired
+                                 + ("\n## Optimised instructions (prompt-optimisation baselines)\n\n"
+                                    "Optimised on training questions; spend = optimisation only (the evaluation "
+                                    "is in the cost table).\n\n" + baseline_table(baselines) + "\n"
+                                    if baselines else "")
+                                 + "\n## Environment tokens and cost\n\n" + cost_table(results) + "\n"
+                                 + (f"\n## Time per stage\n{timing}\n" if timing else ""))
+    if comparisons:
+        files["comparisons"] = out_dir / "comparisons.csv"
+        with files["comparisons"].open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(comparisons[0]))
+            writer.writeheader()
+            writer.writerows(comparisons)
+    files["accuracy_vs_cost"] = plot_accuracy_vs_cost(results, out_dir)
+    with files["csv"].open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=LONG_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(results)
+    files["costs"].write_text(cost_table(results) + "\n")
+    files["examples"].write_text(json.dumps(examples, indent=2, ensure_ascii=False))
+    if baselines:
+        files["baselines"] = out_dir / "baselines.json"
+        files["baselines"].write_text(json.dumps(baselines, indent=2, ensure_ascii=False))
+    for i, path in enumerate(plot_results(results, out_dir)):
+        files[f"plot{i}"] = path
+    return files

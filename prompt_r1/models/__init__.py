@@ -1,0 +1,8 @@
+"""Model folders: the bundled offline models, the format warm start, and the one agent resolver.
+
+Owns `bundled` (SmolLM2 / Gemma GGUF packages and tiny random models as HF folders), `warm_start`
+(supervised steps that teach a tiny model the turn shapes) and `resolver` (agent spec -> folder:
+bundled name, folder, run id, `models:/` URI through a registered scheme, hub id).
+
+Imports: `prompt_r1.core`, `prompt_r1.config`.
+"""

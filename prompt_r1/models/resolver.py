@@ -1,0 +1,206 @@
+"""The one place that turns an agent spec (what a user types after `--agent`) into a model folder.
+
+A spec is, in this order:
+- a registry URI `models:/NAME@alias` or `models:/NAME/VERSION`: resolved by the function a
+  higher layer installed with `register_scheme("models", fn)`. The library knows nothing of
+  MLflow, so the tracking layer plugs it in (`tasks.tracking.install_registry_resolver`, and the
+  `prompt-r1` entry point in `flows.cli`); imports stay downward (flows -> tasks -> prompt_r1);
+- a bundled model name from `prompt_r1.models.bundled` (`tiny-protocol`, `smollm2-135m-protocol`, ...);
+- a folder: a HF model folder (config.json), or a training run folder (its exported `agent/`);
+- a training run id: the run folder `runs_home()/<config>/<run_id>/`, then as above. The CLI
+  and the flows name runs alike (32 hex digits, MLflow's run id shape), so one lookup finds both;
+- a Hugging Face hub id `org/name` that is none of the above (e.g. paper.yaml's `Qwen/Qwen3-4B`):
+  returned as the string, for transformers/vLLM to download (needs the hub).
+
+`resolve_agent(None, default_model=...)` is the default agent: the registry's champion
+(`DEFAULT_REGISTRY_URI`) when a registry is installed and holds one, else `default_model`
+(usually the config's `agent.model`). `resolve_agents` applies it to evaluation's labelled
+agents (`eval.agent_checkpoints`, `--agent LABEL=SPEC`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prompt_r1.config.experiment import runs_home
+from prompt_r1.config.base import SAFE_NAME
+
+if TYPE_CHECKING:
+    from prompt_r1.config.experiment import Config
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REGISTRY_URI = "models:/prompt-r1-agent@champion"
+BUNDLED = ("tiny", "tiny-protocol", "tiny-smollm2", "smollm2-135m-instruct", "smollm2-135m-protocol", "gemma3-270m")
+# Files that mark a folder under the run home as a training run (not the model cache or registry).
+RUN_MARKERS = ("run.json", "agent", "checkpoints")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+# scheme -> function(uri) returning the local agent folder, or None when the registry lacks it.
+SchemeResolver = Callable[[str], "Path | None"]
+_schemes: dict[str, SchemeResolver] = {}
+
+
+class AgentSpecError(ValueError):
+    """A spec that names no usable agent; the message says what was tried and what to pass."""
+
+
+def accepted_forms() -> str:
+    """The spec forms, for error messages."""
+    return (f"a bundled model ({', '.join(BUNDLED)}), a folder (HF model or training run), a training "
+            f"run id (a folder {runs_home()}/<config>/<run id>), a registry URI ({DEFAULT_REGISTRY_URI}, "
+            "models:/prompt-r1-agent/VERSION), or a Hugging Face hub id (org/name)")
+
+
+def register_scheme(scheme: str, resolver: SchemeResolver) -> None:
+    """Let `scheme:/...` specs resolve through `resolver` (installed by a higher layer)."""
+    _schemes[scheme] = resolver
+
+
+def spec_scheme(spec: str) -> str | None:
+    """The URI scheme of a spec, or None for names, folders and run ids.
+
+    >>> spec_scheme("models:/prompt-r1-agent@champion"), spec_scheme("runs/smoke/x"), spec_scheme("tiny")
+    ('models', None, None)
+    """
+    head, sep, _ = spec.partition(":/")
+    return head if sep and head.isidentifier() and len(head) > 1 else None
+
+
+def spec_label(spec: str) -> str:
+    """The evaluation label of an unlabelled spec (it names the method `agent:<label>`).
+
+    >>> [spec_label(s) for s in ["runs/smoke/abc/agent/", "tiny", "models:/prompt-r1-agent@champion",
+    ...                          "models:/prompt-r1-agent/3"]]
+    ['agent', 'tiny', 'champion', 'v3']
+    """
+    if spec_scheme(spec) is not None:
+        name, _, alias = spec.partition(":/")[2].partition("@")
+        return alias or f"v{name.rpartition('/')[2]}"
+    return Path(spec).name or spec
+
+
+def parse_labelled_specs(items: Iterable[str]) -> dict[str, str]:
+    """`--agent` values: `LABEL=SPEC`, or a bare SPEC labelled by `spec_label`.
+
+    A value whose text before the first `=` is not a plain label is a bare spec (a folder name
+    may hold `=`).
+
+    >>> parse_labelled_specs(["trained=runs/smoke/abc", "tiny-protocol", "x/a=b"])
+    {'trained': 'runs/smoke/abc', 'tiny-protocol': 'tiny-protocol', 'a=b': 'x/a=b'}
+    >>> parse_labelled_specs(["trained="])  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    AgentSpecError: --agent 'trained=': no spec after `trained=`; give LABEL=SPEC or SPEC, ...
+    """
+    out: dict[str, str] = {}
+    for item in items:
+        label, sep, spec = item.partition("=")
+        if not (sep and SAFE_NAME.match(label)):
+            label, spec = spec_label(item), item
+        if not spec:
+            raise AgentSpecError(f"--agent {item!r}: no spec after `{label}=`; give LABEL=SPEC or SPEC, "
+                                 f"where SPEC is {accepted_forms()}")
+        out[label] = spec
+    return out
+
+
+def _model_folder(folder: Path, spec: str) -> Path:
+    """The HF folder inside `folder`: itself, or a run folder's exported agent."""
+    if (folder / "config.json").is_file():
+        return folder.resolve()
+    if (folder / "agent" / "config.json").is_file():
+        return (folder / "agent").resolve()
+    if (folder / "checkpoints").is_dir():
+        raise AgentSpecError(
+            f"agent {spec!r}: run folder {folder} has no exported agent (`agent/`); the run has not "
+            f"finished. Export a checkpoint first: prompt-r1 export {folder}/checkpoints/step-N DIR")
+    raise AgentSpecError(f"agent {spec!r}: folder {folder} is neither a HF model folder (no config.json) "
+                         "nor a training run folder (no agent/ or checkpoints/)")
+
+
+def find_run(run_id: str, config_name: str | None = None, home: Path | None = None) -> Path | None:
+    """The folder of training run `run_id` under the run home (any config, or `config_name`'s).
+
+    Only folders that hold a run (`run.json`, `agent/` or `checkpoints/`) count, so a model
+    cached under `runs/models/` is never taken for a run.
+    """
+    if not SAFE_NAME.match(run_id):
+        return None
+    home = home or runs_home()
+    names = [config_name] if config_name else sorted(p.name for p in home.iterdir() if p.is_dir()) \
+        if home.is_dir() else []
+    found = [home / n / run_id for n in names
+             if any((home / n / run_id / marker).exists() for marker in RUN_MARKERS)]
+    if len(found) > 1:
+        raise AgentSpecError(f"run id {run_id!r} exists under several configs ({', '.join(str(f) for f in found)}); "
+                             "pass the run folder instead")
+    return found[0] if found else None
+
+
+def resolve_agent(spec: str | None, default_model: str | None = None, config_name: str | None = None) -> Path | str:
+    """The local HF folder of the agent `spec` names, or a hub id as given (see the module
+    docstring for the forms)."""
+    if spec is None or spec == "":
+        if "models" in _schemes:
+            champion = _schemes["models"](DEFAULT_REGISTRY_URI)
+            if champion is not None:
+                return Path(champion)
+        if default_model is None:
+            raise AgentSpecError(f"no agent given and no champion registered: pass --agent SPEC, {accepted_forms()}")
+        return resolve_agent(default_model, config_name=config_name)
+    scheme = spec_scheme(spec)
+    if scheme is not None:
+        if scheme not in _schemes:
+            raise AgentSpecError(f"agent {spec!r}: no resolver for `{scheme}:/` URIs here; use the `prompt-r1` "
+                                 "command (it installs the MLflow registry) or pass a folder or run id")
+        found = _schemes[scheme](spec)
+        if found is None:
+            raise AgentSpecError(f"agent {spec!r}: not in the registry (no such model, version or alias); "
+                                 "agents are registered by the `train` and `pipeline` flows")
+        return Path(found)
+    if spec in BUNDLED:
+        from prompt_r1.models.bundled import resolve_model
+
+        return Path(resolve_model(spec))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _model_folder(path, spec)
+    run = find_run(spec, config_name)
+    if run is None and config_name is not None:
+        run = find_run(spec)  # a run of another config is still a usable agent
+    if run is not None:
+        return _model_folder(run, spec)
+    if HUB_ID.match(spec):
+        return spec
+    raise AgentSpecError(f"agent {spec!r} is not {accepted_forms()}")
+
+
+def resolve_agents(cfg: Config, given: Mapping[str, str] | None = None,
+                   labels: Sequence[str] | None = None) -> dict[str, str]:
+    """Label -> agent folder for evaluation: each of `labels` (default `eval.agent_checkpoints`),
+    then each remaining label of `given` (label -> spec, e.g. from `--agent LABEL=SPEC`).
+
+    A label resolves to its spec in `given` when there is one, else: `base` -> the config's
+    `agent.model`; `champion` -> the registry's champion; `trained` -> skipped with a warning
+    (only a training run has one); anything else is itself a spec, labelled by `spec_label`.
+    """
+    given = dict(given or {})
+    specs: dict[str, str] = {}
+    for label in labels if labels is not None else cfg.eval.agent_checkpoints:
+        if label in given:
+            specs[label] = given[label]
+        elif label == "base":
+            specs[label] = cfg.agent.model
+        elif label == "champion":
+            specs[label] = DEFAULT_REGISTRY_URI
+        elif label == "trained":
+            log.warning("no trained agent given; skipping agent `trained` (pass --agent trained=SPEC)")
+        else:
+            specs[spec_label(label)] = label
+    for label, spec in given.items():
+        specs.setdefault(label, spec)
+    return {label: str(resolve_agent(spec, config_name=cfg.name)) for label, spec in specs.items()}

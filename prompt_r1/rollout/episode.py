@@ -1,0 +1,236 @@
+"""The multi-turn Prompt-R1 rollout: agent turns from a `Policy`, replies from an `Environment`.
+
+One call samples `group_size` trajectories per question. Each trajectory is the agent prompt
+(chat template, tokenised once) followed by a response built token-in/token-out:
+- agent turns: the ids the policy sampled, loss mask 1, with their sampling log-probs;
+- environment replies: `wrap_env_reply(reply)` tokenised and inserted with mask 0, log-prob 0.0
+  (the reply is first cut to `max_env_reply_tokens` tokens; `env_replies` holds the cut text, so
+  decoding each mask-0 span gives back exactly `wrap_env_reply(env_replies[i])`). A reply is text:
+  special tokens written in it (`<|im_end|>`...) are tokenised as plain text, never as the
+  control ids of the agent's chat template.
+`rollout.max_turns` counts agent generations: at most `max_turns - 1` environment calls, each
+followed by another agent turn. Stop reasons: `answered` (agent wrote `<answer>`), `invalid_turn`
+(neither tag), `max_turns` (an interaction prompt in generation `max_turns`, whose reply the agent
+could never read: the call is not made), `env_error` (an environment call failed after the
+client's retries: the trajectory ends there with `error` set and no reward; the error text is
+never put into the agent's context), `token_budget` (no room left:
+the response never exceeds `max_response_tokens`; a reply that would leave no room for another
+agent token is not inserted, though its call is still recorded in `env_calls`).
+The answer and the reward come from the agent's own turns only. Scoring is its own stage,
+`score_trajectories`, which a caller may run apart from the rollout (`score=False`).
+
+Scheduling: every agent generation is one batched `policy.generate` call run in a worker thread,
+so environment calls (asyncio tasks, all in flight at once) progress while the policy computes.
+When no trajectory is waiting for the policy, the loop waits for the first environment reply, then
+at most `gather_window_s` more for others, and generates for all of those at once. A slow reply
+thus delays only its own trajectory; the price is possibly several smaller generation batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prompt_r1.config.experiment import AgentConfig, RewardConfig, RolloutConfig
+from prompt_r1.env.base import error_text, short_reason
+from prompt_r1.policy.base import Policy, Sample
+from prompt_r1.core.protocol import env_messages, extract_answer, parse_turn, wrap_env_reply
+from prompt_r1.core.reward import compute_reward
+from prompt_r1.core.seeding import NO_STEP, draw_seed
+from prompt_r1.core.tokens import agent_prompt_ids, text_ids
+from prompt_r1.core.trajectory import EnvCall, Trajectory
+from prompt_r1.core.questions import QuestionRow
+
+if TYPE_CHECKING:
+    from prompt_r1.env.base import Environment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Episode:
+    """A trajectory being built, plus what the loop needs to continue it."""
+
+    trajectory: Trajectory
+    env_prompts: list[str] = field(default_factory=list)   # interaction prompts sent so far
+    env_history: list[str] = field(default_factory=list)   # the environment's full replies
+
+
+async def _call_env(env: "Environment", messages: list[dict[str, str]], turn: int) -> tuple[str, EnvCall]:
+    """One environment call that never raises: a failure becomes an error text and EnvCall.error."""
+    started = time.perf_counter()
+    try:
+        reply = await env.reply(messages, turn=turn)
+        text, call = reply.text, reply.call
+    except Exception as err:  # the env contract says it never raises; keep the batch alive anyway
+        log.warning("environment %s raised on turn %d: %r", getattr(env, "name", "?"), turn, err)
+        reason = short_reason(f"{type(err).__name__}: {err}")
+        text = error_text(reason)
+        call = EnvCall(turn=turn, env_name=getattr(env, "name", ""), model=getattr(env, "model", ""),
+                       latency_s=time.perf_counter() - started, error=reason)
+    call.turn = turn
+    call.env_name = call.env_name or getattr(env, "name", "")
+    call.model = call.model or getattr(env, "model", "")
+    return text, call
+
+
+class _Loop:
+    """State shared by the steps of one `rollout_batch` call."""
+
+    def __init__(self, policy: Policy, agent_cfg: AgentConfig, rollout_cfg: RolloutConfig):
+        self.policy, self.tokenizer = policy, policy.tokenizer
+        self.agent_cfg, self.rollout_cfg = agent_cfg, rollout_cfg
+
+    def room(self, episode: _Episode) -> int:
+        return self.agent_cfg.max_response_tokens - len(episode.trajectory.token_ids)
+
+    def absorb_turn(self, episode: _Episode, sample: Sample) -> list[dict[str, str]] | None:
+        """Append an agent turn; returns the environment messages to send, or None when finished."""
+        traj = episode.trajectory
+        if len(sample.token_ids) != len(sample.logprobs):
+            raise RuntimeError(f"policy returned {len(sample.token_ids)} ids but {len(sample.logprobs)} log-probs")
+        traj.token_ids.extend(sample.token_ids)
+        traj.loss_mask.extend([1] * len(sample.token_ids))
+        traj.logprobs.extend(float(lp) for lp in sample.logprobs)
+        traj.agent_turns.append(sample.text)
+        turn = parse_turn(sample.text)
+        if turn.kind == "answer":
+            traj.stop_reason = "answered"
+        elif turn.kind == "interaction":
+            if len(traj.agent_turns) >= self.rollout_cfg.max_turns:
+                traj.stop_reason = "max_turns"
+            elif self.room(episode) <= 0:
+                traj.stop_reason = "token_budget"
+            else:
+                prompt = turn.interaction_prompt or ""
+                messages = env_messages(episode.env_prompts + [prompt], episode.env_history)
+                episode.env_prompts.append(prompt)
+                return messages
+        elif sample.finish_reason == "length" and self.room(episode) <= 0:
+            traj.stop_reason = "token_budget"
+        else:
+            traj.stop_reason = "invalid_turn"
+        return None
+
+    def absorb_reply(self, episode: _Episode, text: str, call: EnvCall) -> bool:
+        """Record an environment call and insert its reply; True when the agent can go on.
+
+        A failed call is recorded and ends the trajectory: its text is not a reply the agent may read."""
+        traj = episode.trajectory
+        traj.env_calls.append(call)
+        if call.error is not None:
+            traj.stop_reason, traj.error = "env_error", call.error
+            return False
+        episode.env_history.append(text)
+        reply_ids = text_ids(self.tokenizer, text)
+        limit = self.agent_cfg.max_env_reply_tokens
+        seen = text if len(reply_ids) <= limit else self.tokenizer.decode(
+            reply_ids[:limit], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        wrapped_ids = text_ids(self.tokenizer, wrap_env_reply(seen))
+        if len(wrapped_ids) >= self.room(episode):  # no agent token would fit after it
+            traj.stop_reason = "token_budget"
+            return False
+        traj.token_ids.extend(wrapped_ids)
+        traj.loss_mask.extend([0] * len(wrapped_ids))
+        traj.logprobs.extend([0.0] * len(wrapped_ids))
+        traj.env_replies.append(seen)
+        return True
+
+
+async def rollout_batch(
+    policy: Policy,
+    env: "Environment",
+    questions: Sequence[QuestionRow],
+    agent_cfg: AgentConfig,
+    rollout_cfg: RolloutConfig,
+    reward_cfg: RewardConfig,
+    group_size: int | None = None,
+    seed: int = 0,
+    gather_window_s: float = 0.05,
+    step: int = NO_STEP,
+    score: bool = True,
+) -> list[Trajectory]:
+    """Sample `group_size` (default `rollout_cfg.group_size`) trajectories per question.
+
+    Returns them ordered by question, then group index 0..G-1, each with its answer set and, with
+    `score`, its reward (`score_trajectories`; `score=False` leaves that stage to the caller).
+    Those ended by a failed environment call have `error` set and never an answer or reward.
+    Each agent generation is seeded by `draw_seed(seed, step, question, group index, turn)`
+    (`step`: the training step, `NO_STEP` outside training), never by batch or arrival order.
+    """
+    group = group_size or rollout_cfg.group_size
+    loop = _Loop(policy, agent_cfg, rollout_cfg)
+    episodes: list[_Episode] = []
+    for question in questions:
+        prompt_ids = agent_prompt_ids(policy.tokenizer, question.question)
+        for index in range(group):
+            episodes.append(_Episode(Trajectory(question.question_id, index, list(prompt_ids))))
+
+    ready: list[_Episode] = list(episodes)
+    pending: dict[asyncio.Task, _Episode] = {}
+    try:
+        while ready or pending:
+            if not ready:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                waiting = set(pending) - done
+                if waiting and gather_window_s > 0:
+                    more, _ = await asyncio.wait(waiting, timeout=gather_window_s)
+                    done |= more
+                for task in done:
+                    episode = pending.pop(task)
+                    text, call = task.result()
+                    if loop.absorb_reply(episode, text, call):
+                        ready.append(episode)
+                continue
+            batch, ready = ready, []
+            limits = [min(agent_cfg.max_new_tokens, loop.room(e)) for e in batch]
+            seeds = [draw_seed(seed, step, e.trajectory.question_id, e.trajectory.group_index,
+                               len(e.trajectory.agent_turns)) for e in batch]
+            samples = await asyncio.to_thread(
+                policy.generate, [e.trajectory.prompt_ids + e.trajectory.token_ids for e in batch], limits, seeds)
+            for episode, sample in zip(batch, samples, strict=True):
+                messages = loop.absorb_turn(episode, sample)
+                if messages is not None:
+                    turn = len(episode.env_prompts) - 1
+                    pending[asyncio.create_task(_call_env(env, messages, turn))] = episode
+    finally:
+        for task in pending:
+            task.cancel()
+
+    trajectories = [e.trajectory for e in episodes]
+    for traj in trajectories:
+        if traj.error is None:  # a failure is not an answer
+            traj.answer = extract_answer(traj.agent_turns[-1]) if traj.agent_turns else ""
+    if score:
+        score_trajectories(trajectories, {q.question_id: q.golds for q in questions}, reward_cfg)
+    return trajectories
+
+
+def score_trajectories(trajectories: Sequence[Trajectory], golds_by_question_id: Mapping[str, Sequence[str]],
+                       reward_cfg: RewardConfig) -> None:
+    """The reward stage: set each trajectory's `reward` from its agent turns and its question's
+    golds (`compute_reward` with `reward_cfg`). Trajectories ended by an environment failure
+    (`error` set) are left unscored: a failure is not an answer."""
+    weights = reward_cfg.model_dump()
+    for traj in trajectories:
+        if traj.error is not None:
+            continue
+        if traj.question_id not in golds_by_question_id:
+            raise KeyError(f"no gold answers for question {traj.question_id!r}: pass the golds of every "
+                           "question the trajectories answer")
+        traj.reward = compute_reward(traj.agent_turns, golds_by_question_id[traj.question_id], **weights)
+
+
+def run_rollout(*args: Any, **kwargs: Any) -> list[Trajectory]:
+    """Blocking `rollout_batch` for scripts (runs in a fresh thread when a loop is already running)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(rollout_batch(*args, **kwargs))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, rollout_batch(*args, **kwargs)).result()

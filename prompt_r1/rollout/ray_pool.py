@@ -1,0 +1,293 @@
+"""Rollouts spread over Ray actors: each holds a policy copy and its own environment client.
+
+The driver (trainer or CLI) owns a `RolloutPool`. A batch of questions is split into contiguous
+chunks (whole GRPO groups stay in one actor), each `RolloutWorker` runs `rollout_batch` on its
+chunk and returns the `Trajectory` objects (Ray pickles them, as it does the questions and the
+config); the driver alone writes them to DuckDB and MLflow, so actors never open the warehouse (and therefore keep no environment reply cache). After a GRPO
+step `broadcast` puts the new weights in the object store once and every actor loads them.
+
+Environment clients: `inprocess` and `openai` environments are built inside each actor. A
+`vllm` environment is a server the driver starts (`actor_environment`); actors reach it as
+`openai` at its base URL. One laptop = a local Ray instance; a cluster = `ray_address`.
+
+Every wait on Ray has a deadline from `RolloutConfig` and fails with a `RayWaitError` that says
+what to change: reaching `ray_address` (`ray.init` alone retries an unreachable address for
+minutes), actors starting (a cluster without free CPUs for them would wait forever), and each
+rollout batch or weight broadcast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from prompt_r1.config.experiment import Config, RolloutConfig
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.questions import QuestionRow
+from prompt_r1.core.seeding import derive_seed
+from prompt_r1.core.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+# Settings that actors need from the driver's environment (local or remote workers).
+_FORWARDED_ENV = ("PROMPT_R1_HOME", "PROMPT_R1_MODELS", "HF_HUB_OFFLINE", "HF_HOME", "TOKENIZERS_PARALLELISM",
+                  "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")
+
+
+SHUTDOWN_TIMEOUT_S = 60.0  # an actor's own clean-up (environment client, policy) before ray.kill
+
+
+class RayWaitError(RuntimeError):
+    """A Ray wait passed its deadline, or Ray could not be reached; the message says what to change."""
+
+
+def address_host_port(address: str) -> tuple[str, int] | None:
+    """Host and port of a Ray address; None when Ray looks it up itself (`auto`, `local`).
+
+    >>> address_host_port("ray://10.0.0.5:10001")
+    ('10.0.0.5', 10001)
+    >>> address_host_port("head-node:6379")
+    ('head-node', 6379)
+    >>> address_host_port("auto") is None
+    True
+    """
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    return (host.strip("[]"), int(port)) if sep and port.isdigit() else None
+
+
+def init_ray(rollout_cfg: RolloutConfig) -> None:
+    """Connect to `ray_address`, or start a quiet local instance; reuse one already initialised."""
+    if ray.is_initialized():
+        return
+    if rollout_cfg.ray_address:
+        _connect(rollout_cfg.ray_address, rollout_cfg.ray_connect_timeout_s)
+    else:
+        ray.init(num_cpus=rollout_cfg.ray_num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+
+
+def _connect(address: str, timeout_s: float) -> None:
+    """`ray.init(address)` within `timeout_s`: a TCP check first (says why an address is wrong at
+    once), then `ray.init` in a helper thread, since it cannot be given a deadline itself."""
+    fix = (f"rollout.ray_address={address!r}: check it (the head node's host:port, e.g. 10.0.0.5:6379, "
+           "or ray://host:10001), that Ray runs there (`ray status` on the head), or leave ray_address "
+           "empty for a local Ray")
+    target = address_host_port(address)
+    if target is not None:
+        try:
+            socket.create_connection(target, timeout=timeout_s).close()
+        except OSError as err:
+            raise RayWaitError(f"cannot reach Ray at {target[0]}:{target[1]} within {timeout_s:g}s "
+                               f"(rollout.ray_connect_timeout_s): {err}. {fix}") from err
+    failure: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except BaseException as err:  # handed to the caller's thread
+            failure.append(err)
+
+    thread = threading.Thread(target=connect, name="ray-init", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise RayWaitError(f"Ray at {address} accepted a connection but did not answer as a Ray cluster "
+                           f"within {timeout_s:g}s (rollout.ray_connect_timeout_s). {fix}")
+    if failure:
+        raise RayWaitError(f"cannot connect to Ray at {address}: {failure[0]}. {fix}") from failure[0]
+
+
+@contextlib.contextmanager
+def actor_environment(env_cfg: EnvConfig, log_dir: Path | None = None) -> Iterator[EnvConfig]:
+    """The environment settings actors can use: a `vllm` server is started here, shared as `openai`."""
+    if env_cfg.kind != "vllm":
+        yield env_cfg.model_copy(update={"cache": False})
+        return
+    from prompt_r1.env.vllm_server import managed_vllm_server
+
+    with managed_vllm_server(env_cfg, log_dir) as base_url:
+        yield env_cfg.model_copy(update={"kind": "openai", "base_url": base_url, "cache": False})
+
+
+@contextlib.contextmanager
+def _temperature(policy: Any, temperature: float | None) -> Iterator[None]:
+    """Sample at another temperature for one call (greedy validation rollouts)."""
+    if temperature is None:
+        yield
+        return
+    previous = policy.temperature
+    policy.temperature = temperature
+    try:
+        yield
+    finally:
+        policy.temperature = previous
+
+
+class RolloutWorker:
+    """A Ray actor: one policy copy plus one environment client, living as long as the pool."""
+
+    def __init__(self, cfg: Config, model_path: str, seed: int,
+                 env_factory: Callable[[EnvConfig], Any] | None = None):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        from prompt_r1.policy import make_policy
+
+        self.cfg = cfg
+        if self.cfg.environment.kind == "vllm":
+            raise ValueError("a rollout actor cannot start a vLLM server; start it in the driver with "
+                             "ray_rollout.actor_environment() and pass kind=openai")
+        self.policy = make_policy(self.cfg.agent, model_path, seed=seed)
+        self._loop = asyncio.new_event_loop()
+        self._stack = contextlib.ExitStack()
+        self.env = self._open_environment(env_factory)
+
+    def _open_environment(self, env_factory: Callable[[EnvConfig], Any] | None):
+        env_cfg = self.cfg.environment.model_copy(update={"cache": False})
+        if env_factory is not None:
+            return env_factory(env_cfg)
+        from prompt_r1.env import open_environment
+
+        return self._stack.enter_context(open_environment(env_cfg, warehouse=None, log_dir=None))
+
+    def rollout(self, questions: list[QuestionRow], seed: int, step: int, greedy: bool = False,
+                group_size: int | None = None, score: bool = True) -> list[Trajectory]:
+        """Trajectories for these questions; draws are seeded by (run `seed`, `step`, question,
+        sample, turn), so which actor gets a question never matters."""
+        from prompt_r1.rollout.episode import rollout_batch
+
+        with _temperature(self.policy, 0.0 if greedy else None):
+            return self._loop.run_until_complete(rollout_batch(
+                self.policy, self.env, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
+                group_size=group_size, seed=seed, step=step, score=score))
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> bool:
+        self.policy.load_weights(state_dict)
+        return True
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> None:
+        aclose = getattr(self.env, "aclose", None)
+        if aclose is not None:
+            self._loop.run_until_complete(aclose())
+        self._stack.close()
+        self.policy.close()
+
+
+class RolloutPool:
+    """`num_workers` rollout actors sharing one batch; the driver-side handle."""
+
+    def __init__(self, cfg: Config, model_path: str | Path, num_workers: int | None = None,
+                 cpus_per_worker: float = 1.0, env_factory: Callable[[EnvConfig], Any] | None = None):
+        """Start the actors. `env_factory(env_cfg) -> Environment` replaces `open_environment`
+        inside each actor (custom environments; it must be picklable by Ray)."""
+        if not ray.is_initialized():
+            init_ray(cfg.rollout)
+        if cfg.environment.kind == "vllm":
+            raise ValueError("environment.kind=vllm: start the server in the driver first, e.g. "
+                             "`with actor_environment(cfg.environment) as env_cfg:` and build the pool "
+                             "with cfg.model_copy(update={'environment': env_cfg})")
+        self.cfg = cfg
+        self.num_workers = num_workers or cfg.rollout.num_workers
+        gpus = 1 if cfg.agent.backend == "vllm" and ray.cluster_resources().get("GPU", 0) >= self.num_workers else 0
+        env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+        actor_class = ray.remote(RolloutWorker).options(
+            num_cpus=cpus_per_worker, num_gpus=gpus, runtime_env={"env_vars": env_vars})
+        cpus = self.num_workers * cpus_per_worker
+        total = ray.cluster_resources().get("CPU", 0.0)
+        if not cfg.rollout.ray_address and cpus > total:  # a local instance never grows: fail now
+            raise RayWaitError(f"{self._asked(cpus_per_worker)}, but the local Ray instance has {total:g} CPUs; "
+                               "lower rollout.num_workers or raise rollout.ray_num_cpus")
+        self._stuck = False
+        # the policy's own seed (engine start, calls without row seeds): distinct per actor
+        self.workers = [actor_class.remote(cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index),
+                                           env_factory)
+                        for index in range(self.num_workers)]
+        try:  # start-up errors surface here
+            self._get([w.ping.remote() for w in self.workers], cfg.rollout.actor_start_timeout_s,
+                      "actor_start_timeout_s", f"starting the rollout actors ({self._asked(cpus_per_worker)}; "
+                      f"Ray has {ray.available_resources().get('CPU', 0.0):g} of {total:g} CPUs free)",
+                      "free CPUs (other Ray jobs), lower rollout.num_workers, or raise the deadline if "
+                      "loading the policy is slow")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _asked(self, cpus_per_worker: float) -> str:
+        return (f"the rollout pool asks for {self.num_workers} actors x {cpus_per_worker:g} CPUs = "
+                f"{self.num_workers * cpus_per_worker:g} CPUs")
+
+    def _get(self, refs: list[Any], timeout_s: float, field: str, what: str, fix: str) -> list[Any]:
+        """`ray.get` with a deadline (`rollout.<field>`); the actors are stuck after one passes."""
+        try:
+            return ray.get(refs, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as err:
+            self._stuck = True
+            raise RayWaitError(f"{what} did not finish within {timeout_s:g}s (rollout.{field}); {fix}") from err
+
+    def rollout(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
+                group_size: int | None = None, score: bool = True) -> list[Trajectory]:
+        """Trajectories for `questions` in order (question, then group index), split over the actors;
+        scored unless `score=False` (then the caller runs `rollout.score_trajectories`)."""
+        chunks = split_evenly(list(questions), len(self.workers))
+        futures = [
+            worker.rollout.remote(chunk, self.cfg.seed, step, greedy, group_size, score)
+            for worker, chunk in zip(self.workers, chunks) if chunk
+        ]
+        results = self._get(futures, self.cfg.rollout.rollout_timeout_s, "rollout_timeout_s",
+                            f"rolling out {len(questions)} questions on {len(futures)} actors",
+                            "raise it for big batches, or check the environment (a server that stopped "
+                            "answering is retried for up to environment.timeout_s x max_retries per call)")
+        return [t for trajectories in results for t in trajectories]
+
+    def broadcast(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load new weights in every actor (one copy in the object store)."""
+        ref = ray.put({name: tensor.detach().cpu() for name, tensor in state_dict.items()})
+        self._get([w.load_weights.remote(ref) for w in self.workers], self.cfg.rollout.rollout_timeout_s,
+                  "rollout_timeout_s", f"loading new weights in {len(self.workers)} actors",
+                  "an actor is stuck or out of memory (see the Ray logs)")
+
+    def shutdown(self) -> None:
+        """Each actor's own clean-up, then `ray.kill`; stuck actors (a deadline passed: their queue
+        is blocked) and actors that never started are killed at once."""
+        for worker in self.workers:
+            if not self._stuck:
+                with contextlib.suppress(Exception):
+                    ray.get(worker.shutdown.remote(), timeout=SHUTDOWN_TIMEOUT_S)
+            ray.kill(worker)
+        self.workers = []
+
+    def __enter__(self) -> "RolloutPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
+    """Contiguous chunks whose sizes differ by at most one.
+
+    >>> split_evenly([1, 2, 3, 4, 5], 2)
+    [[1, 2, 3], [4, 5]]
+    >>> split_evenly([1], 3)
+    [[1], [], []]
+    """
+    size, extra = divmod(len(items), parts)
+    chunks, start = [], 0
+    for index in range(parts):
+        end = start + size + (1 if index < extra else 0)
+        chunks.append(items[start:end])
+        start = end
+    return chunks

@@ -1,0 +1,328 @@
+"""The GRPO learner: turns one batch of trajectories into optimiser steps on the agent policy.
+
+`GRPOLearner` owns the policy, its frozen reference, AdamW and the lr schedule. `step()` pads
+prompt + response ids into batches, recomputes old-policy and reference log-probs with the
+current weights (sampling log-probs from another engine are only compared, never trusted for
+the ratio), then runs `ppo_epochs` x mini-batches (`mini_batch_questions` questions per
+optimiser step) x micro-batches (`micro_batch_size` trajectories, gradients accumulated so the
+sum equals the full mini-batch loss). Under LoRA the reference is the same model with the
+adapter disabled; under full fine-tuning it is a frozen copy of the initial weights.
+
+Precision: weights, gradients and AdamW state are always float32 ("master weights"); with
+`agent.dtype: bfloat16` only the forward/backward compute runs in bfloat16 under autocast. At
+lr 1e-6 a bfloat16 weight cannot take the update (its spacing near 0.02 is about 1e-4), so
+updating bfloat16 weights directly would leave almost every weight unchanged.
+
+Log-probs (old, new and reference) are those of the sampling distribution, softmax(logits / T)
+at `agent.temperature`, which is what the policy backends report for each sampled token.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from prompt_r1.config.experiment import Config
+from prompt_r1.core.grpo import group_advantages, policy_loss, token_logprobs
+from prompt_r1.core.seeding import derive_seed
+from prompt_r1.core.tokens import torch_dtype
+from prompt_r1.core.trajectory import Trajectory, rollout_stats
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    """`train.device` as a torch device: `auto` is the first CUDA GPU if torch sees one, else CPU.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"train.device is {name!r} but torch {torch.__version__} sees no CUDA GPU; "
+                             "use `auto` or `cpu`")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"train.device is {name!r} but only {torch.cuda.device_count()} CUDA "
+                             "device(s) are visible (check CUDA_VISIBLE_DEVICES)")
+    return device
+
+
+def autocast_dtype(device: torch.device, agent_dtype: str, enabled: bool = True) -> torch.dtype | None:
+    """The autocast compute dtype for the learner, or None for plain float32 compute.
+
+    >>> autocast_dtype(torch.device("cpu"), "bfloat16")
+    torch.bfloat16
+    >>> autocast_dtype(torch.device("cpu"), "float32") is None
+    True
+    """
+    if not enabled or agent_dtype != "bfloat16":
+        return None
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        log.warning("%s has no bfloat16 support: the learner computes in float32", device)
+        return None
+    if not torch.amp.is_autocast_available(device.type):
+        return None
+    return torch.bfloat16
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded prompt+response ids of a few trajectories; response tensors start at `start`."""
+
+    indices: list[int]              # positions in the step's trajectory list
+    input_ids: torch.Tensor         # [b, L]
+    attention_mask: torch.Tensor    # [b, L]
+    start: int                      # first response column (min prompt length)
+    loss_mask: torch.Tensor         # [b, L - start], 1 = agent-sampled response token
+    sampling_logprobs: torch.Tensor  # [b, L - start]
+
+    def scatter(self, per_traj: list[torch.Tensor], prompt_lens: list[int]) -> torch.Tensor:
+        """Place per-trajectory response vectors into this batch's [b, L - start] layout."""
+        out = torch.zeros(self.loss_mask.shape, dtype=torch.float32)
+        for row, i in enumerate(self.indices):
+            offset = prompt_lens[i] - self.start
+            out[row, offset:offset + per_traj[i].numel()] = per_traj[i]
+        return out
+
+    def split(self, values: torch.Tensor, prompt_lens: list[int], resp_lens: list[int]) -> list[torch.Tensor]:
+        """Inverse of `scatter`: one response vector per trajectory."""
+        out = []
+        for row, i in enumerate(self.indices):
+            offset = prompt_lens[i] - self.start
+            out.append(values[row, offset:offset + resp_lens[i]].detach().float().cpu())
+        return out
+
+
+def collate(trajectories: list[Trajectory], indices: list[int], pad_id: int,
+            device: torch.device | str) -> MicroBatch:
+    """Right-pad `prompt_ids + token_ids` of the chosen trajectories."""
+    chosen = [trajectories[i] for i in indices]
+    length = max(len(t.prompt_ids) + len(t.token_ids) for t in chosen)
+    start = min(len(t.prompt_ids) for t in chosen)
+    ids = torch.full((len(chosen), length), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(chosen), length), dtype=torch.long)
+    mask = torch.zeros((len(chosen), length - start), dtype=torch.float32)
+    sampled = torch.zeros((len(chosen), length - start), dtype=torch.float32)
+    for row, t in enumerate(chosen):
+        n_prompt, n_resp = len(t.prompt_ids), len(t.token_ids)
+        ids[row, :n_prompt + n_resp] = torch.tensor(t.prompt_ids + t.token_ids, dtype=torch.long)
+        attn[row, :n_prompt + n_resp] = 1
+        offset = n_prompt - start
+        mask[row, offset:offset + n_resp] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        if t.logprobs:
+            sampled[row, offset:offset + n_resp] = torch.tensor(t.logprobs, dtype=torch.float32)
+    return MicroBatch(indices, ids.to(device), attn.to(device), start, mask.to(device), sampled.to(device))
+
+
+class GRPOLearner:
+    """Policy + reference + optimiser; `step(trajectories)` is one GRPO update."""
+
+    def __init__(self, cfg: Config, model_path: str | Path, device: str | None = None) -> None:
+        """`device` overrides `cfg.train.device` (same spellings)."""
+        cfg.check_trainable()
+        self.cfg, self.model_path = cfg, str(model_path)
+        self.device = resolve_device(device or cfg.train.device)
+        self.compute_dtype = autocast_dtype(self.device, cfg.agent.dtype, cfg.train.autocast)
+        self.temperature = cfg.agent.temperature
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # LoRA's initial weights and dropout masks come from the global torch RNG: seed it from the
+        # run seed so two runs learn alike (checkpoints save and restore its state for resumes)
+        torch.manual_seed(derive_seed("learner", cfg.seed))
+        # float32 master weights whatever agent.dtype says: that is the rollout/compute dtype
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        model.to(self.device)
+        self.use_lora = cfg.agent.lora.enabled
+        self.reference: torch.nn.Module | None = None
+        if self.use_lora:
+            from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+            lora = cfg.agent.lora
+            model = get_peft_model(model, PeftLoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+        elif cfg.train.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = model
+        self.model.config.use_cache = False
+        train = cfg.train
+        if train.gradient_checkpointing:
+            # non-reentrant: works with frozen inputs (LoRA) and needs no input-grad hooks
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        low = sorted({str(p.dtype) for p in self.params if p.dtype != torch.float32})
+        if low:  # AdamW on low-precision weights loses nearly every update at RL learning rates
+            raise ValueError(f"trainable weights in {low}: the learner needs float32 master weights; "
+                             "set the low-precision dtype as agent.dtype (autocast compute) instead")
+        self.optimizer = torch.optim.AdamW(self.params, lr=train.lr, weight_decay=train.weight_decay)
+        warmup = train.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+
+    # -- log-probs ---------------------------------------------------------------------------
+    def _reference_context(self):
+        return self.model.disable_adapter() if self.use_lora else nullcontext()
+
+    def _logprobs(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+        """Float32 log-probs of the tempered distribution; the forward runs under autocast if set."""
+        autocast = (torch.autocast(self.device.type, dtype=self.compute_dtype) if self.compute_dtype
+                    else nullcontext())
+        with autocast:
+            return token_logprobs(model, batch.input_ids, batch.attention_mask, batch.start, self.temperature)
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, batch: MicroBatch, reference: bool) -> torch.Tensor:
+        model = self.model if (self.use_lora or not reference) else self.reference
+        with self._reference_context() if reference else nullcontext():
+            return self._logprobs(model, batch)
+
+    def response_logprobs(self, trajectories: list[Trajectory], reference: bool = False) -> list[torch.Tensor]:
+        """Per-trajectory log-probs of `token_ids` under the current (or reference) policy, as the
+        learner computes them for the ratio: comparable 1:1 with `Trajectory.logprobs`."""
+        if reference and not self.use_lora and self.reference is None:
+            raise ValueError("no reference policy: train.kl_coef is 0 under full fine-tuning")
+        prompt_lens = [len(t.prompt_ids) for t in trajectories]
+        resp_lens = [len(t.token_ids) for t in trajectories]
+        was_training = self.model.training
+        self.model.eval()
+        out: list[torch.Tensor] = [torch.empty(0)] * len(trajectories)
+        size = self.cfg.train.micro_batch_size
+        for m in range(0, len(trajectories), size):
+            batch = collate(trajectories, list(range(m, min(m + size, len(trajectories)))), self.pad_id, self.device)
+            for i, v in zip(batch.indices, batch.split(self._logprobs_no_grad(batch, reference), prompt_lens, resp_lens)):
+                out[i] = v
+        self.model.train(was_training)
+        return out
+
+    # -- the update --------------------------------------------------------------------------
+    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """One GRPO update on a rollout batch; returns scalar metrics."""
+        if not trajectories:
+            raise ValueError("GRPOLearner.step got no trajectories")
+        t0 = time.perf_counter()
+        train = self.cfg.train
+        rewards = torch.tensor([t.reward.total if t.reward else 0.0 for t in trajectories])
+        question_index: dict[str, int] = {}
+        for t in trajectories:
+            question_index.setdefault(t.question_id, len(question_index))
+        groups = torch.tensor([question_index[t.question_id] for t in trajectories])
+        advantages = group_advantages(rewards, groups, scale_by_std=train.scale_by_std)
+        prompt_lens = [len(t.prompt_ids) for t in trajectories]
+        resp_lens = [len(t.token_ids) for t in trajectories]
+        max_len = max(self.cfg.agent.max_response_tokens, max(resp_lens))
+
+        # mini-batches of whole questions, then micro-batches of trajectories
+        questions = list(question_index)
+        mini_batches: list[list[MicroBatch]] = []
+        for q0 in range(0, len(questions), train.mini_batch_questions):
+            chosen = set(questions[q0:q0 + train.mini_batch_questions])
+            idx = [i for i, t in enumerate(trajectories) if t.question_id in chosen]
+            mini_batches.append([collate(trajectories, idx[m:m + train.micro_batch_size], self.pad_id, self.device)
+                                 for m in range(0, len(idx), train.micro_batch_size)])
+
+        # old-policy and reference log-probs with the current weights, before any update;
+        # the first mini-batch's old log-probs come free from its first (identical) forward
+        self.model.eval()
+        old_lp: list[torch.Tensor | None] = [None] * len(trajectories)
+        ref_lp: list[torch.Tensor | None] = [None] * len(trajectories)
+        lazy_first = not (self.use_lora and self.cfg.agent.lora.dropout > 0)  # no dropout: same forward
+        for mb_i, mini in enumerate(mini_batches):
+            for batch in mini:
+                if mb_i > 0 or not lazy_first:
+                    for i, v in zip(batch.indices, batch.split(self._logprobs_no_grad(batch, False), prompt_lens, resp_lens)):
+                        old_lp[i] = v
+                if train.kl_coef > 0:
+                    for i, v in zip(batch.indices, batch.split(self._logprobs_no_grad(batch, True), prompt_lens, resp_lens)):
+                        ref_lp[i] = v
+
+        self.model.train()
+        totals: dict[str, float] = {"pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
+                                    "ratio_mean": 0.0}
+        grad_norms: list[float] = []
+        tokens_seen = 0.0
+        diff_sum, diff_tokens = 0.0, 0.0
+        for _epoch in range(train.ppo_epochs):
+            for mini in mini_batches:
+                mini_tokens = sum(b.loss_mask.sum().item() for b in mini)
+                mini_seqs = sum(len(b.indices) for b in mini)
+                self.optimizer.zero_grad(set_to_none=True)
+                for batch in mini:
+                    logprobs = self._logprobs(self.model, batch)
+                    if old_lp[batch.indices[0]] is None:  # lazy: first and only pass, weights untouched
+                        for i, v in zip(batch.indices, batch.split(logprobs, prompt_lens, resp_lens)):
+                            old_lp[i] = v
+                    old = batch.scatter(old_lp, prompt_lens).to(self.device)
+                    ref = batch.scatter(ref_lp, prompt_lens).to(self.device) if train.kl_coef > 0 else None
+                    adv = advantages[batch.indices].to(self.device)
+                    loss, stats = policy_loss(logprobs, old, ref, adv, batch.loss_mask, train.clip_low,
+                                              train.clip_high, train.kl_coef, train.loss_agg, max_len,
+                                              clip_ratio_c=train.clip_ratio_c)
+                    if train.loss_agg == "token-mean":
+                        weight = stats["tokens"] / max(mini_tokens, 1.0)
+                    else:
+                        weight = len(batch.indices) / mini_seqs
+                    (loss * weight).backward()
+                    for key in totals:
+                        totals[key] += stats[key] * stats["tokens"]
+                    tokens_seen += stats["tokens"]
+                    if _epoch == 0:
+                        mask_cpu = batch.loss_mask.cpu()
+                        diff = (batch.sampling_logprobs.cpu() - old.cpu()).abs() * mask_cpu
+                        diff_sum += diff.sum().item()
+                        diff_tokens += mask_cpu.sum().item()
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, train.max_grad_norm)))
+                self.optimizer.step()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        self.model.eval()
+
+        elapsed = time.perf_counter() - t0
+        metrics = {key: value / max(tokens_seen, 1.0) for key, value in totals.items()}
+        total_tokens = float(sum(p + r for p, r in zip(prompt_lens, resp_lens))) * train.ppo_epochs
+        metrics.update(rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap))
+        metrics.update({
+            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "lr": lr,
+            "logprob_diff": diff_sum / max(diff_tokens, 1.0),
+            "step_time_s": elapsed,
+            "tokens_per_s": total_tokens / elapsed if elapsed > 0 else math.inf,
+        })
+        return metrics
+
+    # -- weights out ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
+        """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched), on
+        CPU in the rollout dtype (`agent.dtype`): what the policies hold, at half the transfer for bf16."""
+        dtype = torch_dtype(self.cfg.agent.dtype)
+        if not self.use_lora:
+            return {k: v.detach().to("cpu", dtype, copy=True) for k, v in self.model.state_dict().items()}
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        deltas = {}
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer) and module.active_adapters:
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+                deltas[f"{name}.weight"] = delta
+        out: dict[str, torch.Tensor] = {}
+        for key, value in base.state_dict().items():
+            if ".lora_" in key or "lora_embedding" in key:
+                continue
+            clean = key.replace(".base_layer.", ".")
+            tensor = value.detach().float()
+            if clean in deltas:
+                tensor = tensor + deltas[clean].float()
+            out[clean] = tensor.to("cpu", dtype, copy=True)
+        return out

@@ -1,0 +1,328 @@
+"""The GRPO training loop: rollout -> reward -> update -> weight broadcast -> checkpoint.
+
+`TrainingSession` holds the pieces of one run (learner, Ray rollout pool, environment, data
+order), exposes each stage as a method, and `run()` is the one schedule of those stages:
+`prompt-r1 train` calls it with the default hooks, the Prefect flow with hooks that run every
+stage as a task and send metrics to MLflow. Resuming loads the newest checkpoint
+(weights, optimiser, RNG, data position) and drops warehouse rows of steps after it, so a
+resumed run reaches the same step count with no repeated or skipped data; it continues only
+the same run (same config and training pool, see `run_record`) unless forced.
+
+Environment failures: trajectories ended by a failed environment call are recorded but left out
+of the update; a step whose share of failed calls passes `environment.max_error_rate` stops the
+run with `EnvironmentFailure` before its update, so no agent is exported from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from prompt_r1.config.experiment import Config
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.seeding import derive_seed
+from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
+from prompt_r1.core.questions import QuestionRow
+
+if TYPE_CHECKING:  # the caller opens the warehouse; the library only reads and writes through it
+    from warehouse.store import Warehouse
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    """One finished update: `step` is its 0-based index (MLflow's step for training metrics)."""
+
+    step: int
+    metrics: dict[str, float]
+    trajectories: list[Trajectory]
+
+
+@dataclass
+class TrainingOutcome:
+    """What `TrainingSession.run` leaves: the exported agent and validation before/after training."""
+
+    agent: Path | None
+    validation_before: dict[str, float]
+    validation: dict[str, float]
+
+
+T = TypeVar("T")
+
+
+class TrainingHooks:
+    """Extension points of the training schedule; the defaults log progress.
+
+    Subclass to observe the run (metrics to a tracker, a progress bar) or to wrap each stage (the
+    Prefect flow runs every stage as a task). Validation metrics are reported with the number of
+    updates done (0 = the untrained agent); training metrics with their update's 0-based index."""
+
+    def __init__(self, total_steps: int | None = None):
+        self.total_steps = total_steps
+
+    def stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run one stage of the schedule (`next-batch`, `rollout`, `reward`, `grpo-update`,
+        `record`, `broadcast-weights`, `validate`, `checkpoint`)."""
+        if name in ("rollout", "grpo-update", "validate", "checkpoint"):
+            log.info("%s ...", name)  # minutes-long stages on CPU: say what is running
+        return fn(*args)
+
+    def on_step(self, result: StepResult) -> None:
+        shown = {k: round(v, 4) for k, v in result.metrics.items()
+                 if k in ("reward_mean", "reward_std", "format_mean", "answer_mean", "pg_loss", "kl",
+                          "env_error_rate", "step_time_s")}
+        log.info("step %d/%s done: %s", result.step + 1, self.total_steps or "?", shown)
+
+    def on_validation(self, updates_done: int, metrics: dict[str, float]) -> None:
+        log.info("validation after %d update(s): %s", updates_done, {k: round(v, 4) for k, v in metrics.items()})
+
+    def before_checkpoint(self, step: int) -> None:
+        """Called before the checkpoint of `step` completed updates is written."""
+
+    def after_checkpoint(self, step: int, path: Path) -> None:
+        """Called once the checkpoint of `step` completed updates is on disk."""
+
+
+def training_pool(warehouse: Warehouse, cfg: Config) -> tuple[list[QuestionRow], list[QuestionRow]]:
+    """(train, validation) questions: train split, seeded shuffle, capped, a held-out share."""
+    pool = warehouse.questions(splits=["train"], datasets=cfg.data.train_datasets or None)
+    if not pool:
+        raise ValueError("no train-split questions in the warehouse; ingest a train/ folder first "
+                         "(e.g. `prompt-r1 ingest data/sample`)")
+    random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool)
+    if cfg.data.max_train_questions:
+        pool = pool[: cfg.data.max_train_questions]
+    n_val = min(len(pool) - 1, max(1, round(len(pool) * cfg.data.validation_fraction))) if cfg.data.validation_fraction else 0
+    return pool[n_val:], pool[:n_val]
+
+
+def questions_hash(train: list[QuestionRow], val: list[QuestionRow]) -> str:
+    """Identifies a training pool (train + validation ids, in order): a resume must see the same."""
+    from prompt_r1.training.run_record import pool_hash
+
+    return pool_hash([q.question_id for q in train], [q.question_id for q in val])
+
+
+def training_pool_hash(warehouse: Warehouse, cfg: Config) -> str:
+    """`questions_hash` of the pool `cfg` trains on (to pick the run to resume before starting)."""
+    return questions_hash(*training_pool(warehouse, cfg))
+
+
+def usable_for_update(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """The trajectories GRPO may learn from: those no environment failure ended, in groups
+    (questions) that keep at least 2 of them, so group statistics are over real rewards only.
+
+    >>> t = lambda q, err=None: Trajectory(q, 0, [], error=err)
+    >>> [x.question_id for x in usable_for_update([t("a"), t("a", "500"), t("a"), t("b"), t("b", "500")])]
+    ['a', 'a']
+    """
+    ok = [t for t in trajectories if t.error is None]
+    sizes: dict[str, int] = {}
+    for t in ok:
+        sizes[t.question_id] = sizes.get(t.question_id, 0) + 1
+    return [t for t in ok if sizes[t.question_id] >= 2]
+
+
+def trajectory_rows(trajectories: list[Trajectory]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Warehouse rows (trajectories, env_calls) of one step: the one conversion at the warehouse edge."""
+    return [t.to_record() for t in trajectories], env_call_records(trajectories)
+
+
+class TrainingSession:
+    """One training run; use as a context manager (it starts and stops servers and actors)."""
+
+    def __init__(self, cfg: Config, warehouse: Warehouse, run_id: str, run_dir: Path, resume: bool = False,
+                 force: bool = False):
+        """`resume`: continue the run in `run_dir` if it holds one (refused when its config or
+        pool changed, unless `force`, or when it finished); without it the folder must be new."""
+        self.cfg, self.warehouse, self.run_id, self.run_dir = cfg, warehouse, run_id, run_dir
+        self.resume, self.force = resume, force
+        self.ckpt_dir = run_dir / "checkpoints"
+        self._stack = ExitStack()
+        self.step = 0
+        self.position = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def __enter__(self) -> "TrainingSession":
+        try:
+            self._start()
+        except BaseException:  # a later stage failed (or SIGTERM/Ctrl-C): stop what earlier ones started
+            self._stack.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        """Data, learner, environment server, rollout actors; each started piece is on `_stack`."""
+        from prompt_r1.training.checkpoint import latest_checkpoint, load_checkpoint
+        from prompt_r1.models.resolver import resolve_agent
+        from prompt_r1.training.run_record import open_run
+        from prompt_r1.training.learner import GRPOLearner
+
+        self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
+        self.train_questions, self.val_questions = training_pool(self.warehouse, self.cfg)
+        self.by_id = {q.question_id: q for q in self.train_questions}
+        # Checked before any model loads, so a refused resume fails in a second.
+        open_run(self.run_dir, self.cfg.name, self.cfg.hash(), questions_hash(self.train_questions, self.val_questions),
+                 self.resume, self.force)
+        self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
+        self.learner = GRPOLearner(self.cfg, self.model_path)
+        latest = latest_checkpoint(self.ckpt_dir) if self.resume else None
+        if latest is not None:
+            self.step, data_position = load_checkpoint(self.learner, latest)
+            self.position = int(data_position.get("position", 0))
+            log.info("resumed from %s: next step %d, data position %d", latest, self.step, self.position)
+        if self.resume:  # rows of steps after the checkpoint (or of all steps, without one) are redone
+            self.warehouse.delete_steps_after(self.run_id, self.step - 1)
+        self.env_cfg = self._start_environment()
+        self.pool = self._start_pool()
+        if latest is not None:
+            self.broadcast()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+
+    def mark_finished(self) -> None:
+        """The run is complete: later resumes of it are refused."""
+        from prompt_r1.training.run_record import mark_finished
+
+        mark_finished(self.run_dir)
+
+    def _start_environment(self) -> EnvConfig:
+        """Managed vLLM servers start here (driver) and actors reach them as `openai`."""
+        from prompt_r1.rollout.ray_pool import actor_environment
+
+        return self._stack.enter_context(actor_environment(self.cfg.environment, self.run_dir / "logs"))
+
+    def _start_pool(self):
+        from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+
+        init_ray(self.cfg.rollout)
+        cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
+        return self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers))
+
+    # -- stages (each one Prefect task in the flow) --------------------------------------
+    def next_batch(self) -> list[QuestionRow]:
+        from prompt_r1.data.order import batches
+
+        ids = [q.question_id for q in self.train_questions]
+        position, batch = next(iter(batches(ids, self.cfg.rollout.batch_questions, self.cfg.seed, self.position)))
+        self.position = position + 1
+        return [self.by_id[i] for i in batch]
+
+    def rollout(self, questions: list[QuestionRow]) -> list[Trajectory]:
+        """The group's multi-turn trajectories, not yet scored (`score` is its own stage)."""
+        return self.pool.rollout(questions, self.step, score=False)
+
+    def score(self, trajectories: list[Trajectory]) -> None:
+        """The dual-constrained reward of each trajectory no environment failure ended."""
+        from prompt_r1.rollout.episode import score_trajectories
+
+        golds = {t.question_id: self.by_id[t.question_id].golds for t in trajectories}
+        score_trajectories(trajectories, golds, self.cfg.reward)
+
+    def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """The GRPO update on the trajectories no environment failure ended (see `usable_for_update`).
+
+        When the step's share of failed environment calls passes `environment.max_error_rate`,
+        the step's rows are recorded (failures included) and `EnvironmentFailure` is raised
+        instead: no update, no step advance."""
+        from prompt_r1.core.failures import EnvironmentFailure, call_errors, check_error_rate
+
+        try:
+            rate = check_error_rate(self.cfg.environment.name, call_errors(trajectories),
+                                    self.cfg.environment.max_error_rate, f"training step {self.step}")
+        except EnvironmentFailure:
+            trajs, calls = trajectory_rows(trajectories)
+            self.warehouse.replace_step(self.run_id, self.step, trajs, calls)
+            raise
+        kept = usable_for_update(trajectories)
+        if kept:
+            metrics = self.learner.step(kept)
+        else:  # every group lost its pairs to failures: nothing to learn from, the step still counts
+            log.warning("step %d: no group kept 2 trajectories without environment failures; no update", self.step)
+            metrics = {"update_skipped": 1.0}
+        metrics.update({"env_error_rate": rate, "trajectories_used": float(len(kept)),
+                        "env_error_trajectories": float(sum(1 for t in trajectories if t.error is not None))})
+        return metrics
+
+    def finish_step(self, trajectories: list[Trajectory]) -> None:
+        """Record the step's trajectories and env calls, then advance the step counter."""
+        trajs, calls = trajectory_rows(trajectories)
+        self.warehouse.replace_step(self.run_id, self.step, trajs, calls)
+        self.step += 1
+
+    def broadcast(self) -> None:
+        self.pool.broadcast(self.learner.state_dict_for_broadcast())
+
+    def checkpoint(self) -> Path:
+        """Save weights, optimiser, RNG and data position after `step` updates (`run` decides when)."""
+        from prompt_r1.training.checkpoint import save_checkpoint
+
+        return save_checkpoint(self.learner, self.ckpt_dir, self.step, {"position": self.position}, self.cfg)
+
+    def validate(self) -> dict[str, float]:
+        """Greedy rollouts on held-out questions: mean reward, answer score, format gate rate
+        (over the trajectories no environment failure ended: a failure is not a score)."""
+        if not self.val_questions:
+            return {}
+        questions = self.val_questions[: self.cfg.train.validation_questions]
+        stats = rollout_stats(self.pool.rollout(questions, self.step, greedy=True, group_size=1),
+                              self.cfg.reward.format_cap)
+        return {"val_reward": stats["reward_mean"], "val_answer": stats["answer_score"],
+                "val_format_valid": stats["format_valid_rate"], "val_env_error_rate": stats["env_error_rate"]}
+
+    def export_agent(self) -> Path | None:
+        """The final checkpoint as a plain HF folder (`run_dir/agent`): merged under LoRA, no
+        optimiser state; this is what evaluation loads and the registry stores."""
+        from prompt_r1.training.checkpoint import export_checkpoint, latest_checkpoint
+
+        final = latest_checkpoint(self.ckpt_dir)
+        return export_checkpoint(final, self.run_dir / "agent", overwrite=True) if final else None
+
+    def run(self, hooks: TrainingHooks | None = None) -> TrainingOutcome:
+        """Train to `train.steps`: THE schedule, for `prompt-r1 train` and the Prefect flow alike.
+
+        A fresh run first validates the untrained agent. Each step runs batch -> rollout ->
+        reward -> update -> record -> broadcast, validates every `train.validate_every` steps and
+        after the last, and checkpoints every `train.checkpoint_every` steps and after the last.
+        The final checkpoint is exported as a plain HF folder. `hooks` observe (metrics, progress)
+        and may wrap each stage (the flow runs each one as a Prefect task)."""
+        hooks = hooks or TrainingHooks(self.cfg.train.steps)
+        cfg = self.cfg.train
+        before: dict[str, float] = {}
+        after: dict[str, float] = {}
+        if self.step == 0 and self.val_questions:
+            before = hooks.stage("validate", self.validate)
+            hooks.on_validation(0, before)
+        while self.step < cfg.steps:
+            index = self.step
+            t0 = time.perf_counter()
+            questions = hooks.stage("next-batch", self.next_batch)
+            trajectories = hooks.stage("rollout", self.rollout, questions)
+            rollout_s = time.perf_counter() - t0
+            hooks.stage("reward", self.score, trajectories)
+            metrics = hooks.stage("grpo-update", self.update, trajectories)
+            metrics["rollout_time_s"] = rollout_s
+            hooks.stage("record", self.finish_step, trajectories)
+            hooks.stage("broadcast-weights", self.broadcast)
+            hooks.on_step(StepResult(index, metrics, trajectories))
+            last = self.step == cfg.steps
+            if last or (cfg.validate_every and self.step % cfg.validate_every == 0):
+                val = hooks.stage("validate", self.validate)
+                hooks.on_validation(self.step, val)
+                if last:
+                    after = val
+            if last or self.step % cfg.checkpoint_every == 0:
+                hooks.before_checkpoint(self.step)
+                path = hooks.stage("checkpoint", self.checkpoint)
+                hooks.after_checkpoint(self.step, path)
+        if not after:  # resumed after the final checkpoint: validate the final weights
+            after = hooks.stage("validate", self.validate)
+        return TrainingOutcome(self.export_agent(), before, after)
