@@ -13,7 +13,8 @@ import mlflow
 from prefect import flow
 
 from prompt_r1.models.resolver import resolve_agents
-from prompt_r1.config.experiment import default_db_path, load_config, run_dir
+from prompt_r1 import load_config
+from prompt_r1.config.experiment import default_db_path, run_dir
 from prompt_r1.evaluation.report import markdown_table, write_report
 from prompt_r1.evaluation.evaluate import EvalOutcome
 from prompt_r1.core.failures import EnvironmentFailure

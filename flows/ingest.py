@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prefect import flow
 
-from prompt_r1.config.experiment import default_db_path, load_config
+from prompt_r1 import load_config
+from prompt_r1.config.experiment import default_db_path
 from tasks.ingest import ingest_sources
 
 

@@ -19,7 +19,8 @@ import mlflow
 from mlflow import MlflowClient
 from prefect import flow
 
-from prompt_r1.config.experiment import default_db_path, load_config, run_dir
+from prompt_r1 import load_config
+from prompt_r1.config.experiment import default_db_path, run_dir
 from prompt_r1.core.failures import EnvironmentFailure
 from prompt_r1.policy import backend_deterministic
 from prompt_r1.training.run_record import mismatches, read_record
