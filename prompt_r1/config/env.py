@@ -57,7 +57,11 @@ class EnvConfig(StrictModel):
         default_factory=list,
         description="Strings that end a reply (e.g. `\\n\\nUser:` for base models that keep writing turns).",
     )
-    concurrency: int = Field(16, ge=1, le=4096, description="Maximum simultaneous calls.")
+    concurrency: int = Field(
+        16, ge=1, le=4096,
+        description="Maximum simultaneous calls. A managed vLLM server on CPU runs this many requests at once "
+        "and sizes its KV cache for that many 4096-token sequences (more requests wait in its queue).",
+    )
     timeout_s: float = Field(
         60.0, gt=0, le=MAX_TIMEOUT_S, description="Timeout of one request (one attempt) in seconds."
     )
@@ -88,7 +92,11 @@ class EnvConfig(StrictModel):
         None, description="Jinja chat template for base models without one (vllm/inprocess)."
     )
     port: int | None = Field(None, description="Port for a managed vLLM server (None = free port).")
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1.0, description="vLLM memory share.")
+    gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1.0,
+        description="Share of GPU memory a managed vLLM server takes. On CPU its KV cache is sized from the "
+        "model and `concurrency` instead (for a model without a local config.json: 2 GiB).",
+    )
     startup_timeout_s: float = Field(600.0, gt=0, description="Wait limit for a managed server.")
     enforce_eager: bool = Field(
         True, description="Managed vLLM server without graph compilation (`--enforce-eager`): starts "

@@ -96,6 +96,12 @@ class AgentConfig(StrictModel):
         "False batches rows (faster on CPU for large groups; float noise between batchings can change "
         "samples). vLLM is never exact (see README, Determinism).",
     )
+    vllm_max_num_seqs: int = Field(
+        16, ge=1, le=1024,
+        description="vllm backend on CPU: sequences the engine runs at once (more wait in its queue); its KV "
+        "cache is sized to hold that many sequences of 4096 tokens (SmolLM2-135M in float32: about 180 MiB each). "
+        "On GPU vLLM's own defaults apply.",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter training (off = full fine-tuning).")
 
 

@@ -10,7 +10,7 @@ synchronous) that yields an `Environment` whose methods are async:
 
 Call `await env.aclose()` from the event loop that used the environment before leaving the block.
 
-Imports: `prompt_r1.core`, `prompt_r1.config`, `prompt_r1.models` (bundled model folders).
+Imports: `prompt_r1.core`, `prompt_r1.config`, `prompt_r1.models` (bundled model folders, KV-cache sizing).
 """
 
 from __future__ import annotations

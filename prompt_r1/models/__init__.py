@@ -2,7 +2,8 @@
 
 Owns `bundled` (SmolLM2 / Gemma GGUF packages and tiny random models as HF folders), `warm_start`
 (supervised steps that teach a tiny model the turn shapes) and `resolver` (agent spec -> folder:
-bundled name, folder, run id, `models:/` URI through a registered scheme, hub id).
+bundled name, folder, run id, `models:/` URI through a registered scheme, hub id), and
+`kv_cache` (the KV-cache bytes a vLLM engine on CPU needs, from a folder's `config.json`).
 
 Imports: `prompt_r1.core`, `prompt_r1.config`.
 """

@@ -3,7 +3,7 @@
 `make_policy(agent_cfg, model_path)` builds a `TransformersPolicy` (CPU, reference log-probs) or a
 `VLLMPolicy` (offline vLLM engine, imported only when asked for, so vLLM stays optional).
 
-Imports: `prompt_r1.core`, `prompt_r1.config`.
+Imports: `prompt_r1.core`, `prompt_r1.config`, `prompt_r1.models`.
 """
 
 from __future__ import annotations
@@ -34,5 +34,5 @@ def make_policy(agent_cfg: AgentConfig, model_path: str | Path, seed: int = 0) -
         from prompt_r1.policy.vllm_policy import VLLMPolicy
 
         return VLLMPolicy(model_path, temperature=agent_cfg.temperature, top_p=agent_cfg.top_p,
-                          dtype=agent_cfg.dtype, seed=seed)
+                          dtype=agent_cfg.dtype, seed=seed, max_num_seqs=agent_cfg.vllm_max_num_seqs)
     raise ValueError(f"agent.backend must be `transformers` or `vllm`, got {agent_cfg.backend!r}")

