@@ -1,0 +1,97 @@
+"""The GPU check (benchmarks/gpu_learner.py, scripts/gpu_check.sh) without a GPU: CI has none.
+
+Both refuse cleanly (exit 2, a message naming CUDA) instead of timing the CPU; the batches they
+build follow the protocol's masks and give every group non-zero advantages; and the measuring
+code runs end to end on the tiny model (on CPU, the path `main` never takes) so it cannot rot
+between the rare runs on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_learner", ROOT / "benchmarks" / "gpu_learner.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _no_cuda_env() -> dict[str, str]:
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable}
+
+
+def test_script_refuses_without_cuda(monkeypatch, capsys):
+    gpu_learner = _script()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_learner.main(["--shape", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "CUDA" in err and "grpo_step.py" in err
+
+
+def test_shell_check_refuses_without_cuda(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                          env={**_no_cuda_env(), "GPU_CHECK_OUT": str(out)}, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "needs a CUDA GPU" in done.stderr and "nothing was measured" in done.stderr
+    assert not out.exists()  # refused before measuring or writing anything
+
+
+class _Vocab:
+    def __len__(self) -> int:
+        return 1000
+
+
+def test_batches_are_protocol_shaped():
+    gpu_learner = _script()
+    args = gpu_learner.parse_args(["--shape", "tiny", "--questions", "3", "--group", "4",
+                                   "--max-response-tokens", "600"])
+    batch = gpu_learner.make_batch(_Vocab(), args)
+    assert len(batch) == 12
+    for q in range(3):
+        group = [t for t in batch if t.question_id == f"q{q}"]
+        assert len({tuple(t.prompt_ids) for t in group}) == 1  # one question, one prompt
+        assert len({t.reward.total for t in group}) > 1  # non-zero advantages
+    for t in batch:
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) <= 600
+        assert t.loss_mask[0] == 1 and t.loss_mask[-1] == 1  # starts with an agent turn, ends with the answer
+        assert 0 in t.loss_mask  # at least one inserted environment reply
+        assert all((lp < 0) == (m == 1) for lp, m in zip(t.logprobs, t.loss_mask))
+        assert all(100 <= i < 1000 for i in t.prompt_ids + t.token_ids)
+
+
+def test_measurement_runs_on_cpu(tiny_model_path, tmp_path):
+    gpu_learner = _script()
+    out = tmp_path / "figures.json"
+    args = gpu_learner.parse_args([
+        "--model", str(tiny_model_path), "--questions", "2", "--group", "2", "--prompt-tokens", "8", "12",
+        "--agent-turn-tokens", "3", "6", "--env-reply-tokens", "3", "6", "--env-calls", "1", "2",
+        "--dtype", "float32", "--no-gradient-checkpointing", "--lr", "1e-3", "--steps", "1", "--no-sync",
+        "--json", str(out)])
+    result = gpu_learner.run(args, device="cpu")
+    assert result["loss_finite"] and result["changed_fraction"] > 0.5
+    assert result["steps"] == 1 and result["tokens_per_s"] > 0 and result["random_init"] is False
+    assert out.exists()
+
+
+@pytest.mark.parametrize("shape", ["smollm2-135m", "qwen3-0.6b", "qwen3-1.7b"])
+def test_shapes_have_the_published_sizes(shape):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    settings = dict(_script().SHAPES[shape])
+    config = AutoConfig.for_model(settings.pop("model_type"), **settings)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    assert millions == pytest.approx({"smollm2-135m": 134.5, "qwen3-0.6b": 596.0, "qwen3-1.7b": 1720.6}[shape], abs=0.1)
