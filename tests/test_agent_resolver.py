@@ -188,7 +188,7 @@ def test_the_split_cli_lists_every_command():
     assert out.returncode == 0, out.stderr
     for command in ("ingest", "train", "evaluate", "rollout", "ask", "serve", "export"):
         assert re.search(rf"│ {command}\s", out.stdout), command
-    for module in ("cli.py", "cli_use.py"):
+    for module in ("cli/stages.py", "cli/use.py"):
         assert len((ROOT / "prompt_r1" / module).read_text().splitlines()) < 400
 
 
