@@ -5,7 +5,8 @@ on a managed vLLM server, `configs/demo.yaml`) is trained on the sample training
 per learning rate, through the real training loop (`TrainingSession.run()`, as `prompt-r1 train`
 runs it). For every run it records the reward mean and std of each step (from the warehouse's
 trajectory rows) and the greedy reward on the held-out validation questions before and after
-training, per question, with a 95% percentile-bootstrap interval (`eval_stats.bootstrap_ci`).
+training, per question, with a 95% percentile-bootstrap interval
+(`prompt_r1.evaluation.stats.bootstrap_ci`).
 It writes `learning.json` and `learning.png` (one curve per learning rate, +-1 std band).
 
     .venv/bin/python benchmarks/learning.py --lrs 1e-4 3e-5 1e-5 --steps 4 \

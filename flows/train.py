@@ -73,7 +73,7 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
         run = start_training_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
                                parent_run_id=parent_run_id,
                                tags={"flow": "train", "config_hash": cfg.hash(), "pool_hash": pool,
-                                     # exact reruns whatever the environment latency (README, Determinism)
+                                     # exact reruns whatever the environment latency (docs/determinism.md)
                                      "deterministic": str(backend_deterministic(cfg.agent)).lower()})
         log.info("starting training run %s (config hash %s, pool hash %s)", run.info.run_id, cfg.hash(), pool)
     run_id = run.info.run_id

@@ -76,7 +76,7 @@ def main() -> int:
           f" (champion: {result['train']['champion']})")
     print("Look at the runs:\n"
           f"  .venv/bin/mlflow ui --backend-store-uri sqlite:///{runs_home() / 'mlflow.db'} --port 5000\n"
-          "  .venv/bin/prefect server start   # then http://127.0.0.1:4200 (see README: deployments)")
+          "  .venv/bin/prefect server start   # then http://127.0.0.1:4200 (see docs/deployments.md)")
     return 0
 
 

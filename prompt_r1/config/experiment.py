@@ -94,7 +94,7 @@ class AgentConfig(StrictModel):
         description="transformers backend: generate each row alone, so a row's sampled ids and log-probs "
         "never depend on which rows share its batch (exact reruns whatever the environment's latency). "
         "False batches rows (faster on CPU for large groups; float noise between batchings can change "
-        "samples). vLLM is never exact (see README, Determinism).",
+        "samples). vLLM is never exact (see docs/determinism.md).",
     )
     vllm_max_num_seqs: int = Field(
         16, ge=1, le=1024,
@@ -131,15 +131,15 @@ class RewardConfig(StrictModel):
     """Weights of the dual-constrained reward; the defaults are the reference's."""
 
     think_prompt_score: float = Field(
-        0.4, description="Per non-final turn that is exactly <think>..</think>, optional white space, then "
-        "<interaction_prompt>..</interaction_prompt> (one of each tag, nothing around it).",
+        0.4, description="Per non-final turn that is exactly `<think>..</think>`, optional white space, then "
+        "`<interaction_prompt>..</interaction_prompt>` (one of each tag, nothing around it).",
     )
     nonblank_answer_score: float = Field(
-        0.5, description="Final turn's first <answer> is non-blank after stripping (a blank or missing one earns 0).",
+        0.5, description="Final turn's first `<answer>` is non-blank after stripping (a blank or missing one earns 0).",
     )
     final_format_score: float = Field(
-        0.1, description="Added to a non-blank answer when the final turn starts with <think>..</think> and "
-        "ends with </answer>.",
+        0.1, description="Added to a non-blank answer when the final turn starts with `<think>..</think>` and "
+        "ends with `</answer>`.",
     )
     format_cap: float = Field(1.0, description="Cap of the format score (epsilon); the answer F1 counts only at the cap.")
 
@@ -217,7 +217,11 @@ class EvalConfig(StrictModel):
         default_factory=lambda: ["direct", "cot", "agent", "agent_only"],
         description="`opro`, `gepa` and `textgrad` optimise an instruction first (see `baselines`).",
     )
-    baselines: BaselinesConfig = Field(default_factory=BaselinesConfig)
+    baselines: BaselinesConfig = Field(
+        default_factory=BaselinesConfig,
+        description="Prompt-optimisation baselines (`opro`, `gepa`, `textgrad`): the budget and settings of "
+        "the instruction each one optimises before it is evaluated like `cot`.",
+    )
     suites: list[str] = Field(
         default_factory=lambda: ["in_domain", "ood"],
         description="`in_domain`, `ood`, `sample`, or dataset names.",
@@ -245,13 +249,35 @@ class EvalConfig(StrictModel):
 class Config(StrictModel):
     name: SafeName = Field("smoke", description="Experiment name (one MLflow experiment per name; a folder under the run home).")
     seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
-    data: DataConfig = Field(default_factory=DataConfig)
-    agent: AgentConfig = Field(default_factory=AgentConfig)
-    environment: EnvConfig = Field(default_factory=EnvConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
+    data: DataConfig = Field(
+        default_factory=DataConfig,
+        description="Where questions come from (ingested into the warehouse) and which of them train and validate.",
+    )
+    agent: AgentConfig = Field(
+        default_factory=AgentConfig,
+        description="The small agent LLM that is trained: its model, rollout backend, sampling and token limits.",
+    )
+    environment: EnvConfig = Field(
+        default_factory=EnvConfig,
+        description="The environment LLM the agent prompts during training (and, when `eval.environments` "
+        "is empty, in evaluation).",
+    )
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="Rollout batches: questions per step, GRPO group size, turns, and the Ray actors that sample them.",
+    )
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig,
+        description="Weights of the dual-constrained reward; the defaults are the reference's.",
+    )
+    train: TrainConfig = Field(
+        default_factory=TrainConfig,
+        description="The GRPO update (optimiser, clipping, KL, loss aggregation), checkpoints and validation.",
+    )
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig,
+        description="Evaluation: methods x datasets x environment LLMs, the agents compared and their decoding.",
+    )
 
     def hash(self) -> str:
         """Stable short hash of the resolved config (identifies a run's settings)."""

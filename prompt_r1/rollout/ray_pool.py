@@ -146,7 +146,7 @@ class RolloutWorker:
         self.cfg = cfg
         if self.cfg.environment.kind == "vllm":
             raise ValueError("a rollout actor cannot start a vLLM server; start it in the driver with "
-                             "ray_rollout.actor_environment() and pass kind=openai")
+                             "prompt_r1.rollout.ray_pool.actor_environment() and pass kind=openai")
         self.policy = make_policy(self.cfg.agent, model_path, seed=seed)
         self._loop = asyncio.new_event_loop()
         self._stack = contextlib.ExitStack()
@@ -240,7 +240,8 @@ class RolloutPool:
     def rollout(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
                 group_size: int | None = None, score: bool = True) -> list[Trajectory]:
         """Trajectories for `questions` in order (question, then group index), split over the actors;
-        scored unless `score=False` (then the caller runs `rollout.score_trajectories`)."""
+        scored unless `score=False` (then the caller runs
+        `prompt_r1.rollout.episode.score_trajectories`)."""
         chunks = split_evenly(list(questions), len(self.workers))
         futures = [
             worker.rollout.remote(chunk, self.cfg.seed, step, greedy, group_size, score)
