@@ -259,7 +259,7 @@ class RolloutPool:
         results = self._get(futures, self.cfg.rollout.rollout_timeout_s, "rollout_timeout_s",
                             f"rolling out {len(questions)} questions on {len(futures)} actors",
                             "raise it for big batches, or check the environment (a server that stopped "
-                            "answering is retried for up to environment.timeout_s x max_retries per call)")
+                            "answering is retried for up to environment.call_deadline_s per call)")
         return [t for trajectories in results for t in trajectories]
 
     def broadcast(self, state_dict: dict[str, torch.Tensor]) -> None:
