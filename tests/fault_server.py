@@ -9,7 +9,9 @@ many attempts each call made, and the server records the peak number of requests
 
 Actions: ok, slow (0.3 s then ok), timeout (sleep `hang_s` then ok), 429, 503 (both with
 Retry-After: 1), 429now (Retry-After: 0), 429ms (Retry-After-Ms: 1500 beside Retry-After: 0, as
-OpenAI sends them), 429date (Retry-After as an HTTP date 3 s ahead), 500, 400, 401, 401echo (401 whose body echoes the
+OpenAI sends them), 429date (Retry-After as an HTTP date 3 s ahead), 429wait<N> (Retry-After: N seconds,
+e.g. 429wait2.5), 500, 400, 401, 400retry (400 with `x-should-retry: true`), 500noretry (500 with
+`x-should-retry: false`), 401echo (401 whose body echoes the
 Authorization header, like servers that quote the rejected key), garbage (200 with invalid JSON),
 nochoices (200 JSON with no `choices`), huge (a valid completion whose reply is `huge_bytes` long,
 with its content-length), hugechunked (the same, chunked, with no content-length).
@@ -151,6 +153,11 @@ class FaultServer:
         elif action == "429date":
             when = email.utils.formatdate(time.time() + 3, usegmt=True)
             handler._send(429, error("slow down"), headers={"retry-after": when})
+        elif action.startswith("429wait"):
+            handler._send(429, error("slow down"), headers={"retry-after": action[len("429wait"):]})
+        elif action in ("400retry", "500noretry"):
+            handler._send(int(action[:3]), error(f"scripted {action}"),
+                          headers={"x-should-retry": "true" if action == "400retry" else "false"})
         elif action in ("500", "400", "401"):
             handler._send(int(action), error(f"scripted {action}"))
         elif action == "401echo":

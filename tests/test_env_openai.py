@@ -262,13 +262,58 @@ def request_gaps(server, content: str) -> list[float]:
 
 
 def test_retry_after_zero_still_waits_the_backoff(server):
-    env = OpenAIEnvironment(make_cfg(server.base_url))
+    env = OpenAIEnvironment(make_cfg(server.base_url, backoff_s=0.3))
     content = "r script:429now,429now,ok"
     (reply,) = asyncio.run(ask_all(env, [content]))
     assert reply.call.error is None and reply.call.attempts == 3
     gaps = request_gaps(server, content)
-    # the openai client's backoff: 0.5 s doubling, less up to 25% jitter; Retry-After: 0 does not shorten it
-    assert gaps[0] >= 0.37 and gaps[1] >= 0.74
+    assert gaps[0] >= 0.3 and gaps[1] >= 0.6  # backoff_s doubling; Retry-After: 0 does not shorten it
+
+
+def test_backoff_s_is_the_shortest_pause_of_every_retry(server):
+    """backoff_s=0.6: the first pause is at least 0.6 s and the second at least 1.2 s, for statuses
+    and timeouts alike (the openai client's own backoff would start at 0.375-0.5 s whatever the
+    setting); jitter only lengthens a pause, by at most 25%."""
+    env = OpenAIEnvironment(make_cfg(server.base_url, backoff_s=0.6, timeout_s=0.5, max_retries=3))
+    statuses, timeouts = "p script:500,429now,ok", "q script:timeout,timeout,ok"
+    ok, slow = asyncio.run(ask_all(env, [statuses, timeouts]))
+    assert ok.call.error is None and ok.call.attempts == 3 == server.attempts(statuses)
+    first, second = request_gaps(server, statuses)
+    assert 0.6 <= first < 0.75 + 1.0 and 1.2 <= second < 1.5 + 1.0  # upper bounds: a loaded machine
+    assert slow.call.error is None and slow.call.attempts == 3 == server.attempts(timeouts)
+    first, second = request_gaps(server, timeouts)
+    assert first >= 0.5 + 0.6 and second >= 0.5 + 1.2  # the timed-out attempt, then the pause
+
+
+def test_retry_after_up_to_max_retry_after_s_is_waited_for(server):
+    env = OpenAIEnvironment(make_cfg(server.base_url, backoff_s=0.01, max_retry_after_s=5))
+    content = "ra script:429wait2,ok"
+    (reply,) = asyncio.run(ask_all(env, [content]))
+    assert reply.call.error is None and reply.call.attempts == 2 == server.attempts(content)
+    (gap,) = request_gaps(server, content)
+    assert 1.95 <= gap < 4.5
+
+
+@pytest.mark.parametrize("asked", ["7", "1e999"])
+def test_retry_after_above_max_retry_after_s_fails_at_once_naming_the_setting(server, asked):
+    env = OpenAIEnvironment(make_cfg(server.base_url, backoff_s=0.01, max_retry_after_s=5))
+    content = f"rb script:429wait{asked},ok"
+    started = time.monotonic()
+    (reply,) = asyncio.run(ask_all(env, [content]))
+    assert time.monotonic() - started < 2.0  # not waited for, and no shorter retry either
+    assert reply.call.attempts == 1 == server.attempts(content)
+    error = reply.call.error
+    assert error.startswith(f"HTTP 429 from {server.base_url}")
+    assert f"asks to retry after {float(asked):g}s, longer than max_retry_after_s=5" in error
+    assert "raise max_retry_after_s" in error and "gave up" not in error
+
+
+def test_x_should_retry_header_wins_over_the_status(server):
+    env = OpenAIEnvironment(make_cfg(server.base_url))
+    retried, stopped = "xa script:400retry,ok", "xb script:500noretry,ok"
+    ok, failed = asyncio.run(ask_all(env, [retried, stopped]))
+    assert ok.call.error is None and ok.call.attempts == 2 == server.attempts(retried)
+    assert failed.call.error.startswith("HTTP 500") and failed.call.attempts == 1 == server.attempts(stopped)
 
 
 @pytest.mark.parametrize("action,at_least", [("429ms", 1.45), ("429date", 1.5)])
@@ -295,14 +340,16 @@ def test_malformed_bodies_are_retried_after_the_configured_backoff(server):
 
 
 def test_call_deadline_bounds_retries(server):
-    env = OpenAIEnvironment(make_cfg(server.base_url, timeout_s=1.0, max_retries=20, backoff_s=0.05,
+    # attempts at 0 s and about 1.3 s, each timing out after 1 s; the deadline falls in the second
+    # pause (0.6 to 0.75 s), never just as a third request is on its way to the server
+    env = OpenAIEnvironment(make_cfg(server.base_url, timeout_s=1.0, max_retries=20, backoff_s=0.3,
                                      call_deadline_s=2.5))
     started = time.monotonic()
     (reply,) = asyncio.run(ask_all(env, ["d script:timeout"]))
     elapsed = time.monotonic() - started
     assert reply.call.error and "call deadline of 2.5s" in reply.call.error
     assert 2.4 <= elapsed < 3.5 and reply.call.latency_s < 3.5
-    assert 2 <= reply.call.attempts == server.attempts("d script:timeout") <= 3
+    assert reply.call.attempts == server.attempts("d script:timeout") == 2
 
 
 def test_call_deadline_covers_waiting_for_a_slot(server):

@@ -269,3 +269,51 @@ def test_training_session_stops_what_it_started_when_a_later_stage_fails(local_r
         with TrainingSession(cfg, warehouse, "cleanup-test", tmp_path / "run"):
             pass
     assert stopped == ["environment"]
+
+
+def test_sigterm_after_ray_started_runs_the_python_cleanup(home, tiny_model_path):
+    """`ray.init` takes SIGTERM over (its C++ driver then dies with SIGABRT and a stack dump, and no
+    `finally` runs); `init_ray` hands it back, so SIGTERM stops `prompt-r1 rollout` as Ctrl-C does:
+    the rollout actors are stopped by the pool's own clean-up and Ray's processes go with the driver."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+    from pathlib import Path
+
+    psutil = pytest.importorskip("psutil")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prompt_r1.cli", "rollout", "-c", "configs/smoke.yaml", "--run-id", "sigterm",
+         "--set", "agent.model=tiny"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(root)}, start_new_session=True)
+    lines: list[str] = []
+    ray_up = threading.Event()  # the actors are starting: the driver waits in `ray.get`
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "rollout pool: 1 actor(s) starting" in line:
+                ray_up.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ray_up.wait(300), "".join(lines)[-3000:]
+        ray_processes = psutil.Process(proc.pid).children(recursive=True)
+        assert any("raylet" in p.name() for p in ray_processes), [p.name() for p in ray_processes]
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(180)
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    output = "".join(lines)
+    assert code != -signal.SIGABRT and "SIGTERM received" not in output, output[-3000:]
+    assert code == 130, output[-3000:]  # what Ctrl-C (KeyboardInterrupt) gives under typer
+    assert "rollout pool: 1 actor(s) stopped" in output, output[-3000:]  # RolloutPool's clean-up ran
+    _, alive = psutil.wait_procs(ray_processes, timeout=30)
+    assert not alive, [(p.pid, p.name()) for p in alive]

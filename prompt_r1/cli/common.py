@@ -12,6 +12,7 @@ from rich.console import Console
 
 from prompt_r1.config.experiment import default_db_path, load_config, parse_overrides
 from prompt_r1.config.base import ConfigError
+from prompt_r1.core.signals import install_sigterm_interrupt
 from prompt_r1.cli.logging_setup import setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -73,17 +74,10 @@ def _agent_folder(spec: Optional[str], cfg) -> Path | str:
         _fail(str(err))
 
 
-def _interrupt_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM (a process manager, `kill`) stops a command as Ctrl-C does: `finally` blocks and
-    context managers run, so managed servers and Ray actors stop, instead of Python dying at once."""
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 @app.callback()
 def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
-    import signal
-    import threading
-
     setup_logging("DEBUG" if verbose else None)
-    if threading.current_thread() is threading.main_thread():  # Python handles signals there only
-        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    # SIGTERM (a process manager, `kill`) stops a command as Ctrl-C does: `finally` blocks and context
+    # managers run, so managed servers and Ray actors stop, instead of Python dying at once
+    # (`prompt_r1.core.signals`; `init_ray` hands SIGTERM back after Ray takes it over).
+    install_sigterm_interrupt()  # main thread only: Python handles signals there only

@@ -67,13 +67,18 @@ class EnvConfig(StrictModel):
     )
     max_retries: int = Field(
         4, ge=0, le=MAX_RETRIES,
-        description="Retries of one call: the openai client's (timeouts, connection errors, 408/409/429, 5xx; "
-        "its backoff, Retry-After-Ms and Retry-After) and, from the same budget, malformed 200 bodies.",
+        description="Retries of one call after its first attempt: timeouts, connection errors, HTTP "
+        "408/409/429/5xx and malformed 200 bodies (other 4xx fail at once).",
     )
     backoff_s: float = Field(
         0.5, ge=0.01, le=60.0,
-        description="First pause before retrying a malformed body; doubles with jitter (the other retries "
-        "use the openai client's backoff).",
+        description="Shortest pause before a retry: retry n waits backoff_s * 2**n (at most 60 s) plus up "
+        "to 25% jitter, never less; longer when the server's Retry-After asks for more.",
+    )
+    max_retry_after_s: float = Field(
+        60.0, ge=0.0, le=MAX_TIMEOUT_S,
+        description="Longest Retry-After (or Retry-After-Ms) honoured: a server asking for up to this long "
+        "is waited for, one asking for longer fails the call at once (recorded, naming this setting).",
     )
     call_deadline_s: float = Field(
         300.0, gt=0, le=4 * MAX_TIMEOUT_S,

@@ -1,22 +1,27 @@
 """Environment client for any OpenAI-compatible chat endpoint (hosted API or a vLLM server).
 
-Retries belong to the `openai` client: it runs with `max_retries=cfg.max_retries` and
-`timeout=cfg.timeout_s`, retries timeouts, connection errors, 408/409/429 and 5xx with its own
-exponential backoff and honours `Retry-After-Ms` and `Retry-After` (seconds or HTTP date). This
-module adds only what the client cannot do:
+Retries are this module's, not the `openai` client's (the client runs with `max_retries=0`): the
+client's own backoff starts at 0.5 s whatever `backoff_s` says, and it gives up at once on a
+`Retry-After` longer than its built-in limit. One call is at most `1 + cfg.max_retries` attempts;
+a timeout, a connection error, HTTP 408/409/429/5xx (or any status whose `x-should-retry` header is
+`true`; `false` stops retrying) and a malformed 200 body are retried, other 4xx fail at once.
+
+The pause before retry `n` (0-based) is `backoff_s * 2**n` (at most MAX_BACKOFF_S) plus up to 25%
+jitter, upward only, so no pause is shorter than `backoff_s`. A server's `Retry-After-Ms` or
+`Retry-After` (seconds or an HTTP date) lengthens that pause to what it asks, up to
+`cfg.max_retry_after_s`; a server that asks for longer is not retried and the call fails at once
+with a message naming the cap (waiting less than asked would only draw another refusal).
+
+Beside that the module adds:
 
 - a failed call ends as an `EnvReply` with an error text and `call.error`, never an exception
-  (the rollout batch goes on and every failure is recorded);
-- a 200 whose body is malformed (invalid JSON, no `choices`, no content, broken off) is retried
-  too, after `cfg.backoff_s` doubling, from the same attempt budget (`1 + cfg.max_retries`);
-- one overall deadline per call (`cfg.call_deadline_s`): slot wait, attempts and backoffs;
-- the attempts of every call, failed ones included, are counted: the client reports
-  `retries_taken` only on success, so an httpx request hook counts the requests each call sends;
+  (the rollout batch goes on and every failure is recorded, with its attempts);
+- one overall deadline per call (`cfg.call_deadline_s`): slot wait, attempts and pauses;
 - the response body is read in chunks and the call fails once it passes `cfg.max_reply_bytes`
   (a runaway server cannot make the client hold, parse and tokenise megabytes of reply).
 
-An `asyncio.Semaphore(cfg.concurrency)` bounds calls in flight; a call keeps its slot while the
-client backs off, so fewer requests reach a server that is already refusing them. Successful
+An `asyncio.Semaphore(cfg.concurrency)` bounds calls in flight; a call keeps its slot while it
+backs off, so fewer requests reach a server that is already refusing them. Successful
 replies can be cached in the warehouse keyed on everything that can change them
 (`reply_cache_key`); a hit makes no request and has `cached=True`, `attempts=0`.
 
@@ -32,13 +37,15 @@ environment, Ray actors their own loop).
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import email.utils
 import json
 import logging
+import math
 import os
 import random
 import time
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import openai
@@ -53,26 +60,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0
-RETRYABLE_STATUS = {408, 409, 429}  # plus every 5xx: what the openai client retries
-
-# Requests sent by the call running in this task (a one-element list the request hook increments).
-_SENT: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("prompt_r1_env_requests", default=None)
-
-
-async def _count_request(request: Any) -> None:
-    """httpx request hook: one more request sent by the current call."""
-    sent = _SENT.get()
-    if sent is not None:
-        sent[0] += 1
+RETRYABLE_STATUS = {408, 409, 429}  # plus every 5xx
 
 
 class _Failure(Exception):
     """A failed call or attempt: a short reason, whether its kind is retried (so a final one means
-    the budget ran out) and whether it is a bad body, which this module retries itself."""
+    the budget ran out) and how long the server asked to wait (`Retry-After`), if it did."""
 
-    def __init__(self, reason: str, retryable: bool, malformed: bool = False):
+    def __init__(self, reason: str, retryable: bool, retry_after: float | None = None):
         super().__init__(reason)
-        self.reason, self.retryable, self.malformed = reason, retryable, malformed
+        self.reason, self.retryable, self.retry_after = reason, retryable, retry_after
 
 
 @dataclass
@@ -95,8 +92,8 @@ def resolve_api_key(cfg: EnvConfig) -> str:
 
 
 def backoff_delay(backoff_s: float, attempt: int, rng: random.Random) -> float:
-    """Pause before retrying a malformed body: `backoff_s * 2**attempt` (at most MAX_BACKOFF_S)
-    plus up to 25% jitter (attempt 0 = first retry).
+    """Pause before a retry: `backoff_s * 2**attempt` (at most MAX_BACKOFF_S) plus up to 25%
+    jitter, upward only, so never less than `backoff_s` (attempt 0 = first retry).
 
     >>> rng = random.Random(0)
     >>> 0.5 <= backoff_delay(0.5, 0, rng) <= 0.625, 2.0 <= backoff_delay(0.5, 2, rng) <= 2.5
@@ -108,13 +105,50 @@ def backoff_delay(backoff_s: float, attempt: int, rng: random.Random) -> float:
     return base + rng.uniform(0.0, 0.25 * base)
 
 
+def retry_after_s(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
+    """Seconds a server asks a client to wait before retrying: `Retry-After-Ms` if readable, else
+    `Retry-After` as seconds or as an HTTP date; None when neither is there or readable. A time in
+    the past is 0. (`headers` are looked up by lower-case name, as httpx headers are.)
+
+    >>> retry_after_s({"retry-after": "2"}), retry_after_s({"retry-after-ms": "1500", "retry-after": "0"})
+    (2.0, 1.5)
+    >>> retry_after_s({"retry-after": "Thu, 01 Jan 1970 00:01:40 GMT"}, now=40.0)
+    60.0
+    >>> retry_after_s({"retry-after": "soon"}), retry_after_s({"retry-after": "nan"}), retry_after_s(None)
+    (None, None, None)
+    >>> retry_after_s({"retry-after": "-5"}), retry_after_s({"retry-after": "1e999"})
+    (0.0, inf)
+    """
+    if not headers:
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / scale
+        except ValueError:
+            continue
+        if not math.isnan(seconds):
+            return max(seconds, 0.0)
+    value = headers.get("retry-after")
+    try:
+        parsed = email.utils.parsedate_tz(value) if value else None
+        when = email.utils.mktime_tz(parsed) if parsed else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if when is None:
+        return None
+    return max(float(when) - (time.time() if now is None else now), 0.0)
+
+
 def read_json_body(data: bytes, where: str) -> Any:
     """A response body parsed as JSON; garbage is a retryable failure."""
     try:
         return json.loads(data)
     except ValueError as err:
         raise _Failure(f"malformed response from {where}: {type(err).__name__}: "
-                       f"{short_reason(str(err), 120)}", retryable=True, malformed=True) from None
+                       f"{short_reason(str(err), 120)}", retryable=True) from None
 
 
 def _count(value: Any) -> int:
@@ -133,7 +167,7 @@ class OpenAIEnvironment(Environment):
         self.warehouse = warehouse if cfg.cache else None
         self._has_key = bool(cfg.api_key_env)
         resolve_api_key(cfg)  # fail at construction when the variable is missing
-        # jitter of malformed-body retries: reproducible, and apart for environments sharing a seed
+        # jitter of retry pauses: reproducible, and apart for environments sharing a seed
         self._rng = random.Random(derive_seed("env_backoff", cfg.name, "none" if cfg.seed is None else cfg.seed))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: openai.AsyncOpenAI | None = None
@@ -147,10 +181,10 @@ class OpenAIEnvironment(Environment):
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
             # A client from an earlier (closed) loop cannot be closed from here; drop it.
-            http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [_count_request]})
+            # max_retries=0: every attempt and pause is `_call`'s (see the module docstring).
             self._client = openai.AsyncOpenAI(
                 base_url=self.base_url, api_key=resolve_api_key(self.cfg),
-                max_retries=self.cfg.max_retries, timeout=self.cfg.timeout_s, http_client=http)
+                max_retries=0, timeout=self.cfg.timeout_s)
             self._semaphore = asyncio.Semaphore(self.cfg.concurrency)
             self._loop = loop
         assert self._semaphore is not None
@@ -179,8 +213,7 @@ class OpenAIEnvironment(Environment):
                 return EnvReply(text, self.new_call(
                     turn, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                     latency_s=time.perf_counter() - started, attempts=0, cached=True))
-        sent = [0]
-        token = _SENT.set(sent)
+        sent = [0]  # attempts made so far, read even when the deadline cuts `_call` short
         try:
             async with asyncio.timeout(self.cfg.call_deadline_s):
                 result = await self._call(messages, sent)
@@ -194,8 +227,6 @@ class OpenAIEnvironment(Environment):
             if failure.retryable:
                 why += f" (gave up after {sent[0]} attempts)"
             return self._give_up(turn, started, sent[0], why)
-        finally:
-            _SENT.reset(token)
         if key is not None:
             await self._cache_put(key, result)
         return EnvReply(result.text, self.new_call(
@@ -208,22 +239,29 @@ class OpenAIEnvironment(Environment):
         return self.failed(turn, why, started, attempts)
 
     async def _call(self, messages: list[dict[str, str]], sent: list[int]) -> _Success:
-        """The reply inside a free slot; the client retries what it can, malformed bodies are
-        retried here from what is left of the same attempt budget. Raises `_Failure`."""
+        """The reply inside a free slot, after at most `1 + max_retries` attempts (counted in
+        `sent`) with the pauses of the module docstring. Raises `_Failure`."""
+        cfg = self.cfg
         client, semaphore = self._bound()
         async with semaphore:
-            malformed = 0
             while True:
-                left = self.cfg.max_retries - sent[0]
+                sent[0] += 1
                 try:
-                    return await self._request(client.with_options(max_retries=max(left, 0)), messages)
+                    return await self._request(client, messages)
                 except _Failure as failure:
-                    if not failure.malformed or sent[0] > self.cfg.max_retries:
+                    if not failure.retryable or sent[0] > cfg.max_retries:
                         raise
-                    delay = backoff_delay(self.cfg.backoff_s, malformed, self._rng)
-                    malformed += 1
-                    log.warning("environment %s: attempt %d failed (%s); retry in %.2fs",
-                                self.name, sent[0], self._scrub(failure.reason), delay)
+                    delay = backoff_delay(cfg.backoff_s, sent[0] - 1, self._rng)
+                    if failure.retry_after is not None:
+                        if failure.retry_after > cfg.max_retry_after_s:
+                            raise _Failure(
+                                f"{failure.reason}; the server asks to retry after {failure.retry_after:g}s, "
+                                f"longer than max_retry_after_s={cfg.max_retry_after_s:g}, so it was not retried "
+                                "(raise max_retry_after_s in this environment's config to wait that long)",
+                                retryable=False) from None
+                        delay = max(delay, failure.retry_after)
+                    log.info("environment %s: attempt %d failed (%s); retry in %.2fs",
+                             self.name, sent[0], self._scrub(failure.reason), delay)
                     await asyncio.sleep(delay)
 
     async def _request(self, client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> _Success:
@@ -251,7 +289,7 @@ class OpenAIEnvironment(Environment):
                     raise
                 except Exception as err:  # the transport's own errors: the body broke off
                     raise _Failure(f"malformed response from {self.base_url}: the body broke off "
-                                   f"({type(err).__name__})", retryable=True, malformed=True) from None
+                                   f"({type(err).__name__})", retryable=True) from None
         except openai.APITimeoutError:
             raise _Failure(f"timeout after {cfg.timeout_s:g}s from {self.base_url}", retryable=True) from None
         except openai.APIConnectionError as err:
@@ -262,7 +300,7 @@ class OpenAIEnvironment(Environment):
             raise self._status_failure(err) from None
         except openai.APIError as err:
             raise _Failure(f"bad response from {self.base_url}: {type(err).__name__}: "
-                           f"{short_reason(str(err), 120)}", retryable=True, malformed=True) from None
+                           f"{short_reason(str(err), 120)}", retryable=True) from None
         return self._read(read_json_body(bytes(body), self.base_url))
 
     def _status_failure(self, err: openai.APIStatusError) -> _Failure:
@@ -274,15 +312,19 @@ class OpenAIEnvironment(Environment):
                     else "; the server wants an API key: set api_key_env in the environment config")
         elif status == 404:
             hint = f"; is `{self.model}` served at {self.base_url}?"
+        retryable = status in RETRYABLE_STATUS or status >= 500
+        should_retry = err.response.headers.get("x-should-retry")  # a server's own word wins
+        if should_retry in ("true", "false"):
+            retryable = should_retry == "true"
         return _Failure(f"HTTP {status} from {self.base_url} for model {self.model}: {body}{hint}",
-                        retryable=status in RETRYABLE_STATUS or status >= 500)
+                        retryable=retryable, retry_after=retry_after_s(err.response.headers))
 
     def _read(self, data: Any) -> _Success:
         """Reply text and usage of a parsed chat completion; garbage is a retryable failure."""
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices:
             kind = "no `choices`" if isinstance(data, dict) else "a body that is not a JSON object"
-            raise _Failure(f"malformed response from {self.base_url}: {kind}", retryable=True, malformed=True)
+            raise _Failure(f"malformed response from {self.base_url}: {kind}", retryable=True)
         message = choices[0].get("message") if isinstance(choices[0], dict) else None
         message = message if isinstance(message, dict) else {}
         content = message.get("content")
@@ -290,7 +332,7 @@ class OpenAIEnvironment(Environment):
             content = message["refusal"]
         if not isinstance(content, str):
             raise _Failure(f"malformed response from {self.base_url}: no message content",
-                           retryable=True, malformed=True)
+                           retryable=True)
         usage = data.get("usage")
         usage = usage if isinstance(usage, dict) else {}
         return _Success(content, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))

@@ -7,7 +7,10 @@ One call samples `group_size` trajectories per question. Each trajectory is the 
   (the reply is first cut to `max_env_reply_tokens` tokens; `env_replies` holds the cut text, so
   decoding each mask-0 span gives back exactly `wrap_env_reply(env_replies[i])`). A reply is text:
   special tokens written in it (`<|im_end|>`...) are tokenised as plain text, never as the
-  control ids of the agent's chat template.
+  control ids of the agent's chat template, and protocol tags written in it
+  (`</interaction_response>`, `<answer>`...) are made inert by `wrap_env_reply`, so the reply
+  can neither end its wrapper nor read as the agent's own turn. `env_replies` keeps the text as
+  the environment wrote it (cut).
 `rollout.max_turns` counts agent generations: at most `max_turns - 1` environment calls, each
 followed by another agent turn. Stop reasons: `answered` (agent wrote `<answer>`), `invalid_turn`
 (neither tag), `max_turns` (an interaction prompt in generation `max_turns`, whose reply the agent

@@ -35,6 +35,7 @@ from prompt_r1.config.experiment import Config, RolloutConfig
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
+from prompt_r1.core.signals import sigterm_kept
 from prompt_r1.core.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -66,13 +67,20 @@ def address_host_port(address: str) -> tuple[str, int] | None:
 
 
 def init_ray(rollout_cfg: RolloutConfig) -> None:
-    """Connect to `ray_address`, or start a quiet local instance; reuse one already initialised."""
+    """Connect to `ray_address`, or start a quiet local instance; reuse one already initialised.
+
+    `ray.init` takes SIGTERM over (a Python handler calling `sys.exit`, then its C++ core
+    worker's stack-dump-and-SIGABRT handler, under which no Python clean-up runs); it is handed
+    back afterwards (`sigterm_kept`), so SIGTERM still stops the driver as Ctrl-C does."""
     if ray.is_initialized():
         return
-    if rollout_cfg.ray_address:
-        _connect(rollout_cfg.ray_address, rollout_cfg.ray_connect_timeout_s)
-    else:
-        ray.init(num_cpus=rollout_cfg.ray_num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+    with sigterm_kept():
+        if rollout_cfg.ray_address:
+            _connect(rollout_cfg.ray_address, rollout_cfg.ray_connect_timeout_s)
+        else:
+            ray.init(num_cpus=rollout_cfg.ray_num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+    log.info("Ray: %s", f"connected to {rollout_cfg.ray_address}" if rollout_cfg.ray_address
+             else "started a local instance")
 
 
 def _connect(address: str, timeout_s: float) -> None:
@@ -211,11 +219,13 @@ class RolloutPool:
             raise RayWaitError(f"{self._asked(cpus_per_worker)}, but the local Ray instance has {total:g} CPUs; "
                                "lower rollout.num_workers or raise rollout.ray_num_cpus")
         self._stuck = False
-        # the policy's own seed (engine start, calls without row seeds): distinct per actor
-        self.workers = [actor_class.remote(cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index),
-                                           env_factory)
-                        for index in range(self.num_workers)]
-        try:  # start-up errors surface here
+        self.workers: list[Any] = []
+        try:  # start-up errors (and SIGTERM/Ctrl-C while actors start) surface here
+            for index in range(self.num_workers):
+                # the policy's own seed (engine start, calls without row seeds): distinct per actor
+                self.workers.append(actor_class.remote(cfg, str(model_path),
+                                                       derive_seed("rollout_actor", cfg.seed, index), env_factory))
+            log.info("rollout pool: %d actor(s) starting", len(self.workers))
             self._get([w.ping.remote() for w in self.workers], cfg.rollout.actor_start_timeout_s,
                       "actor_start_timeout_s", f"starting the rollout actors ({self._asked(cpus_per_worker)}; "
                       f"Ray has {ray.available_resources().get('CPU', 0.0):g} of {total:g} CPUs free)",
@@ -250,7 +260,7 @@ class RolloutPool:
         results = self._get(futures, self.cfg.rollout.rollout_timeout_s, "rollout_timeout_s",
                             f"rolling out {len(questions)} questions on {len(futures)} actors",
                             "raise it for big batches, or check the environment (a server that stopped "
-                            "answering is retried for up to environment.timeout_s x max_retries per call)")
+                            "answering is retried for up to environment.call_deadline_s per call)")
         return [t for trajectories in results for t in trajectories]
 
     def broadcast(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -268,6 +278,8 @@ class RolloutPool:
                 with contextlib.suppress(Exception):
                     ray.get(worker.shutdown.remote(), timeout=SHUTDOWN_TIMEOUT_S)
             ray.kill(worker)
+        if self.workers:
+            log.info("rollout pool: %d actor(s) stopped", len(self.workers))
         self.workers = []
 
     def __enter__(self) -> "RolloutPool":
