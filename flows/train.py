@@ -26,7 +26,7 @@ from prompt_r1.policy import backend_deterministic
 from prompt_r1.training.run_record import mismatches, read_record
 from prompt_r1.training.session import TrainingSession, training_pool_hash
 from tasks.artifacts import publish_training_metrics
-from tasks.train import FlowTrainingHooks
+from tasks.train import FlowTrainingHooks, registration_score
 from tasks.ingest import ingest_sources
 from tasks.tracking import (MetricBuffer, log_datasets, log_run_identity, register_agent, setup_mlflow,
                             start_training_run)
@@ -93,7 +93,8 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
         final, val = outcome.agent, outcome.validation
         if hooks.history:
             publish_training_metrics(hooks.history)
-        version, champion = (register_agent(run_id, final, val.get("val_reward"))
+        # never registered (or promoted) on a score computed from failures
+        version, champion = (register_agent(run_id, final, registration_score(val, bool(session.val_questions)))
                              if final else (None, False))
         mlflow.set_tags({"registered_version": str(version), "champion": str(champion)})
         session.mark_finished()

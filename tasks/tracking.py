@@ -192,7 +192,10 @@ def _log_baseline(b: dict[str, Any]) -> None:
     """One optimised instruction in the active run (MLflow params hold at most 6000 characters)."""
     mlflow.log_params({"instruction": b["instruction"][:6000], "cache_key": b["cache_key"],
                        "instruction_cached": str(b["cached"])})
-    spend = {f"opt_{k}": b[k] for k in ("env_calls", "prompt_tokens", "completion_tokens", "cost_usd") if k in b}
+    if b.get("error"):  # the optimisation failed: no instruction was evaluated
+        mlflow.set_tag("optimisation_error", b["error"][:5000])
+    spend = {f"opt_{k}": b[k] for k in ("env_calls", "prompt_tokens", "completion_tokens", "cost_usd", "env_errors")
+             if k in b}
     mlflow.log_metrics({**spend, **({"train_score": b["train_score"]} if b["train_score"] is not None else {})})
 
 

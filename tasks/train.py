@@ -24,12 +24,15 @@ from prefect.cache_policies import NO_CACHE
 
 from prompt_r1.training.session import StepResult, TrainingHooks
 from tasks.artifacts import training_progress
+from tasks.evaluate import retry_unless_environment_failure
 from tasks.tracking import MetricBuffer
 
 T = TypeVar("T")
 
 # Stages that talk to the environment are retried (a rollout is seeded, so a retry redraws the
-# same samples); the update is not (its failure is an `EnvironmentFailure` or a real bug).
+# same samples); the update is not (its failure is an `EnvironmentFailure` or a real bug). A
+# validation stopped by `EnvironmentFailure` is not retried either: the client already retried
+# each call, and the run stops as it does for a training step.
 STAGE_RETRIES = {"rollout": 2, "validate": 1}
 
 
@@ -50,7 +53,8 @@ class FlowTrainingHooks(TrainingHooks):
 
     def stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         retries = STAGE_RETRIES.get(name, 0)
-        return _stage.with_options(name=name, retries=retries, retry_delay_seconds=5 if retries else 0)(fn, *args)
+        return _stage.with_options(name=name, retries=retries, retry_delay_seconds=5 if retries else 0,
+                                   retry_condition_fn=retry_unless_environment_failure)(fn, *args)
 
     def on_step(self, result: StepResult) -> None:
         super().on_step(result)
@@ -71,3 +75,30 @@ class FlowTrainingHooks(TrainingHooks):
         mlflow.log_text("\n".join(json.dumps(x.to_record()) for x in self.last_trajectories[:4]),
                         f"trajectories/step-{step - 1:05d}.jsonl")
 
+
+def registration_score(validation: dict[str, float], validated: bool) -> float | None:
+    """The validation score an agent is registered (and may become champion) with: the final
+    `val_reward`, or None when the run has no validation questions (`validated` False).
+
+    A run whose validation scored no question never gets here (`TrainingSession.validate` stops it
+    with `EnvironmentFailure`); this is the registry's own check that no agent is registered or
+    promoted on a score computed from failures.
+
+    >>> registration_score({"val_reward": 0.25, "val_env_error_rate": 0.0}, True)
+    0.25
+    >>> registration_score({}, False) is None
+    True
+    >>> registration_score({"val_env_error_rate": 1.0}, True)
+    Traceback (most recent call last):
+    ...
+    ValueError: refusing to register the agent: its final validation scored no question (validation metrics: {'val_env_error_rate': 1.0})
+    """
+    import math
+
+    score = validation.get("val_reward")
+    if not validated:
+        return None
+    if score is None or not math.isfinite(score):
+        raise ValueError("refusing to register the agent: its final validation scored no question "
+                         f"(validation metrics: {validation})")
+    return score

@@ -227,3 +227,110 @@ def test_optimised_instructions_reach_mlflow_and_the_report(home, tmp_path):
     assert "| e1 | opro | Think \\| then answer. | 75.0 | 9 | 0.0020 | no |" in text
     assert "| e2 | opro | Other env. | n/a | 0 | 0.0000 | yes |" in text
     assert json.loads(files["baselines"].read_text()) == base
+
+
+def _baseline_cfg(opro_cfg, method: str):
+    cfg = opro_cfg.model_copy(deep=True)
+    cfg.eval.methods = ["direct", method]
+    if method == "gepa":
+        cfg.eval.baselines.max_env_calls = 12
+    if method == "textgrad":
+        from prompt_r1.evaluation.baselines.textgrad_opt import step_calls
+
+        cfg.eval.baselines.max_env_calls, cfg.eval.baselines.minibatch = 2 + 2 * step_calls(1, 2) + 3, 1
+    return cfg
+
+
+def _flaky_reply(monkeypatch, fails):
+    """InProcessEnvironment.reply, failing the calls `fails(text)` picks as a dead endpoint would;
+    the optimisers' proposal calls answer with tags the tiny model never writes. Returns the texts sent."""
+    import time
+
+    real = InProcessEnvironment.reply
+    sent: list[str] = []
+    proposals = iter(range(1000))
+
+    async def reply(self, messages, turn=0):
+        text = messages[-1]["content"]
+        sent.append(text)
+        if fails(text):
+            return self.failed(turn, "connection refused (environment down)", time.perf_counter(), attempts=1)
+        if "<INS>" in text:
+            return EnvReply(f"<INS>Candidate {next(proposals)}: end with 'Answer: <answer>'.</INS>",
+                            EnvCall(turn=turn, env_name=self.name, model=self.model, prompt_tokens=3))
+        if "<IMPROVED_VARIABLE>" in text:
+            return EnvReply(f"<IMPROVED_VARIABLE>Variant {next(proposals)}: end with 'Answer: <answer>'."
+                            "</IMPROVED_VARIABLE>", EnvCall(turn=turn, env_name=self.name, model=self.model))
+        return await real(self, messages, turn)
+
+    monkeypatch.setattr(InProcessEnvironment, "reply", reply)
+    return sent
+
+
+@pytest.mark.parametrize("method", ["opro", "gepa", "textgrad"])
+def test_an_optimisation_against_a_dead_environment_is_never_stored(monkeypatch, warehouse, opro_cfg, method):
+    """The environment is down: the optimisation fails, nothing is stored, the method's rows carry that
+    failure and the evaluation stops (exit 3). Once the environment is back the next run optimises
+    (it does not reuse the seed instruction the failed optimiser fell back to) and stores the result."""
+    import importlib.util
+
+    from prompt_r1.core.failures import EnvironmentFailure
+
+    if method == "textgrad" and importlib.util.find_spec("textgrad") is None:
+        pytest.skip("scripts/setup.sh installs textgrad")
+    cfg = _baseline_cfg(opro_cfg, method)
+    ingest(warehouse, [ROOT / "data" / "sample"])
+    down = [True]
+    _flaky_reply(monkeypatch, lambda text: down[0])
+    with pytest.raises(EnvironmentFailure, match="environment `tiny-env`"):
+        evaluate(cfg, warehouse, "dead", {})
+    assert warehouse.query("SELECT COUNT(*) FROM baseline_instructions") == [(0,)]
+    rows = warehouse.query("SELECT error, score, prediction FROM eval_predictions WHERE run_id = 'dead' "
+                           "AND method = ?", [method])
+    assert len(rows) == 4 and all(f"{method} optimisation failed" in e and "connection refused" in e
+                                  and s is None and p == "" for e, s, p in rows)
+
+    down[0] = False
+    back = evaluate(cfg, warehouse, "back", {})
+    (info,) = back.baselines
+    assert not info["cached"] and info["env_calls"] > 0 and info["env_errors"] == 0 and "error" not in info
+    assert info["train_score"] is not None  # scored on every training question this time
+    stored = warehouse.baseline_get(info["cache_key"])
+    assert stored["instruction"] == info["instruction"] and stored["train_score"] == info["train_score"]
+    assert all(r["error"] is None and r["score"] is not None for r in back.predictions)
+
+
+def test_an_optimisation_with_failures_within_the_rate_is_used_but_not_stored(monkeypatch, warehouse, opro_cfg):
+    """One optimiser call failed, within a generous max_error_rate: the best scored instruction is
+    evaluated, but not stored, so the next run optimises again. A dead environment under that rate
+    gives the method's cells as errors (n/a), never the seed instruction's scores."""
+    cfg = _baseline_cfg(opro_cfg, "opro")
+    cfg.environment.max_error_rate = 0.5
+    ingest(warehouse, [ROOT / "data" / "sample"])
+    first_proposal = [True]
+
+    def fails(text: str) -> bool:  # the first optimiser call fails, nothing else
+        if "<INS>" in text and first_proposal[0]:
+            first_proposal[0] = False
+            return True
+        return False
+
+    _flaky_reply(monkeypatch, fails)
+    out = evaluate(cfg, warehouse, "flaky", {})
+    (info,) = out.baselines
+    assert info["env_errors"] == 1 and info["train_score"] is not None and not info["cached"]
+    assert warehouse.query("SELECT COUNT(*) FROM baseline_instructions") == [(0,)]
+    assert all(r["error"] is None for r in out.predictions)
+    again = evaluate(cfg, warehouse, "again", {})
+    assert not again.baselines[0]["cached"] and again.baselines[0]["env_errors"] == 0
+    assert warehouse.baseline_get(again.baselines[0]["cache_key"]) is not None
+
+    cfg.environment.max_error_rate = 1.0  # and another budget, so nothing stored above is reused
+    cfg.eval.baselines.max_env_calls = 8
+    _flaky_reply(monkeypatch, lambda text: True)
+    dead = evaluate(cfg, warehouse, "dead", {})
+    (info,) = dead.baselines
+    assert info["error"].startswith("opro optimisation failed") and info["instruction"] == ""
+    cells = [r for r in dead.results if r["method"] == "opro"]
+    assert cells and all(r["score"] is None and r["errors"] == r["n"] for r in cells)
+    assert warehouse.baseline_get(info["cache_key"]) is None

@@ -99,6 +99,182 @@ def test_error_rate_threshold_names_environment_and_first_error():
             assert check_error_rate("gpt-x", errors, limit, "evaluation") == error_rate(errors)
 
 
+# -- validation: scored over answered questions, stopped like a training step ---------------------------
+class _ValidationPool:
+    """Stands in for the rollout pool: question i's trajectory ended by `errors[i]` (None = answered,
+    with reward `rewards[i]`), after one successful call before it."""
+
+    def __init__(self, errors: list[str | None], rewards: list[float]):
+        self.errors, self.rewards = errors, rewards
+
+    def rollout(self, questions, step, greedy=False, group_size=None, score=True):
+        from prompt_r1.core.reward import RewardBreakdown
+
+        assert greedy and group_size == 1 and score
+        out = []
+        for q, err, r in zip(questions, self.errors, self.rewards):
+            calls = [EnvCall(0, "tiny-env", "tiny"), EnvCall(1, "tiny-env", "tiny", error=err)]
+            out.append(Trajectory(q.question_id, 0, [], env_calls=calls, error=err,
+                                  stop_reason="env_error" if err else "answered",
+                                  reward=None if err else RewardBreakdown(1.0, r, r)))
+        return out
+
+
+def _validation(tmp_path, errors: list[str | None], rewards: list[float], max_error_rate: float) -> dict:
+    from prompt_r1.config.experiment import load_config
+    from prompt_r1.training.session import TrainingSession
+
+    cfg = load_config(ROOT / "configs" / "smoke.yaml", {"environment.max_error_rate": max_error_rate,
+                                                        "train.validation_questions": len(errors)})
+    session = TrainingSession(cfg, None, "val", tmp_path / "run")  # nothing starts before `with`
+    session.val_questions = [question(i, f"held-out {i}?") for i in range(len(errors))]
+    session.pool, session.step = _ValidationPool(errors, rewards), 2
+    return session.validate()
+
+
+def test_validation_whose_calls_all_failed_stops_the_run_instead_of_scoring_0(tmp_path):
+    with pytest.raises(EnvironmentFailure) as info:  # 2 of 4 calls failed: 50% > 5%
+        _validation(tmp_path, ["connection refused", "connection refused"], [0.0, 0.0], 0.05)
+    flat = str(info.value)
+    assert "environment `tiny-env`" in flat and "validation after 2 update(s)" in flat
+    assert flat.endswith("first error: connection refused") and info.value.error_rate == 0.5
+    # within a generous max_error_rate, failures that leave nothing to score still stop it
+    with pytest.raises(EnvironmentFailure, match="every question of validation after 2 update"):
+        _validation(tmp_path, ["HTTP 500", "HTTP 500"], [0.0, 0.0], 1.0)
+
+
+def test_validation_scores_only_answered_questions_and_reports_the_error_rate(tmp_path):
+    rewards = [0.2, 0.8, 0.5, 0.9]
+    val = _validation(tmp_path, [None, "HTTP 500", None, None], rewards, 0.5)  # 1 of 8 calls failed
+    assert val["val_reward"] == pytest.approx((0.2 + 0.5 + 0.9) / 3)  # the failed question is no 0
+    assert val["val_env_error_rate"] == 1 / 8 and val["val_scored"] == 3 / 4
+    assert _validation(tmp_path, [None] * 4, rewards, 0.0) == pytest.approx(
+        {"val_reward": sum(rewards) / 4, "val_answer": sum(rewards) / 4, "val_format_valid": 1.0,
+         "val_env_error_rate": 0.0, "val_scored": 1.0})
+
+
+class _DyingEnv:
+    """The configured in-process environment, down once the file `flag` exists: every call then
+    fails as a refused connection would (after the client's retries)."""
+
+    def __init__(self, env_cfg, flag: str):
+        from prompt_r1.env.inprocess import InProcessEnvironment
+
+        self.inner, self.flag = InProcessEnvironment(env_cfg), flag
+        self.name, self.model, self.cfg = env_cfg.name, env_cfg.model, env_cfg
+
+    async def reply(self, messages, turn=0):
+        import time
+
+        if Path(self.flag).exists():
+            return self.inner.failed(turn, "connection refused (environment down)", time.perf_counter(), attempts=1)
+        return await self.inner.reply(messages, turn=turn)
+
+    async def aclose(self):
+        await self.inner.aclose()
+
+
+def _session_whose_environment_dies_after_training(flag: Path):
+    """`TrainingSession` whose rollout actors talk to a `_DyingEnv` that goes down right after the
+    last update is recorded, i.e. just before the final validation."""
+    from functools import partial
+
+    import ray
+
+    from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+    from prompt_r1.training.session import TrainingSession
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors build _DyingEnv
+
+    class Session(TrainingSession):
+        def _start_pool(self):
+            init_ray(self.cfg.rollout)
+            cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
+            factory = partial(_DyingEnv, flag=str(flag))
+            return self._stack.enter_context(RolloutPool(cfg, self.model_path, 1, env_factory=factory))
+
+        def finish_step(self, trajectories):
+            super().finish_step(trajectories)
+            if self.step == self.cfg.train.steps:
+                flag.touch()
+
+    return Session
+
+
+def test_a_run_whose_final_validation_fails_stops_and_exports_no_agent(home, tmp_path):
+    """The environment dies after the last update: the final validation does not score the agent 0,
+    it stops the run (exit 3 from the CLI) before the last checkpoint, and no agent is exported."""
+    import ray
+
+    from prompt_r1.config.experiment import load_config
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.training.checkpoint import step_dir_name
+    from prompt_r1.training.session import TrainingHooks
+
+    cfg = load_config(ROOT / "configs" / "smoke.yaml")
+    validations: list[tuple[int, dict]] = []
+
+    class Hooks(TrainingHooks):
+        def on_validation(self, updates_done, metrics):
+            validations.append((updates_done, metrics))
+
+    Session = _session_whose_environment_dies_after_training(tmp_path / "env-down")
+    try:
+        with Warehouse(home / "warehouse.duckdb") as wh:
+            ingest(wh, [ROOT / "data" / "sample"])
+            with Session(cfg, wh, "dies", home / "smoke" / "dies") as session:
+                with pytest.raises(EnvironmentFailure) as info:
+                    session.run(Hooks(cfg.train.steps))
+            assert wh.steps_recorded("dies") == [0, 1]  # training itself went through
+    finally:
+        ray.shutdown()
+    flat = str(info.value)
+    assert "environment `tiny-env`" in flat and "validation after 2 update(s)" in flat
+    assert flat.endswith("first error: connection refused (environment down)")
+    assert [n for n, _ in validations] == [0] and "val_reward" in validations[0][1]  # no score after training
+    assert not (home / "smoke" / "dies" / "agent").exists()
+    assert [p.name for p in (home / "smoke" / "dies" / "checkpoints").glob("step-*")] == [step_dir_name(1)]
+
+
+@pytest.mark.slow
+def test_train_flow_whose_final_validation_fails_registers_nothing(home, tmp_path, monkeypatch):
+    """The issue's case under Prefect and MLflow: the environment dies before the final validation;
+    the flow run fails (exit 3 from `run-flow`), the MLflow run is FAILED and tagged `env_failure`,
+    and no agent is registered or made champion."""
+    import mlflow
+    import ray
+    from mlflow import MlflowClient
+    from prefect.testing.utilities import prefect_test_harness
+
+    import flows.train
+    from tasks.tracking import MODEL_NAME, tracking_uri
+
+    monkeypatch.setattr(flows.train, "TrainingSession", _session_whose_environment_dies_after_training(
+        tmp_path / "env-down"))
+    try:
+        with prefect_test_harness(server_startup_timeout=180):
+            with pytest.raises(EnvironmentFailure, match="validation after 2 update"):
+                flows.train.train_flow("configs/smoke.yaml", resume=False)
+    finally:
+        ray.shutdown()
+    mlflow.set_tracking_uri(tracking_uri())
+    client = MlflowClient(tracking_uri=tracking_uri(), registry_uri=tracking_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("smoke").experiment_id], "tags.flow = 'train'")
+    assert run.info.status == "FAILED" and "validation after 2 update" in run.data.tags["env_failure"]
+    assert "registered_version" not in run.data.tags
+    assert client.search_model_versions(f"name = '{MODEL_NAME}'") == []
+
+
+def test_registration_refuses_a_validation_that_scored_nothing():
+    from tasks.train import registration_score
+
+    assert registration_score({"val_reward": 0.0, "val_scored": 1.0}, True) == 0.0  # a real 0 is a score
+    assert registration_score({}, False) is None  # no validation questions: registered unscored
+    for missing in ({}, {"val_env_error_rate": 1.0}, {"val_reward": float("nan")}):
+        with pytest.raises(ValueError, match="refusing to register"):
+            registration_score(missing, True)
+
+
 # -- evaluation rows and means --------------------------------------------------------------------
 def test_failed_predictions_are_not_scored_and_means_skip_them():
     rng = random.Random(2)
@@ -176,10 +352,12 @@ def test_evaluate_against_a_dead_endpoint_exits_3_naming_it(home):
 
 
 def test_train_against_a_dead_endpoint_exits_3_without_an_agent(home):
+    """A training step against a dead endpoint. Validation is off: with it, the untrained agent's
+    validation would meet the dead endpoint first and stop the run there (tested above)."""
     port = closed_port()
     proc = subprocess.run([sys.executable, "-m", "prompt_r1.cli", "train", "-c", "configs/smoke.yaml",
-                           "--run-id", "dead", *_dead_env_args(port)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+                           "--run-id", "dead", "--set", "data.validation_fraction=0", *_dead_env_args(port)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 3, out[-3000:]
     assert "environment `tiny-env`" in out and "training step 0" in out and "first error:" in out

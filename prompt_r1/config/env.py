@@ -110,7 +110,8 @@ class EnvConfig(StrictModel):
     max_error_rate: float = Field(
         0.05, ge=0.0, le=1.0,
         description="Largest share of this environment's calls that may fail (after retries) in one training "
-        "step or one evaluation; above it the run stops (exit 3) naming the environment and its first error.",
+        "step, one validation, one evaluation or one baseline optimisation; above it the run stops (exit 3) "
+        "naming the environment and its first error (a failed optimisation's rows count as failed).",
     )
     price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens.")
     price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")

@@ -10,6 +10,8 @@ Methods, and the one rule each uses to extract its prediction:
   (never text the environment wrote).
 - `opro` / `gepa` / `textgrad`: an instruction optimised on training questions within
   `eval.baselines`' budget (`prompt_r1.evaluation.baselines`), appended to the question; prediction as `cot`.
+  An optimisation that environment failures made no result is not stored and gives no instruction:
+  each of the method's rows is stored with that failure as its `error`.
 - `agent_only:<ckpt>`: the agent answers alone, no environment (the paper's "w/o Env"
   ablation); prediction = its `<answer>` when present, else its whole reply.
 Every prediction is scored with EM, F1, substring match and SSim; `score` is the dataset's
@@ -292,13 +294,23 @@ async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, 
             if method in ("direct", "cot"):
                 rows = score_predictions(await _env_method(env, questions, method, concurrent))
             elif method in ("opro", "gepa", "textgrad"):  # optimise (or reuse) an instruction, then evaluate it
-                from prompt_r1.evaluation.baselines import optimised_instruction
+                from prompt_r1.evaluation.baselines import OptimisationFailed, optimised_instruction
 
-                opt = await optimised_instruction(method, env, cfg, warehouse)
-                outcome.baselines.append({"env_name": env.name, "method": method, "instruction": opt.instruction,
-                                          "train_score": opt.train_score, "cached": opt.cached,
-                                          "cache_key": opt.cache_key, **opt.spend})
-                rows = score_predictions(await _env_method(env, questions, method, concurrent, opt.instruction))
+                try:
+                    opt = await optimised_instruction(method, env, cfg, warehouse)
+                except OptimisationFailed as err:  # no instruction to evaluate: every row is that failure
+                    log.error("%s", err)
+                    outcome.baselines.append({"env_name": env.name, "method": method, "instruction": "",
+                                              "train_score": None, "cached": False,
+                                              "cache_key": err.result.cache_key, "error": str(err),
+                                              **err.result.spend})
+                    rows = score_predictions([Prediction(q, method, "", 0, error=str(err)) for q in questions])
+                else:
+                    outcome.baselines.append({"env_name": env.name, "method": method,
+                                              "instruction": opt.instruction, "train_score": opt.train_score,
+                                              "cached": opt.cached, "cache_key": opt.cache_key, **opt.spend})
+                    rows = score_predictions(await _env_method(env, questions, method, concurrent,
+                                                               opt.instruction))
             elif method == "agent":
                 rows = []
                 for label, policy in policies.items():

@@ -100,16 +100,22 @@ def cost_table(results: list[dict[str, Any]]) -> str:
 def baseline_table(baselines: list[dict[str, Any]]) -> str:
     """The optimised instructions (`EvalOutcome.baselines`): training score and optimisation spend.
 
+    An optimisation that failed (`error`) shows that error instead of an instruction.
+
     >>> print(baseline_table([{"env_name": "e", "method": "opro", "instruction": "Be | brief.",
-    ...     "train_score": 0.5, "env_calls": 9, "cost_usd": 0.0, "cached": True}]))
+    ...     "train_score": 0.5, "env_calls": 9, "cost_usd": 0.0, "cached": True},
+    ...     {"env_name": "e", "method": "gepa", "instruction": "", "train_score": None, "env_calls": 4,
+    ...      "cached": False, "error": "gepa optimisation failed: connection refused"}]))
     | environment | method | instruction | train score | optimiser env calls | cost (USD) | reused |
     |---|---|---|---:|---:|---:|---|
+    | e | gepa | (gepa optimisation failed: connection refused) | n/a | 4 | 0.0000 | no |
     | e | opro | Be \\| brief. | 50.0 | 9 | 0.0000 | yes |
     """
     lines = ["| environment | method | instruction | train score | optimiser env calls | cost (USD) | reused |",
              "|---|---|---|---:|---:|---:|---|"]
     for b in sorted(baselines, key=lambda b: (b["env_name"], b["method"])):
-        text = " ".join(b["instruction"].split()).replace("|", "\\|")
+        shown = f"({b['error']})" if b.get("error") else b["instruction"]
+        text = " ".join(shown.split()).replace("|", "\\|")
         score = "n/a" if b["train_score"] is None else f"{b['train_score'] * 100:.1f}"
         lines.append(f"| {b['env_name']} | {b['method']} | {text} | {score} | {b.get('env_calls', 0)} | "
                      f"{b.get('cost_usd', 0.0):.4f} | {'yes' if b['cached'] else 'no'} |")

@@ -9,8 +9,10 @@ resumed run reaches the same step count with no repeated or skipped data; it con
 the same run (same config and training pool, see `run_record`) unless forced.
 
 Environment failures: trajectories ended by a failed environment call are recorded but left out
-of the update; a step whose share of failed calls passes `environment.max_error_rate` stops the
-run with `EnvironmentFailure` before its update, so no agent is exported from it.
+of the update and of validation scores; a step (or a validation) whose share of failed calls
+passes `environment.max_error_rate` stops the run with `EnvironmentFailure` before its update
+(before its checkpoint), so no agent is exported from it. A validation in which failures left no
+question scored stops the run the same way.
 """
 
 from __future__ import annotations
@@ -268,15 +270,35 @@ class TrainingSession:
         return save_checkpoint(self.learner, self.ckpt_dir, self.step, {"position": self.position}, self.cfg)
 
     def validate(self) -> dict[str, float]:
-        """Greedy rollouts on held-out questions: mean reward, answer score, format gate rate
-        (over the trajectories no environment failure ended: a failure is not a score)."""
+        """Greedy rollouts on held-out questions, scored over the questions the environment
+        answered: a trajectory ended by a failed environment call is an error, not a 0, so
+        `val_reward`, `val_answer` and `val_format_valid` average over the scored ones only;
+        `val_env_error_rate` (share of failed calls) and `val_scored` (share of questions scored)
+        stand beside them.
+
+        Like a training step, validation stops the run with `EnvironmentFailure` when its share of
+        failed calls passes `environment.max_error_rate`, and also when failures left no question
+        scored (whatever the rate): a score made of failures is never reported, so no agent is
+        checkpointed, exported or registered on one."""
+        from prompt_r1.core.failures import EnvironmentFailure, call_errors, check_error_rate
+
         if not self.val_questions:
             return {}
         questions = self.val_questions[: self.cfg.train.validation_questions]
-        stats = rollout_stats(self.pool.rollout(questions, self.step, greedy=True, group_size=1),
-                              self.cfg.reward.format_cap)
+        trajectories = self.pool.rollout(questions, self.step, greedy=True, group_size=1)
+        env, where = self.cfg.environment, f"validation after {self.step} update(s)"
+        rate = check_error_rate(env.name, call_errors(trajectories), env.max_error_rate, where)
+        scored = [t for t in trajectories if t.reward is not None]
+        if not scored:  # scoring runs on every trajectory no failure ended: all of them failed
+            first = next((t.error for t in trajectories if t.error), "")
+            raise EnvironmentFailure(
+                f"environment `{env.name}`: every question of {where} ended in a failed call "
+                f"({len(trajectories)} of {len(trajectories)}, nothing to score); first error: {first}",
+                env.name, first, rate)
+        stats = rollout_stats(scored, self.cfg.reward.format_cap)
         return {"val_reward": stats["reward_mean"], "val_answer": stats["answer_score"],
-                "val_format_valid": stats["format_valid_rate"], "val_env_error_rate": stats["env_error_rate"]}
+                "val_format_valid": stats["format_valid_rate"], "val_env_error_rate": rate,
+                "val_scored": len(scored) / len(trajectories)}
 
     def export_agent(self) -> Path | None:
         """The final checkpoint as a plain HF folder (`run_dir/agent`): merged under LoRA, no

@@ -2,8 +2,10 @@
 
 `optimised_instruction` returns the instruction a method evaluates: from the warehouse when the
 same method already optimised against the same endpoints, budget and training questions, else
-by running the optimiser (then stored). The evaluation itself is the `cot` code path with that
-instruction (`prompt_r1.evaluation.evaluate`).
+by running the optimiser (then stored, unless an environment call of it failed). An optimisation
+that environment failures made no result raises `OptimisationFailed` and is never stored, so the
+next run optimises again (see `base.check_optimisation`). The evaluation itself is the `cot` code
+path with that instruction (`prompt_r1.evaluation.evaluate`).
 """
 
 from __future__ import annotations
@@ -13,18 +15,23 @@ import logging
 from contextlib import ExitStack
 
 from prompt_r1.evaluation.baselines.base import (
-    SEED_INSTRUCTION, BaselineError, Budget, Optimised, baseline_prompt, instruction_key, training_questions,
+    SEED_INSTRUCTION, BaselineError, Budget, Optimised, OptimisationFailed, baseline_prompt, check_optimisation,
+    instruction_key, training_questions,
 )
 from prompt_r1.config.experiment import Config
 
 log = logging.getLogger(__name__)
 
 METHODS = ("opro", "gepa", "textgrad")
-__all__ = ["METHODS", "SEED_INSTRUCTION", "BaselineError", "Optimised", "baseline_prompt", "optimised_instruction"]
+__all__ = ["METHODS", "SEED_INSTRUCTION", "BaselineError", "Optimised", "OptimisationFailed", "baseline_prompt",
+           "optimised_instruction"]
 
 
 async def optimised_instruction(method: str, env, cfg: Config, warehouse) -> Optimised:
-    """The optimised instruction of `method` against `env` (reused from the warehouse when valid)."""
+    """The optimised instruction of `method` against `env` (reused from the warehouse when valid).
+
+    Raises `OptimisationFailed` (nothing stored) when environment failures made the optimisation no
+    result; one with a few failed calls within `max_error_rate` is returned but not stored."""
     from prompt_r1.env import open_environment
 
     bcfg = cfg.eval.baselines
@@ -53,8 +60,13 @@ async def optimised_instruction(method: str, env, cfg: Config, warehouse) -> Opt
             if optimizer_env is not env:
                 await optimizer_env.aclose()
     result.cache_key = key
-    warehouse.baseline_put(key, method, env.cfg.name, result.instruction, result.train_score,
-                           json.dumps(result.spend), json.dumps(result.history))
+    if check_optimisation(budget, result):  # raises OptimisationFailed: a failure is never cached
+        warehouse.baseline_put(key, method, env.cfg.name, result.instruction, result.train_score,
+                               json.dumps(result.spend), json.dumps(result.history))
+    else:
+        log.warning("%s: %d of %d optimisation calls failed (within max_error_rate): its instruction is "
+                    "evaluated in this run but not stored; the next run optimises again", method,
+                    result.spend["env_errors"], result.spend["env_calls"])
     log.info("%s: instruction scored %s on %d training questions, spend %s", method, result.train_score,
              len(questions), result.spend)
     return result

@@ -10,6 +10,11 @@ prediction is the text after the last `Answer:` (`prompt_r1.evaluation.answers.e
   and the spend passes `max_usd` by at most one call.
 - `score_instruction`: the mean primary score of an instruction over the training questions;
   a failed environment call makes the whole candidate unscored (a failure is not a 0).
+- `check_optimisation`: whether an optimisation may be stored for reuse (none of its environment
+  calls failed), may only be used in this run (a few failed, within `max_error_rate`, and a
+  candidate was scored), or failed (`OptimisationFailed`: too many failed calls, or failures left
+  no candidate scored, so the seed instruction would stand in for a result). A failed
+  optimisation is never stored.
 - `instruction_key`: what makes an optimised instruction reusable: the method, the endpoints
   (evaluation and optimiser), the budget settings and the training questions' content.
 """
@@ -25,6 +30,7 @@ from typing import Any
 from prompt_r1.config.experiment import BaselinesConfig
 from prompt_r1.env.base import cost_usd, endpoint_identity, sampling_settings
 from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.failures import EnvironmentFailure, check_error_rate
 from prompt_r1.core.metrics import score_all
 from prompt_r1.core.questions import QuestionRow
 
@@ -39,6 +45,16 @@ class BudgetExhausted(RuntimeError):
 
 class BaselineError(RuntimeError):
     """A baseline cannot run (missing optional package, no training questions...)."""
+
+
+class OptimisationFailed(RuntimeError):
+    """Environment failures made an optimisation no result; `result` holds its spend and history
+    (its instruction is only the fallback the optimiser returned) and `first_error` the first
+    failed call's reason."""
+
+    def __init__(self, message: str, result: "Optimised", first_error: str):
+        super().__init__(message)
+        self.result, self.first_error = result, first_error
 
 
 def baseline_prompt(question: str, instruction: str) -> str:
@@ -60,6 +76,8 @@ class Budget:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     usd: float = 0.0
+    outcomes: list[tuple[str, float, str | None]] = field(default_factory=list, repr=False)
+    """One per call made: (environment name, its max_error_rate, the call's error or None)."""
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     def left(self) -> int:
@@ -78,6 +96,7 @@ class Budget:
                                   + (f"/${self.max_usd:g}" if self.max_usd is not None else ""))
         self.calls += 1  # counted before the await: concurrent callers cannot pass the limit
         reply = await env.reply(messages, turn)
+        self.outcomes.append((env.cfg.name, env.cfg.max_error_rate, reply.call.error))
         self.prompt_tokens += reply.call.prompt_tokens
         self.completion_tokens += reply.call.completion_tokens
         self.usd += cost_usd(env.cfg, reply.call.prompt_tokens, reply.call.completion_tokens)
@@ -85,7 +104,8 @@ class Budget:
 
     def spend(self) -> dict[str, Any]:
         return {"env_calls": self.calls, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens, "cost_usd": self.usd}
+                "completion_tokens": self.completion_tokens, "cost_usd": self.usd,
+                "env_errors": sum(1 for *_, error in self.outcomes if error)}
 
 
 def blocking_caller(env, budget: Budget, loop: asyncio.AbstractEventLoop, deadline_s: float = CALL_DEADLINE_S):
@@ -169,3 +189,45 @@ class Optimised:
     history: list[dict[str, Any]]
     cache_key: str = ""
     cached: bool = False
+
+
+def check_optimisation(budget: Budget, result: Optimised) -> bool:
+    """Whether `result` may be stored for reuse: True when none of the optimisation's environment
+    calls failed; False when some failed but it is still a result (each environment's share of
+    failed calls within its `max_error_rate`, and a candidate scored on every training question):
+    it is evaluated in this run and the next run optimises again.
+
+    Raises `OptimisationFailed` when the failures make it no result: an environment's share of
+    failed calls passes its `max_error_rate`, or failures left no candidate scored (the seed
+    instruction the optimiser falls back to would stand in for an optimised one).
+
+    >>> ok = Optimised("opro", "Think.", 0.5, {}, [])
+    >>> b = Budget(10, outcomes=[("e", 0.05, None)] * 3)
+    >>> check_optimisation(b, ok)
+    True
+    >>> b.outcomes = [("e", 0.5, None)] * 3 + [("e", 0.5, "HTTP 500")]
+    >>> check_optimisation(b, ok)
+    False
+    >>> b.outcomes = [("e", 0.05, None)] * 3 + [("e", 0.05, "HTTP 500")]
+    >>> check_optimisation(b, ok)
+    Traceback (most recent call last):
+    ...
+    prompt_r1.evaluation.baselines.base.OptimisationFailed: opro optimisation failed: environment `e`: 1 of 4 calls failed in the opro optimisation (25% > its max_error_rate 5%); first error: HTTP 500
+    """
+    failed = [error for *_, error in budget.outcomes if error]
+    if not failed:
+        return True
+    by_env: dict[str, tuple[float, list[str | None]]] = {}
+    for name, limit, error in budget.outcomes:
+        by_env.setdefault(name, (limit, []))[1].append(error)
+    for name, (limit, errors) in by_env.items():
+        try:
+            check_error_rate(name, errors, limit, f"the {result.method} optimisation")
+        except EnvironmentFailure as err:
+            raise OptimisationFailed(f"{result.method} optimisation failed: {err}", result, err.first_error) from None
+    if result.train_score is None:
+        raise OptimisationFailed(
+            f"{result.method} optimisation failed: no candidate instruction was scored on every training "
+            f"question ({len(failed)} of {len(budget.outcomes)} calls failed); first error: {failed[0]}",
+            result, failed[0])
+    return False
