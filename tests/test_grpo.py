@@ -179,3 +179,21 @@ def test_gather_logprobs_is_the_tempered_log_softmax(temperature) -> None:
     assert torch.allclose(gather_logprobs(logits, targets, temperature=temperature), expected, atol=1e-5)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         gather_logprobs(logits, targets, temperature=0.0)
+
+
+def test_informative_groups_match_the_rule_on_random_batches() -> None:
+    """A group is informative when it has two or more members and not all their rewards are equal."""
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        n = int(torch.randint(1, 13, (1,), generator=gen))
+        groups = torch.randint(0, 4, (n,), generator=gen) * 5 + 2  # few, non-contiguous labels
+        rewards = torch.randint(0, 3, (n,), generator=gen).float() * 0.35 - 0.6  # ties are common
+        members: dict[int, list[float]] = {}
+        for g, r in zip(groups.tolist(), rewards.tolist()):
+            members.setdefault(g, []).append(r)
+        expected = [len(members[g]) > 1 and len(set(members[g])) > 1 for g in groups.tolist()]
+        assert grpo.informative_groups(rewards, groups).tolist() == expected
+        # the groups it drops are exactly those that get advantage 0 everywhere
+        adv = group_advantages(rewards, groups)
+        for g, keep, a in zip(groups.tolist(), expected, adv.tolist()):
+            assert keep or a == 0.0
