@@ -203,3 +203,57 @@ def test_configs_that_cannot_train_are_refused_where_training_starts(tiny_model_
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         session.__enter__()
     assert parse_config({}).training_problems() == []
+
+
+# -- learning options (issue #20): each one against a rule stated here ---------------------------
+def _uniform_second_group(tokenizer):
+    """hand_trajectories with the second question's three rewards made equal (an uninformative group)."""
+    from grpo_helpers import reward_of
+
+    trajectories = hand_trajectories(tokenizer)
+    for t in trajectories:
+        if t.question_id == "q1":
+            t.reward = reward_of(0.7)
+    return trajectories
+
+
+def test_informative_groups_are_counted_every_step(tiny_model_path) -> None:
+    learner = GRPOLearner(make_config(), tiny_model_path)
+    metrics = learner.step(_uniform_second_group(learner.tokenizer))
+    assert (metrics["groups"], metrics["groups_informative"], metrics["informative_share"]) == (2.0, 1.0, 0.5)
+    metrics = learner.step(hand_trajectories(learner.tokenizer))
+    assert (metrics["groups"], metrics["groups_informative"], metrics["informative_share"]) == (2.0, 2.0, 1.0)
+
+
+def test_dropping_uniform_groups_trains_as_if_they_were_never_sampled(tiny_model_path) -> None:
+    """Dropped groups add no loss, KL or tokens: the update equals one on the informative groups alone."""
+    def weights_after(drop: bool, only_informative: bool):
+        learner = GRPOLearner(make_config(drop_uniform_groups=drop, kl_coef=0.05), tiny_model_path)
+        trajectories = _uniform_second_group(learner.tokenizer)
+        if only_informative:
+            trajectories = [t for t in trajectories if t.question_id == "q0"]
+        metrics = learner.step(trajectories)
+        return _params(learner.model), metrics
+
+    dropped, metrics = weights_after(drop=True, only_informative=False)
+    alone, _ = weights_after(drop=False, only_informative=True)
+    kept, _ = weights_after(drop=False, only_informative=False)
+    assert all(torch.allclose(dropped[k], alone[k], rtol=0, atol=1e-7) for k in dropped)
+    # without the option the uniform group's tokens dilute the token mean: another update
+    assert any(not torch.allclose(kept[k], alone[k], rtol=0, atol=1e-7) for k in kept)
+    assert (metrics["groups"], metrics["groups_informative"], metrics["informative_share"]) == (2.0, 1.0, 0.5)
+    assert metrics["reward_mean"] == pytest.approx((0.0 + 0.3 + 0.6 + 3 * 0.7) / 6)  # all trajectories
+
+
+def test_a_batch_of_uniform_groups_makes_no_update_when_dropping(tiny_model_path) -> None:
+    from grpo_helpers import reward_of
+
+    learner = GRPOLearner(make_config(drop_uniform_groups=True), tiny_model_path)
+    trajectories = hand_trajectories(learner.tokenizer)
+    for t in trajectories:
+        t.reward = reward_of(0.25 if t.question_id == "q0" else -1.0)
+    before = _params(learner.model)
+    metrics = learner.step(trajectories)
+    assert metrics["update_skipped"] == 1.0 and metrics["informative_share"] == 0.0
+    assert metrics["groups"] == 2.0 and metrics["reward_mean"] == pytest.approx((0.75 - 3) / 6)
+    assert all(torch.equal(before[k], v) for k, v in _params(learner.model).items())

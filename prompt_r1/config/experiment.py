@@ -162,6 +162,13 @@ class TrainConfig(StrictModel):
         "(Dr.GRPO): per-sequence token sum / max response length, mean over sequences.",
     )
     scale_by_std: bool = Field(True, description="Divide advantages by the group std (False = Dr.GRPO).")
+    drop_uniform_groups: bool = Field(
+        False,
+        description="Leave groups whose rewards are all equal (advantage 0 for every trajectory) out of "
+        "the update, as DAPO's dynamic sampling does: they then add no KL, no tokens to the loss "
+        "normalisation and no forward pass; a batch with none left makes no update (`update_skipped`). "
+        "Every step logs `groups`, `groups_informative` and `informative_share` either way.",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm, per optimiser step.")
     device: str = Field(
         "auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$",
