@@ -257,3 +257,31 @@ def test_a_batch_of_uniform_groups_makes_no_update_when_dropping(tiny_model_path
     assert metrics["update_skipped"] == 1.0 and metrics["informative_share"] == 0.0
     assert metrics["groups"] == 2.0 and metrics["reward_mean"] == pytest.approx((0.75 - 3) / 6)
     assert all(torch.equal(before[k], v) for k, v in _params(learner.model).items())
+
+
+def test_lora_on_all_linear_layers_adapts_every_linear_but_the_output_head(tiny_model_path) -> None:
+    from peft.tuners.lora import LoraLayer
+
+    cfg = make_config(lora=True, lr=1e-2)
+    cfg.agent.lora.target_modules = "all-linear"
+    learner = GRPOLearner(cfg, tiny_model_path)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    linear = {name for name, m in base.named_modules() if isinstance(m, torch.nn.Linear)}
+    adapted = {name for name, m in learner.model.get_base_model().named_modules() if isinstance(m, LoraLayer)}
+    assert adapted == linear - {"lm_head"}
+    assert any(".mlp." in name for name in adapted)  # not attention only, as the default list is
+    learner.step(hand_trajectories(learner.tokenizer))
+    # the broadcast weights carry every adapter's delta, the MLP's included
+    ids = torch.tensor([learner.tokenizer.encode("<think>hello</think>")])
+    merged = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
+    merged.load_state_dict(learner.state_dict_for_broadcast())
+    learner.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, learner.model(input_ids=ids).logits, atol=1e-5)
+    sent = learner.state_dict_for_broadcast()
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert not torch.equal(sent[name], dict(base.named_parameters())[name].detach())
+    # a list still names modules; any other single string is refused where the config is read
+    assert make_config(lora=True).agent.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    with pytest.raises(ConfigError, match="target_modules"):
+        parse_config({"agent": {"lora": {"enabled": True, "target_modules": "all"}}})

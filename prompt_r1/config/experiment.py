@@ -52,9 +52,10 @@ class LoraConfig(StrictModel):
     r: int = Field(16, ge=1, description="LoRA rank.")
     alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
-    target_modules: list[str] = Field(
+    target_modules: list[str] | Literal["all-linear"] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        description="Module names that get adapters.",
+        description="Module names that get adapters (the default: attention only), or `all-linear`: "
+        "every linear layer except the output head (attention and MLP, peft's choice of that name).",
     )
 
 
