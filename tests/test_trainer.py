@@ -285,3 +285,49 @@ def test_lora_on_all_linear_layers_adapts_every_linear_but_the_output_head(tiny_
     assert make_config(lora=True).agent.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
     with pytest.raises(ConfigError, match="target_modules"):
         parse_config({"agent": {"lora": {"enabled": True, "target_modules": "all"}}})
+
+
+def _spy_policy_loss(monkeypatch) -> list[dict]:
+    """Record every policy_loss call the learner makes: its inputs and what it returned."""
+    import prompt_r1.training.learner as learner_module
+
+    calls: list[dict] = []
+    real = learner_module.policy_loss
+
+    def spy(logprobs, old, ref, adv, mask, *args, **kwargs):
+        loss, stats = real(logprobs, old, ref, adv, mask, *args, **kwargs)
+        calls.append({"logprobs": logprobs.detach().clone(), "old": old.clone(), "ref": ref, "adv": adv.clone(),
+                      "mask": mask.clone(), "args": args, "kwargs": kwargs, "loss": loss.item(), "stats": stats})
+        return loss, stats
+
+    monkeypatch.setattr(learner_module, "policy_loss", spy)
+    return calls
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_kl_coef_zero_runs_no_reference_forward(tiny_model_path, monkeypatch, lora) -> None:
+    """kl_coef 0: no reference copy is kept, no reference forward runs, the loss is the policy term alone."""
+    def forwards(kl_coef: float):
+        learner = GRPOLearner(make_config(lora=lora, kl_coef=kl_coef, micro_batch_size=6, lr=1e-2), tiny_model_path)
+        count = []
+        for module in (learner.model, learner.reference):
+            if module is not None:
+                module.register_forward_hook(lambda *_: count.append(1))
+        if lora and kl_coef == 0:  # the LoRA reference is the model with its adapter switched off
+            monkeypatch.setattr(learner.model, "disable_adapter", lambda: pytest.fail("reference forward"))
+        trajectories = hand_trajectories(learner.tokenizer)
+        first = learner.step(trajectories)
+        n_first = len(count)
+        second = learner.step(trajectories)
+        return learner, n_first, first, second
+
+    calls = _spy_policy_loss(monkeypatch)
+    learner, n_forwards, first, second = forwards(0.0)
+    assert learner.reference is None  # neither a frozen copy (full) nor a switched-off adapter used (lora)
+    assert n_forwards == 1  # one micro-batch: the training forward alone (old log-probs come from it)
+    assert first["kl"] == second["kl"] == 0.0
+    assert calls and all(c["ref"] is None and c["args"][2] == 0.0 for c in calls)  # kl_coef passed as 0
+    assert all(c["loss"] == c["stats"]["pg_loss"] for c in calls)  # loss = clipped policy term, nothing added
+    with_kl, n_forwards, _, second_kl = forwards(0.05)
+    assert n_forwards == 2 and (with_kl.reference is not None) != lora
+    assert second_kl["kl"] > 0  # after the first update the policy has left the reference

@@ -156,7 +156,11 @@ class TrainConfig(StrictModel):
         description="Dual-clip bound for negative advantages: the per-token loss is capped at "
         "-clip_ratio_c * A (the reference uses 3.0); None = plain PPO clipping.",
     )
-    kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL to the reference policy.")
+    kl_coef: float = Field(
+        0.001, ge=0,
+        description="Weight of the k3 KL to the reference policy. 0 = no KL term: no frozen reference copy "
+        "is kept (full fine-tuning), no reference forward pass runs, and the `kl` metric reads 0.",
+    )
     loss_agg: Literal["token-mean", "seq-mean-token-sum-norm"] = Field(
         "token-mean",
         description="`token-mean`: mean over all agent tokens of the mini-batch; `seq-mean-token-sum-norm` "
