@@ -331,3 +331,30 @@ def test_kl_coef_zero_runs_no_reference_forward(tiny_model_path, monkeypatch, lo
     with_kl, n_forwards, _, second_kl = forwards(0.05)
     assert n_forwards == 2 and (with_kl.reference is not None) != lora
     assert second_kl["kl"] > 0  # after the first update the policy has left the reference
+
+
+def test_later_ppo_epochs_use_the_clipped_ratio_to_fixed_old_log_probs(tiny_model_path, monkeypatch) -> None:
+    """ppo_epochs 2: the second pass sees the first pass's update as ratios != 1 against the same
+    old log-probs, and its loss is the clipped objective (clip-higher bounds passed through)."""
+    calls = _spy_policy_loss(monkeypatch)
+    learner = GRPOLearner(make_config(ppo_epochs=2, micro_batch_size=6, kl_coef=0.0, lr=1e-2, clip_high=0.28),
+                          tiny_model_path)
+    metrics = learner.step(hand_trajectories(learner.tokenizer))
+    assert len(calls) == 2  # one micro-batch, one mini-batch, two epochs
+    first, second = calls
+    assert first["args"][:2] == second["args"][:2] == (0.2, 0.28)
+    assert torch.equal(first["old"], second["old"])  # fixed before the first pass...
+    agent = first["mask"].bool()
+    assert torch.allclose(first["old"][agent], first["logprobs"][agent], atol=1e-6)  # ...as the policy that sampled
+    assert first["stats"]["clip_fraction"] == 0.0 and first["stats"]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    mask = second["mask"].bool()
+    rho = torch.exp(second["logprobs"] - second["old"])[mask]
+    assert (rho - 1).abs().max() > 0.28  # the weights moved: some ratios leave the clip range
+    adv = second["adv"][:, None].expand_as(second["mask"])[mask]
+    # the clipped objective, written out per token: A > 0 gains up to 1 + 0.28, A < 0 down to 1 - 0.2
+    clipped = torch.where(adv > 0, -adv * torch.clamp(rho, max=1.28), -adv * torch.clamp(rho, min=0.8))
+    assert second["loss"] == pytest.approx(clipped.mean().item(), rel=1e-5)
+    assert second["loss"] != pytest.approx((-adv * rho).mean().item(), rel=1e-3)  # not the unclipped surrogate
+    assert second["stats"]["clip_fraction"] > 0
+    assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-4)
+    assert metrics["clip_fraction"] == pytest.approx(second["stats"]["clip_fraction"] / 2)  # mean over passes

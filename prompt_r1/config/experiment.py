@@ -148,9 +148,18 @@ class TrainConfig(StrictModel):
         64, ge=1, description="Questions per optimiser step (a rollout batch may give several)."
     )
     micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    ppo_epochs: int = Field(
+        1, ge=1,
+        description="Optimiser passes over each rollout batch (TRL's num_iterations). The old log-probs "
+        "are fixed before the first pass, so later passes see ratios away from 1 and the clip bounds them.",
+    )
     clip_low: float = Field(0.2, ge=0, description="PPO clip range below 1: ratio clipped at 1 - clip_low.")
-    clip_high: float = Field(0.2, ge=0, description="PPO clip range above 1: ratio clipped at 1 + clip_high.")
+    clip_high: float = Field(
+        0.2, ge=0,
+        description="PPO clip range above 1: ratio clipped at 1 + clip_high. Equal to clip_low (the default) "
+        "is the symmetric clip; DAPO's clip-higher uses 0.28, so a token's probability may rise further "
+        "than it may fall.",
+    )
     clip_ratio_c: float | None = Field(
         None, gt=1.0,
         description="Dual-clip bound for negative advantages: the per-token loss is capped at "
