@@ -75,9 +75,11 @@ def test_resave_same_step_replaces_it(tiny_model_path, tmp_path) -> None:
     assert latest_checkpoint(tmp_path / "missing") is None
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, True, "all-linear"], ids=["full", "lora", "lora-all-linear"])
 def test_export_gives_a_plain_model_with_the_same_logits(tiny_model_path, tmp_path, lora) -> None:
-    cfg = make_config(lora=lora, lr=1e-2)
+    cfg = make_config(lora=bool(lora), lr=1e-2)
+    if lora == "all-linear":
+        cfg.agent.lora.target_modules = "all-linear"
     learner = GRPOLearner(cfg, tiny_model_path)
     learner.step(rollout(learner, ["x", "y"], group_size=3, new_tokens=5))
     ckpt = save_checkpoint(learner, tmp_path / "ckpts", 1, {"position": 1}, cfg)

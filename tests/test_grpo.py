@@ -179,3 +179,62 @@ def test_gather_logprobs_is_the_tempered_log_softmax(temperature) -> None:
     assert torch.allclose(gather_logprobs(logits, targets, temperature=temperature), expected, atol=1e-5)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         gather_logprobs(logits, targets, temperature=0.0)
+
+
+def test_informative_groups_match_the_rule_on_random_batches() -> None:
+    """A group is informative when it has two or more members and not all their rewards are equal."""
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        n = int(torch.randint(1, 13, (1,), generator=gen))
+        groups = torch.randint(0, 4, (n,), generator=gen) * 5 + 2  # few, non-contiguous labels
+        rewards = torch.randint(0, 3, (n,), generator=gen).float() * 0.35 - 0.6  # ties are common
+        members: dict[int, list[float]] = {}
+        for g, r in zip(groups.tolist(), rewards.tolist()):
+            members.setdefault(g, []).append(r)
+        expected = [len(members[g]) > 1 and len(set(members[g])) > 1 for g in groups.tolist()]
+        assert grpo.informative_groups(rewards, groups).tolist() == expected
+        # the groups it drops are exactly those that get advantage 0 everywhere
+        adv = group_advantages(rewards, groups)
+        for g, keep, a in zip(groups.tolist(), expected, adv.tolist()):
+            assert keep or a == 0.0
+
+
+def _ppo_piecewise(rho: float, adv: float, low: float, high: float) -> tuple[float, bool]:
+    """PPO's clipped loss in its piecewise form (Schulman et al. 2017, fig. 1), and whether it is
+    flat there: A > 0 stops gaining above 1 + high, A < 0 stops gaining below 1 - low."""
+    if adv > 0 and rho > 1 + high:
+        return -adv * (1 + high), True
+    if adv < 0 and rho < 1 - low:
+        return -adv * (1 - low), True
+    return -adv * rho, False
+
+
+@pytest.mark.parametrize("clip_high", [0.2, 0.28])
+def test_clip_higher_matches_the_piecewise_rule_on_random_tokens(clip_high) -> None:
+    """Clip-higher (DAPO): ratios clipped to [1 - 0.2, 1 + clip_high]; the default 0.2 is symmetric."""
+    gen = torch.Generator().manual_seed(28)
+    rows, cols = 48, 11
+    log_rho = torch.rand(rows, cols, generator=gen) * 0.8 - 0.4  # ratios 0.67 .. 1.49: every branch
+    adv = torch.randn(rows, generator=gen)
+    old = torch.randn(rows, cols, generator=gen) - 2
+    logprobs = (old + log_rho).requires_grad_(True)
+    mask = (torch.rand(rows, cols, generator=gen) > 0.15).float()
+    loss, stats = policy_loss(logprobs, old, None, adv, mask, clip_low=0.2, clip_high=clip_high, kl_coef=0.0)
+    loss.backward()
+    total, flat, n, between = 0.0, 0, 0, 0
+    for b in range(rows):
+        for t in range(cols):
+            rho, a = math.exp(log_rho[b, t].item()), adv[b].item()
+            value, is_flat = _ppo_piecewise(rho, a, 0.2, clip_high)
+            if mask[b, t]:
+                total, n, flat = total + value, n + 1, flat + is_flat
+                between += a > 0 and 1.2 < rho < 1 + clip_high
+                # gradient: none where the rule is flat, -A * rho / n (d/dlogp of -A*rho) elsewhere
+                expected_grad = 0.0 if is_flat else -a * rho / mask.sum().item()
+                assert logprobs.grad[b, t].item() == pytest.approx(expected_grad, rel=1e-4, abs=1e-7)
+            else:
+                assert logprobs.grad[b, t].item() == 0.0
+    assert loss.item() == pytest.approx(total / n, rel=1e-5)
+    assert stats["clip_fraction"] == pytest.approx(flat / n)
+    if clip_high > 0.2:
+        assert between > 5  # tokens the symmetric clip would stop and clip-higher lets rise

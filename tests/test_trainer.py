@@ -203,3 +203,158 @@ def test_configs_that_cannot_train_are_refused_where_training_starts(tiny_model_
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         session.__enter__()
     assert parse_config({}).training_problems() == []
+
+
+# -- learning options (issue #20): each one against a rule stated here ---------------------------
+def _uniform_second_group(tokenizer):
+    """hand_trajectories with the second question's three rewards made equal (an uninformative group)."""
+    from grpo_helpers import reward_of
+
+    trajectories = hand_trajectories(tokenizer)
+    for t in trajectories:
+        if t.question_id == "q1":
+            t.reward = reward_of(0.7)
+    return trajectories
+
+
+def test_informative_groups_are_counted_every_step(tiny_model_path) -> None:
+    learner = GRPOLearner(make_config(), tiny_model_path)
+    metrics = learner.step(_uniform_second_group(learner.tokenizer))
+    assert (metrics["groups"], metrics["groups_informative"], metrics["informative_share"]) == (2.0, 1.0, 0.5)
+    metrics = learner.step(hand_trajectories(learner.tokenizer))
+    assert (metrics["groups"], metrics["groups_informative"], metrics["informative_share"]) == (2.0, 2.0, 1.0)
+
+
+def test_dropping_uniform_groups_trains_as_if_they_were_never_sampled(tiny_model_path) -> None:
+    """Dropped groups add no loss, KL or tokens: the update equals one on the informative groups alone."""
+    def weights_after(drop: bool, only_informative: bool):
+        learner = GRPOLearner(make_config(drop_uniform_groups=drop, kl_coef=0.05), tiny_model_path)
+        trajectories = _uniform_second_group(learner.tokenizer)
+        if only_informative:
+            trajectories = [t for t in trajectories if t.question_id == "q0"]
+        metrics = learner.step(trajectories)
+        return _params(learner.model), metrics
+
+    dropped, metrics = weights_after(drop=True, only_informative=False)
+    alone, _ = weights_after(drop=False, only_informative=True)
+    kept, _ = weights_after(drop=False, only_informative=False)
+    assert all(torch.allclose(dropped[k], alone[k], rtol=0, atol=1e-7) for k in dropped)
+    # without the option the uniform group's tokens dilute the token mean: another update
+    assert any(not torch.allclose(kept[k], alone[k], rtol=0, atol=1e-7) for k in kept)
+    assert (metrics["groups"], metrics["groups_informative"], metrics["informative_share"]) == (2.0, 1.0, 0.5)
+    assert metrics["reward_mean"] == pytest.approx((0.0 + 0.3 + 0.6 + 3 * 0.7) / 6)  # all trajectories
+
+
+def test_a_batch_of_uniform_groups_makes_no_update_when_dropping(tiny_model_path) -> None:
+    from grpo_helpers import reward_of
+
+    learner = GRPOLearner(make_config(drop_uniform_groups=True), tiny_model_path)
+    trajectories = hand_trajectories(learner.tokenizer)
+    for t in trajectories:
+        t.reward = reward_of(0.25 if t.question_id == "q0" else -1.0)
+    before = _params(learner.model)
+    metrics = learner.step(trajectories)
+    assert metrics["update_skipped"] == 1.0 and metrics["informative_share"] == 0.0
+    assert metrics["groups"] == 2.0 and metrics["reward_mean"] == pytest.approx((0.75 - 3) / 6)
+    assert all(torch.equal(before[k], v) for k, v in _params(learner.model).items())
+
+
+def test_lora_on_all_linear_layers_adapts_every_linear_but_the_output_head(tiny_model_path) -> None:
+    from peft.tuners.lora import LoraLayer
+
+    cfg = make_config(lora=True, lr=1e-2)
+    cfg.agent.lora.target_modules = "all-linear"
+    learner = GRPOLearner(cfg, tiny_model_path)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    linear = {name for name, m in base.named_modules() if isinstance(m, torch.nn.Linear)}
+    adapted = {name for name, m in learner.model.get_base_model().named_modules() if isinstance(m, LoraLayer)}
+    assert adapted == linear - {"lm_head"}
+    assert any(".mlp." in name for name in adapted)  # not attention only, as the default list is
+    learner.step(hand_trajectories(learner.tokenizer))
+    # the broadcast weights carry every adapter's delta, the MLP's included
+    ids = torch.tensor([learner.tokenizer.encode("<think>hello</think>")])
+    merged = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
+    merged.load_state_dict(learner.state_dict_for_broadcast())
+    learner.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, learner.model(input_ids=ids).logits, atol=1e-5)
+    sent = learner.state_dict_for_broadcast()
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert not torch.equal(sent[name], dict(base.named_parameters())[name].detach())
+    # a list still names modules; any other single string is refused where the config is read
+    assert make_config(lora=True).agent.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    with pytest.raises(ConfigError, match="target_modules"):
+        parse_config({"agent": {"lora": {"enabled": True, "target_modules": "all"}}})
+
+
+def _spy_policy_loss(monkeypatch) -> list[dict]:
+    """Record every policy_loss call the learner makes: its inputs and what it returned."""
+    import prompt_r1.training.learner as learner_module
+
+    calls: list[dict] = []
+    real = learner_module.policy_loss
+
+    def spy(logprobs, old, ref, adv, mask, *args, **kwargs):
+        loss, stats = real(logprobs, old, ref, adv, mask, *args, **kwargs)
+        calls.append({"logprobs": logprobs.detach().clone(), "old": old.clone(), "ref": ref, "adv": adv.clone(),
+                      "mask": mask.clone(), "args": args, "kwargs": kwargs, "loss": loss.item(), "stats": stats})
+        return loss, stats
+
+    monkeypatch.setattr(learner_module, "policy_loss", spy)
+    return calls
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_kl_coef_zero_runs_no_reference_forward(tiny_model_path, monkeypatch, lora) -> None:
+    """kl_coef 0: no reference copy is kept, no reference forward runs, the loss is the policy term alone."""
+    def forwards(kl_coef: float):
+        learner = GRPOLearner(make_config(lora=lora, kl_coef=kl_coef, micro_batch_size=6, lr=1e-2), tiny_model_path)
+        count = []
+        for module in (learner.model, learner.reference):
+            if module is not None:
+                module.register_forward_hook(lambda *_: count.append(1))
+        if lora and kl_coef == 0:  # the LoRA reference is the model with its adapter switched off
+            monkeypatch.setattr(learner.model, "disable_adapter", lambda: pytest.fail("reference forward"))
+        trajectories = hand_trajectories(learner.tokenizer)
+        first = learner.step(trajectories)
+        n_first = len(count)
+        second = learner.step(trajectories)
+        return learner, n_first, first, second
+
+    calls = _spy_policy_loss(monkeypatch)
+    learner, n_forwards, first, second = forwards(0.0)
+    assert learner.reference is None  # neither a frozen copy (full) nor a switched-off adapter used (lora)
+    assert n_forwards == 1  # one micro-batch: the training forward alone (old log-probs come from it)
+    assert first["kl"] == second["kl"] == 0.0
+    assert calls and all(c["ref"] is None and c["args"][2] == 0.0 for c in calls)  # kl_coef passed as 0
+    assert all(c["loss"] == c["stats"]["pg_loss"] for c in calls)  # loss = clipped policy term, nothing added
+    with_kl, n_forwards, _, second_kl = forwards(0.05)
+    assert n_forwards == 2 and (with_kl.reference is not None) != lora
+    assert second_kl["kl"] > 0  # after the first update the policy has left the reference
+
+
+def test_later_ppo_epochs_use_the_clipped_ratio_to_fixed_old_log_probs(tiny_model_path, monkeypatch) -> None:
+    """ppo_epochs 2: the second pass sees the first pass's update as ratios != 1 against the same
+    old log-probs, and its loss is the clipped objective (clip-higher bounds passed through)."""
+    calls = _spy_policy_loss(monkeypatch)
+    learner = GRPOLearner(make_config(ppo_epochs=2, micro_batch_size=6, kl_coef=0.0, lr=1e-2, clip_high=0.28),
+                          tiny_model_path)
+    metrics = learner.step(hand_trajectories(learner.tokenizer))
+    assert len(calls) == 2  # one micro-batch, one mini-batch, two epochs
+    first, second = calls
+    assert first["args"][:2] == second["args"][:2] == (0.2, 0.28)
+    assert torch.equal(first["old"], second["old"])  # fixed before the first pass...
+    agent = first["mask"].bool()
+    assert torch.allclose(first["old"][agent], first["logprobs"][agent], atol=1e-6)  # ...as the policy that sampled
+    assert first["stats"]["clip_fraction"] == 0.0 and first["stats"]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    mask = second["mask"].bool()
+    rho = torch.exp(second["logprobs"] - second["old"])[mask]
+    assert (rho - 1).abs().max() > 0.28  # the weights moved: some ratios leave the clip range
+    adv = second["adv"][:, None].expand_as(second["mask"])[mask]
+    # the clipped objective, written out per token: A > 0 gains up to 1 + 0.28, A < 0 down to 1 - 0.2
+    clipped = torch.where(adv > 0, -adv * torch.clamp(rho, max=1.28), -adv * torch.clamp(rho, min=0.8))
+    assert second["loss"] == pytest.approx(clipped.mean().item(), rel=1e-5)
+    assert second["loss"] != pytest.approx((-adv * rho).mean().item(), rel=1e-3)  # not the unclipped surrogate
+    assert second["stats"]["clip_fraction"] > 0
+    assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-4)
+    assert metrics["clip_fraction"] == pytest.approx(second["stats"]["clip_fraction"] / 2)  # mean over passes

@@ -52,9 +52,10 @@ class LoraConfig(StrictModel):
     r: int = Field(16, ge=1, description="LoRA rank.")
     alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
-    target_modules: list[str] = Field(
+    target_modules: list[str] | Literal["all-linear"] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        description="Module names that get adapters.",
+        description="Module names that get adapters (the default: attention only), or `all-linear`: "
+        "every linear layer except the output head (attention and MLP, peft's choice of that name).",
     )
 
 
@@ -153,21 +154,41 @@ class TrainConfig(StrictModel):
         64, ge=1, description="Questions per optimiser step (a rollout batch may give several)."
     )
     micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    ppo_epochs: int = Field(
+        1, ge=1,
+        description="Optimiser passes over each rollout batch (TRL's num_iterations). The old log-probs "
+        "are fixed before the first pass, so later passes see ratios away from 1 and the clip bounds them.",
+    )
     clip_low: float = Field(0.2, ge=0, description="PPO clip range below 1: ratio clipped at 1 - clip_low.")
-    clip_high: float = Field(0.2, ge=0, description="PPO clip range above 1: ratio clipped at 1 + clip_high.")
+    clip_high: float = Field(
+        0.2, ge=0,
+        description="PPO clip range above 1: ratio clipped at 1 + clip_high. Equal to clip_low (the default) "
+        "is the symmetric clip; DAPO's clip-higher uses 0.28, so a token's probability may rise further "
+        "than it may fall.",
+    )
     clip_ratio_c: float | None = Field(
         None, gt=1.0,
         description="Dual-clip bound for negative advantages: the per-token loss is capped at "
         "-clip_ratio_c * A (the reference uses 3.0); None = plain PPO clipping.",
     )
-    kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL to the reference policy.")
+    kl_coef: float = Field(
+        0.001, ge=0,
+        description="Weight of the k3 KL to the reference policy. 0 = no KL term: no frozen reference copy "
+        "is kept (full fine-tuning), no reference forward pass runs, and the `kl` metric reads 0.",
+    )
     loss_agg: Literal["token-mean", "seq-mean-token-sum-norm"] = Field(
         "token-mean",
         description="`token-mean`: mean over all agent tokens of the mini-batch; `seq-mean-token-sum-norm` "
         "(Dr.GRPO): per-sequence token sum / max response length, mean over sequences.",
     )
     scale_by_std: bool = Field(True, description="Divide advantages by the group std (False = Dr.GRPO).")
+    drop_uniform_groups: bool = Field(
+        False,
+        description="Leave groups whose rewards are all equal (advantage 0 for every trajectory) out of "
+        "the update, as DAPO's dynamic sampling does: they then add no KL, no tokens to the loss "
+        "normalisation and no forward pass; a batch with none left makes no update (`update_skipped`). "
+        "Every step logs `groups`, `groups_informative` and `informative_share` either way.",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm, per optimiser step.")
     device: str = Field(
         "auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$",

@@ -5,6 +5,8 @@ below, as in the Prompt-R1 reference) can be checked against hand-computed value
 
 - advantage of trajectory i = (r_i - mean(r_group)) / (std(r_group) + eps), unbiased std, or
   r_i - mean(r_group) without std scaling ("Dr.GRPO"); a group of one gets 0;
+- a group is informative when it has >= 2 members whose rewards are not all equal; the others
+  have advantage 0 everywhere (DAPO's dynamic sampling drops them, `informative_groups`);
 - loss per token = max(-A*rho, -A*clip(rho, 1-eps_low, 1+eps_high)) + beta * k3-KL to the
   reference, k3 = exp(ref - logp) - (ref - logp) - 1 clamped to [-10, 10]; optional dual clip
   for A < 0: the policy term is capped at -c*A (as in verl's `clip_ratio_c`);
@@ -47,6 +49,23 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale_by_st
         std = torch.sqrt(squares / (counts_f - 1).clamp(min=1.0))  # unbiased, like torch.std
         centered = centered / (std[inverse] + eps)
     return torch.where(counts[inverse] > 1, centered, torch.zeros_like(centered))
+
+
+def informative_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Per trajectory: does its group carry a learning signal (>= 2 members, rewards not all equal)?
+
+    Rewards are compared as float32, the precision `group_advantages` works in, so a group it
+    gives all-zero advantages (equal rewards, or one member) is exactly a group marked False here.
+
+    >>> informative_groups(torch.tensor([1.0, 0.0, 5.0, 5.0, 2.0]), torch.tensor([7, 7, 3, 3, 9])).tolist()
+    [True, True, False, False, False]
+    """
+    rewards = rewards.to(torch.float32).flatten()
+    _, inverse, counts = torch.unique(group_ids.flatten(), return_inverse=True, return_counts=True)
+    n_groups = counts.numel()
+    high = torch.full((n_groups,), -torch.inf).scatter_reduce_(0, inverse, rewards, "amax")
+    low = torch.full((n_groups,), torch.inf).scatter_reduce_(0, inverse, rewards, "amin")
+    return ((high > low) & (counts > 1))[inverse]
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_r1.config.experiment import Config
-from prompt_r1.core.grpo import group_advantages, policy_loss, token_logprobs
+from prompt_r1.core.grpo import group_advantages, informative_groups, policy_loss, token_logprobs
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import torch_dtype
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
@@ -151,7 +151,8 @@ class GRPOLearner:
             lora = cfg.agent.lora
             model = get_peft_model(model, PeftLoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+                target_modules=lora.target_modules if isinstance(lora.target_modules, str)
+                else list(lora.target_modules), task_type="CAUSAL_LM"))
         elif cfg.train.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
@@ -218,12 +219,32 @@ class GRPOLearner:
             question_index.setdefault(t.question_id, len(question_index))
         groups = torch.tensor([question_index[t.question_id] for t in trajectories])
         advantages = group_advantages(rewards, groups, scale_by_std=train.scale_by_std)
+        informative = informative_groups(rewards, groups).tolist()
+        informative_questions = {t.question_id for t, keep in zip(trajectories, informative) if keep}
+        group_metrics = {
+            "groups": float(len(question_index)),
+            "groups_informative": float(len(informative_questions)),
+            "informative_share": len(informative_questions) / len(question_index),
+        }
         prompt_lens = [len(t.prompt_ids) for t in trajectories]
         resp_lens = [len(t.token_ids) for t in trajectories]
         max_len = max(self.cfg.agent.max_response_tokens, max(resp_lens))
 
-        # mini-batches of whole questions, then micro-batches of trajectories
+        # mini-batches of whole questions, then micro-batches of trajectories; with
+        # drop_uniform_groups the groups of equal rewards (advantage 0 everywhere) are left out, so
+        # they add neither KL nor tokens to the normalisation, and cost no forward pass
         questions = list(question_index)
+        if train.drop_uniform_groups:
+            questions = [q for q in questions if q in informative_questions]
+            if not questions:
+                log.info("no group with unequal rewards in this batch: no update (train.drop_uniform_groups)")
+                metrics = rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap)
+                metrics.update(group_metrics)
+                metrics.update({"update_skipped": 1.0, "lr": self.optimizer.param_groups[0]["lr"],
+                                "step_time_s": time.perf_counter() - t0})
+                return metrics
+        kept_questions = set(questions)
+        trained = [i for i, t in enumerate(trajectories) if t.question_id in kept_questions]
         mini_batches: list[list[MicroBatch]] = []
         for q0 in range(0, len(questions), train.mini_batch_questions):
             chosen = set(questions[q0:q0 + train.mini_batch_questions])
@@ -289,8 +310,9 @@ class GRPOLearner:
 
         elapsed = time.perf_counter() - t0
         metrics = {key: value / max(tokens_seen, 1.0) for key, value in totals.items()}
-        total_tokens = float(sum(p + r for p, r in zip(prompt_lens, resp_lens))) * train.ppo_epochs
+        total_tokens = float(sum(prompt_lens[i] + resp_lens[i] for i in trained)) * train.ppo_epochs
         metrics.update(rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap))
+        metrics.update(group_metrics)
         metrics.update({
             "grad_norm": sum(grad_norms) / len(grad_norms),
             "lr": lr,

@@ -79,7 +79,7 @@ class TrainingHooks:
     def on_step(self, result: StepResult) -> None:
         shown = {k: round(v, 4) for k, v in result.metrics.items()
                  if k in ("reward_mean", "reward_std", "format_mean", "answer_mean", "pg_loss", "kl",
-                          "env_error_rate", "step_time_s")}
+                          "informative_share", "env_error_rate", "step_time_s")}
         log.info("step %d/%s done: %s", result.step + 1, self.total_steps or "?", shown)
 
     def on_validation(self, updates_done: int, metrics: dict[str, float]) -> None:
@@ -249,7 +249,7 @@ class TrainingSession:
             metrics = self.learner.step(kept)
         else:  # every group lost its pairs to failures: nothing to learn from, the step still counts
             log.warning("step %d: no group kept 2 trajectories without environment failures; no update", self.step)
-            metrics = {"update_skipped": 1.0}
+            metrics = {"update_skipped": 1.0, "groups": 0.0, "groups_informative": 0.0, "informative_share": 0.0}
         metrics.update({"env_error_rate": rate, "trajectories_used": float(len(kept)),
                         "env_error_trajectories": float(sum(1 for t in trajectories if t.error is not None))})
         return metrics
