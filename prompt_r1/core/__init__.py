@@ -3,7 +3,7 @@
 Owns the Prompt-R1 protocol (`protocol`), the dual-constrained reward (`reward`), the answer
 metrics (`metrics`), the GRPO maths (`grpo`), the records a rollout produces (`trajectory`), the
 question type (`questions`), the one seed rule (`seeding`), token conventions (`tokens`), the
-failure-rate rule (`failures`) and the one atomic write (`fsutil`).
+failure-rate rule and the user-error marker (`failures`), and the one atomic write (`fsutil`).
 
 Imports: nothing else of `prompt_r1` (the bottom layer); `warehouse/` builds on it.
 """
