@@ -88,6 +88,11 @@ def rerun(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline, t
 
 def rerun_mlflow_run(run_id: str) -> dict:
     """Re-execute the flow of an MLflow run from its logged resolved config and agents."""
+    from prompt_r1.config.experiment import runs_home
+
+    if not (runs_home() / "mlflow.db").is_file():  # looking a run up must not create an empty store
+        _fail(f"no MLflow run {run_id}: nothing has been tracked under {runs_home()} (no mlflow.db; "
+              "PROMPT_R1_HOME points elsewhere?). Runs are tracked by `prompt-r1 pipeline` and `run-flow`")
     import mlflow
     from mlflow import MlflowClient
 
