@@ -130,6 +130,8 @@ def serve(
     models = ", ".join(f"prompt-r1:{name}" for name in config_environments(cfg))
     console.print(f"agent {folder}; models {models}; http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
     try:
-        serve_agent(cfg, folder, host, port, ServeConfig(max_concurrent=max_concurrent), log_dir=runs_home_logs())
+        # the question limit is the config's data.max_question_chars, as for ingested questions
+        limits = ServeConfig(max_concurrent=max_concurrent, max_question_chars=cfg.data.max_question_chars)
+        serve_agent(cfg, folder, host, port, limits, log_dir=runs_home_logs())
     except KeyboardInterrupt:
         pass
