@@ -31,6 +31,17 @@ def _registry_agent(uri: str) -> Path | None:
 register_scheme("models", _registry_agent)
 
 
+def _check_training(cfg) -> None:
+    """Mistakes a training flow would meet only once Prefect runs it (and logs them with a
+    traceback), checked first: raised as user errors, which the app ends with one line and exit 2."""
+    from prompt_r1.models.resolver import check_agent_spec
+    from prompt_r1.rollout.ray_pool import check_local_cpus
+
+    cfg.check_trainable()
+    check_agent_spec(cfg.agent.model, cfg.name)
+    check_local_cpus(cfg.rollout)
+
+
 @app.command()
 def pipeline(
     config: Path = typer.Option(Path("configs/demo.yaml"), "--config", "-c", help="YAML experiment config."),
@@ -40,7 +51,7 @@ def pipeline(
     """Run the main job as a Prefect flow: ingest -> train -> evaluate, tracked in MLflow."""
     from flows.pipeline import pipeline_flow
 
-    _load(config, set_)  # validate before starting anything
+    _check_training(_load(config, set_))  # validate before starting anything
     try:
         result = pipeline_flow(str(config), data, parse_overrides(set_) or None)
     except EnvironmentFailure as err:
@@ -55,7 +66,9 @@ def run_flow(
     set_: list[str] = SetOpt,
 ) -> None:
     """Run one flow locally (the same code the deployments run)."""
-    _load(config, set_)
+    cfg = _load(config, set_)
+    if name == "train":
+        _check_training(cfg)
     overrides = parse_overrides(set_) or None
     try:
         _run_named_flow(name, config, overrides)

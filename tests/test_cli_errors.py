@@ -63,6 +63,10 @@ CASES = [
     pytest.param(["summary", "--db", "{home}/none.duckdb"], 2, ["none.duckdb", "ingest"], id="summary-no-warehouse"),
     pytest.param(["run-flow", "nope", *SMOKE], 2, ["'nope'", "ingest, train"], id="run-flow-unknown"),
     pytest.param(["pipeline", "-c", "configs/nope.yaml"], 2, ["configs/nope.yaml"], id="pipeline-config-missing"),
+    pytest.param(["pipeline", *SMOKE, "--set", "rollout.num_workers=9"], 2, ["9 actors", "rollout.num_workers"],
+                 id="pipeline-more-actors-than-cpus"),
+    pytest.param(["run-flow", "train", *SMOKE, "--set", f"agent.model={NO_AGENT}"], 2, [NO_AGENT],
+                 id="run-flow-train-no-agent"),
     pytest.param(["rerun", "no-such-run"], 2, ["no-such-run", "mlflow.db"], id="rerun-unknown-id"),
 ]
 
