@@ -31,6 +31,17 @@ def _registry_agent(uri: str) -> Path | None:
 register_scheme("models", _registry_agent)
 
 
+def _check_training(cfg) -> None:
+    """Mistakes a training flow would meet only once Prefect runs it (and logs them with a
+    traceback), checked first: raised as user errors, which the app ends with one line and exit 2."""
+    from prompt_r1.models.resolver import check_agent_spec
+    from prompt_r1.rollout.ray_pool import check_local_cpus
+
+    cfg.check_trainable()
+    check_agent_spec(cfg.agent.model, cfg.name)
+    check_local_cpus(cfg.rollout)
+
+
 @app.command()
 def pipeline(
     config: Path = typer.Option(Path("configs/demo.yaml"), "--config", "-c", help="YAML experiment config."),
@@ -40,7 +51,7 @@ def pipeline(
     """Run the main job as a Prefect flow: ingest -> train -> evaluate, tracked in MLflow."""
     from flows.pipeline import pipeline_flow
 
-    _load(config, set_)  # validate before starting anything
+    _check_training(_load(config, set_))  # validate before starting anything
     try:
         result = pipeline_flow(str(config), data, parse_overrides(set_) or None)
     except EnvironmentFailure as err:
@@ -55,7 +66,9 @@ def run_flow(
     set_: list[str] = SetOpt,
 ) -> None:
     """Run one flow locally (the same code the deployments run)."""
-    _load(config, set_)
+    cfg = _load(config, set_)
+    if name == "train":
+        _check_training(cfg)
     overrides = parse_overrides(set_) or None
     try:
         _run_named_flow(name, config, overrides)
@@ -88,6 +101,11 @@ def rerun(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline, t
 
 def rerun_mlflow_run(run_id: str) -> dict:
     """Re-execute the flow of an MLflow run from its logged resolved config and agents."""
+    from prompt_r1.config.experiment import runs_home
+
+    if not (runs_home() / "mlflow.db").is_file():  # looking a run up must not create an empty store
+        _fail(f"no MLflow run {run_id}: nothing has been tracked under {runs_home()} (no mlflow.db; "
+              "PROMPT_R1_HOME points elsewhere?). Runs are tracked by `prompt-r1 pipeline` and `run-flow`")
     import mlflow
     from mlflow import MlflowClient
 

@@ -153,10 +153,10 @@ def evaluate(cfg: Config, *, agents: Mapping[str, str] | Sequence[str] = (), run
     from prompt_r1.evaluation.report import write_report
     from prompt_r1.models.resolver import parse_labelled_specs, resolve_agents
 
+    if run_id is not None and not SAFE_NAME.match(run_id):  # before any agent is built
+        raise ConfigError(f"--run-id {run_id!r}: use letters, digits, `.`, `_`, `-` (it becomes a folder name)")
     given = dict(agents) if isinstance(agents, Mapping) else parse_labelled_specs(list(agents))
     folders = resolve_agents(cfg, given)
-    if run_id is not None and not SAFE_NAME.match(run_id):
-        raise ConfigError(f"--run-id {run_id!r}: use letters, digits, `.`, `_`, `-` (it becomes a folder name)")
     run_id = run_id or new_run_id()
     folder = Path(out) if out else run_dir(cfg.name, run_id) / "eval"
     with open_warehouse(warehouse) as wh:

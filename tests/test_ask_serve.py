@@ -145,7 +145,7 @@ def test_ask_prints_json_episode_and_turns(home):
     question = "Which river flows through Paris?"
     result = CliRunner().invoke(app, ["ask", question, "-c", "configs/smoke.yaml", "--json"])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout[result.stdout.index("{"):])
+    report = json.loads(result.stdout)  # stdout is the JSON alone: logs go to stderr
     _check_report(report, question)
     traj = report["trajectory"]
     assert sum(traj["loss_mask"]) == report["usage"]["agent_completion_tokens"]

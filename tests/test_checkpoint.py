@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import json
 
 import pytest
 import torch
@@ -260,10 +261,75 @@ def test_training_session_checks_the_run_before_loading_anything(home, warehouse
     from prompt_r1.training.run_record import ResumeError, write_record
     from prompt_r1.training.session import TrainingSession
 
-    cfg = load_config("configs/smoke.yaml", {"agent.model": "no-such-model"})  # loading it would fail
+    # a hub id passes the spec check (a name that is no agent fails before the run is opened), but loading it would fail
+    cfg = load_config("configs/smoke.yaml", {"agent.model": "no-such-org/no-such-model"})
     ingest(warehouse, cfg.data.sources)
     folder = run_dir(cfg.name, "r1")
     write_record(folder, {"config_hash": "old", "pool_hash": "old", "started_at": "x", "finished_at": None})
     with pytest.raises(ResumeError, match="config hash old -> "):
         with TrainingSession(cfg, warehouse, "r1", folder, resume=True):
             pass
+
+
+# -- damaged checkpoints ---------------------------------------------------------------------------
+def test_a_damaged_checkpoint_is_named_and_resume_falls_back_to_the_newest_intact_one(
+        tiny_model_path, tmp_path, caplog) -> None:
+    import logging
+
+    from prompt_r1.training.checkpoint import MANIFEST, CheckpointError, resume_checkpoint, verify_checkpoint
+
+    cfg = make_config(keep_checkpoints=3)
+    learner = GRPOLearner(cfg, tiny_model_path)
+    for step in (1, 2, 3):
+        save_checkpoint(learner, tmp_path, step, {"position": step}, cfg)
+    folders = {step: path for step, path in list_checkpoints(tmp_path)}
+    for path in folders.values():
+        verify_checkpoint(path)  # intact, and each carries a manifest
+        assert "model.safetensors" in json.loads((path / MANIFEST).read_text())["files"]
+
+    weights = folders[3] / "model.safetensors"  # truncated
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with caplog.at_level(logging.WARNING):
+        assert resume_checkpoint(tmp_path) == folders[2]
+    assert f"checkpoint {folders[3]} is corrupted: model.safetensors has 1000 bytes" in caplog.text
+    assert "resuming from step-000002, the newest intact checkpoint; passed over the corrupted step-000003" \
+        in caplog.text
+    assert load_checkpoint(learner, folders[2]) == (2, {"position": 2})
+
+    state = folders[2] / "trainer_state.pt"  # same size, one byte changed
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="trainer_state.pt does not match its checksum"):
+        verify_checkpoint(folders[2])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert resume_checkpoint(tmp_path) == folders[1]
+    assert "passed over the corrupted step-000003, step-000002" in caplog.text
+
+    (folders[1] / "tokenizer.json").unlink()  # a file gone
+    with pytest.raises(CheckpointError, match=r"every checkpoint in .* is corrupted \(step-000003, step-000002, "
+                                              r"step-000001.*drop --resume"):
+        resume_checkpoint(tmp_path)
+    assert resume_checkpoint(tmp_path / "none") is None
+
+    out = CliRunner().invoke(app, ["export", str(folders[3]), str(tmp_path / "out")])
+    assert out.exit_code == 2 and "step-000003 is corrupted: model.safetensors" in " ".join(out.output.split())
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_without_a_manifest_is_checked_by_reading_it(tiny_model_path, tmp_path) -> None:
+    from prompt_r1.training.checkpoint import MANIFEST, CheckpointError, verify_checkpoint
+
+    cfg = make_config()
+    path = save_checkpoint(GRPOLearner(cfg, tiny_model_path), tmp_path, 1, {"position": 1}, cfg)
+    (path / MANIFEST).unlink()  # as written before manifests existed
+    verify_checkpoint(path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="model.safetensors cannot be read"):
+        verify_checkpoint(path)
+    state = path / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} is corrupted: trainer_state.pt cannot be read"):
+        verify_checkpoint(path)

@@ -262,11 +262,13 @@ def test_training_session_stops_what_it_started_when_a_later_stage_fails(local_r
         self._stack.callback(stopped.append, "environment")
         return start_environment(self)
 
+    def pool_that_cannot_start(self):  # the stage after the environment fails (as actors that never start)
+        raise RayWaitError("starting the rollout actors (3 actors) did not finish within 1s")
+
     monkeypatch.setattr(TrainingSession, "_start_environment", tracked)
-    cfg = smoke_cfg(temperature=1.0)
-    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"num_workers": 3})})  # > 2 CPUs
+    monkeypatch.setattr(TrainingSession, "_start_pool", pool_that_cannot_start)
     with pytest.raises(RayWaitError, match="3 actors"):
-        with TrainingSession(cfg, warehouse, "cleanup-test", tmp_path / "run"):
+        with TrainingSession(smoke_cfg(temperature=1.0), warehouse, "cleanup-test", tmp_path / "run"):
             pass
     assert stopped == ["environment"]
 
@@ -317,3 +319,22 @@ def test_sigterm_after_ray_started_runs_the_python_cleanup(home, tiny_model_path
     assert "rollout pool: 1 actor(s) stopped" in output, output[-3000:]  # RolloutPool's clean-up ran
     _, alive = psutil.wait_procs(ray_processes, timeout=30)
     assert not alive, [(p.pid, p.name()) for p in alive]
+
+
+def test_training_session_refuses_more_actors_than_local_cpus_before_loading_a_model(warehouse, tmp_path,
+                                                                                     monkeypatch):
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.rollout.ray_pool import RayWaitError
+    from prompt_r1.training import learner, session
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the CPU check")
+
+    ingest(warehouse, ["data/sample"])
+    monkeypatch.setattr(learner, "GRPOLearner", no_model)
+    cfg = smoke_cfg(temperature=1.0)
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"num_workers": 3, "ray_num_cpus": 2})})
+    with pytest.raises(RayWaitError, match=r"3 actors x 1 CPUs = 3 CPUs, but the local Ray instance has 2 CPUs"
+                                           r".*lower rollout.num_workers"):
+        with session.TrainingSession(cfg, warehouse, "cpus", tmp_path / "run"):
+            pass

@@ -24,6 +24,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from prompt_r1.core.failures import UserError
 from prompt_r1.core.questions import QuestionRow
 
 SCHEMA = Path(__file__).with_name("schema.sql")
@@ -84,7 +85,7 @@ def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-class WarehouseError(RuntimeError):
+class WarehouseError(UserError, RuntimeError):
     """The warehouse file cannot be opened or written; the message names the file."""
 
 

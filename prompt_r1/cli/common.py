@@ -1,43 +1,114 @@
 """What every `prompt-r1` command shares: the typer app, the common options, config loading with
 `--set` overrides, and the two ways a command fails (exit 2 for the user's input, exit 3 for an
-environment that failed)."""
+environment that failed).
+
+The app's command group turns those failures into one message wherever a command raises them:
+a `UserError` (bad input or a missing resource: `ConfigError`, `AgentSpecError`, `ResumeError`,
+`CheckpointError`, `WarehouseError`, `RayWaitError`, ...) ends as `error: <message>` and exit 2,
+an `EnvironmentFailure` as its message and exit 3. Any other exception is a bug and keeps its
+traceback. `--verbose` also logs the traceback of a user error. Under `ask --json` a failure is
+a JSON object on stdout (`{"error": ..., "exit_code": ...}`), the human message goes to stderr,
+and logs always go to stderr, so stdout holds nothing but the JSON.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import json
+import logging
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from prompt_r1.config.experiment import default_db_path, load_config, parse_overrides
 from prompt_r1.config.base import ConfigError
 from prompt_r1.core.signals import install_sigterm_interrupt
 from prompt_r1.cli.logging_setup import setup_logging
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+log = logging.getLogger(__name__)
+# True while a command runs whose stdout is JSON only (`ask --json`)
+_json_stdout: contextvars.ContextVar[bool] = contextvars.ContextVar("json_stdout", default=False)
+
+
+class _Commands(TyperGroup):
+    """The app's command group: the one place a command's failure becomes its exit status."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        from prompt_r1.core.failures import EnvironmentFailure, UserError
+
+        # Only `ask` has --json; knowing it before the command parses its options makes even a
+        # usage error (a missing --config) a JSON object.
+        token = _json_stdout.set("--json" in ctx.args)
+        try:
+            return super().invoke(ctx)
+        except EnvironmentFailure as err:
+            log.debug("environment failure", exc_info=True)
+            _fail_environment(err)
+        except UserError as err:
+            log.debug("user error", exc_info=True)
+            _fail(str(err))
+        except (typer.Exit, typer.Abort):
+            raise
+        except typer.TyperException as err:  # usage errors: click prints them (stderr) and exits 2
+            if _json_output():
+                _print_json_error(getattr(err, "format_message", err.__str__)(), getattr(err, "exit_code", 2))
+            raise
+        except Exception as err:  # a bug: the traceback follows (stderr); stdout stays JSON
+            if _json_output():
+                _print_json_error(f"internal error {type(err).__name__}: {err}", 1)
+            raise
+        finally:
+            _json_stdout.reset(token)
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
                   help="Train a small agent LLM with GRPO to prompt a large environment LLM.")
-console = Console()
+# No emoji codes: the label `hf:squad::train` must print as typed, not as `hf:squad:` and an emoji.
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 ConfigOpt = typer.Option(..., "--config", "-c", help="YAML experiment config (see configs/).")
 DbOpt = typer.Option(None, "--db", help="Warehouse file (default: $PROMPT_R1_HOME/warehouse.duckdb).")
 SetOpt = typer.Option([], "--set", help="Override a config key: KEY=VALUE (repeatable).")
 
 
+def _json_output() -> bool:
+    """True while a command runs that prints JSON on stdout (`ask --json`)."""
+    return _json_stdout.get()
+
+
+def _print_json_error(message: str, exit_code: int, **extra: Any) -> None:
+    print(json.dumps({"error": message, "exit_code": exit_code, **extra}), flush=True)
+
+
 def _fail(message: str) -> None:
+    """Exit 2 with `error: <message>` (a JSON object on stdout instead under `--json`)."""
     from rich.markup import escape
 
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
-    raise typer.Exit(2)
+    from prompt_r1.core.failures import USER_ERROR_EXIT_CODE
+
+    if _json_output():
+        _print_json_error(message, USER_ERROR_EXIT_CODE)
+    (err_console if _json_output() else console).print(f"[bold red]error:[/] {escape(message)}",
+                                                        soft_wrap=True, highlight=False)
+    raise typer.Exit(USER_ERROR_EXIT_CODE)
 
 
-def _fail_environment(err: Exception) -> None:
-    """A run stopped by environment failures (`EnvironmentFailure`): its message and exit 3."""
+def _fail_environment(err: Exception, recorded: bool = True) -> None:
+    """A run stopped by environment failures (`EnvironmentFailure`): its message and exit 3
+    (`recorded`: the failed calls are in the warehouse, as in training and evaluation)."""
     from rich.markup import escape
 
     from prompt_r1.core.failures import EXIT_CODE
 
-    console.print(f"[bold red]environment failure:[/] {escape(str(err))}", soft_wrap=True, highlight=False)
-    console.print("The failed calls are recorded in the warehouse (env_calls / eval_predictions .error); "
+    if _json_output():
+        _print_json_error(str(err), EXIT_CODE, environment=getattr(err, "env_name", None))
+    out = err_console if _json_output() else console
+    out.print(f"[bold red]environment failure:[/] {escape(str(err))}", soft_wrap=True, highlight=False)
+    if recorded:
+        out.print("The failed calls are recorded in the warehouse (env_calls / eval_predictions .error); "
                   "nothing was scored from them and no agent was exported.", highlight=False)
     raise typer.Exit(EXIT_CODE)
 

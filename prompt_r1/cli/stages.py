@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from prompt_r1.cli.common import (
@@ -47,10 +48,10 @@ def ingest(
                     reports.extend(ingest_paths(wh, [source], max_question_chars))
         except IngestError as err:
             for r in reports:
-                console.print(f"kept: {r.source} ({r.inserted} questions)")
+                console.print(f"kept: {escape(r.source)} ({r.inserted} questions)", highlight=False)
             _fail(f"{err}\nNothing from that source was written; sources before it are kept.")
         for r in reports:
-            console.print(f"{r.source}: {r.describe()}", highlight=False, soft_wrap=True)
+            console.print(f"{escape(r.source)}: {r.describe()}", highlight=False, soft_wrap=True)
         print_summary(wh)
 
 
@@ -59,7 +60,7 @@ def print_summary(wh) -> None:
     for col in ("dataset", "split", "task_family", "primary_metric", "n"):
         table.add_column(col, justify="right" if col == "n" else "left")
     for row in wh.question_summary():
-        table.add_row(*(str(row[c]) for c in ("dataset", "split", "task_family", "primary_metric", "n")))
+        table.add_row(*(escape(str(row[c])) for c in ("dataset", "split", "task_family", "primary_metric", "n")))
     console.print(table)
 
 
@@ -72,9 +73,9 @@ def summary(db: Optional[Path] = DbOpt, lock_wait: Optional[float] = LockWaitOpt
 
 
 @app.command("check-config")
-def check_config(config: Path = ConfigOpt) -> None:
-    """Validate a config file and print its hash."""
-    cfg = _load(config)
+def check_config(config: Path = ConfigOpt, set_: list[str] = SetOpt) -> None:
+    """Validate a config file (with its `--set` overrides) and print its hash."""
+    cfg = _load(config, set_)
     console.print(f"{config}: ok (name={cfg.name}, hash={cfg.hash()})")
 
 
@@ -143,10 +144,6 @@ def train(
 ) -> None:
     """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
     from prompt_r1 import api
-    from prompt_r1.config.base import ConfigError
-    from prompt_r1.core.failures import EnvironmentFailure
-    from prompt_r1.training.run_record import ResumeError
-    from warehouse.store import WarehouseError
 
     cfg = _load(config, set_)
 
@@ -154,12 +151,9 @@ def train(
         console.print(f"{'resuming' if resume else 'starting'} run {run_id} ({folder}; config hash {cfg.hash()})",
                       highlight=False)
 
-    try:
-        run = api.train(cfg, run_id=run_id, resume=resume, force=force, warehouse=db, on_start=started)
-    except (ConfigError, ResumeError, WarehouseError) as err:
-        _fail(str(err))
-    except EnvironmentFailure as err:
-        _fail_environment(err)
+    # A user error (ConfigError, ResumeError, CheckpointError, ...) ends as one line and exit 2, an
+    # EnvironmentFailure as exit 3: the app's command group does that for every command (common.py).
+    run = api.train(cfg, run_id=run_id, resume=resume, force=force, warehouse=db, on_start=started)
     shown = lambda v: f"{v['val_reward']:.3f}" if "val_reward" in v else "n/a"  # noqa: E731
     console.print(f"run {run.run_id}: {cfg.train.steps} steps; validation reward {shown(run.validation_before)} "
                   f"before -> {shown(run.validation_after)} after; trained agent (plain HF folder): {run.agent}",
@@ -178,19 +172,9 @@ def evaluate(
 ) -> None:
     """Evaluate methods x suites x environments; writes warehouse rows, tables and plots."""
     from prompt_r1 import api
-    from prompt_r1.config.base import ConfigError
-    from prompt_r1.core.failures import EnvironmentFailure
-    from prompt_r1.evaluation.evaluate import EvalError
-    from prompt_r1.models.resolver import AgentSpecError
-    from warehouse.store import WarehouseError
 
     cfg = _load(config, set_)
-    try:
-        result = api.evaluate(cfg, agents=agent, run_id=run_id, out=out, warehouse=db, concurrent=not sequential)
-    except (AgentSpecError, FileNotFoundError, ConfigError, EvalError, WarehouseError) as err:
-        _fail(str(err))
-    except EnvironmentFailure as err:
-        _fail_environment(err)
+    result = api.evaluate(cfg, agents=agent, run_id=run_id, out=out, warehouse=db, concurrent=not sequential)
     console.print(result.table())
     console.print(f"run id {result.run_id}; report: {result.files['markdown']}; plots in {result.folder}")
 
@@ -209,7 +193,7 @@ def rollout(
 
     from prompt_r1.config.experiment import new_run_id, run_dir
     from prompt_r1.data.ingest import ingest as ingest_paths
-    from prompt_r1.rollout.ray_pool import RolloutPool, actor_environment, init_ray
+    from prompt_r1.rollout.ray_pool import RolloutPool, actor_environment, check_local_cpus, init_ray
     from collections import Counter
 
     from prompt_r1.core.seeding import derive_seed
@@ -217,6 +201,11 @@ def rollout(
 
     cfg = _load(config, set_)
     run_id = run_id or new_run_id()
+    # Mistakes fail before Ray starts: a run id that names no folder (ConfigError), more actors than
+    # local CPUs (RayWaitError), an agent.model that is no agent (AgentSpecError).
+    folder = run_dir(cfg.name, run_id)
+    check_local_cpus(cfg.rollout, workers)
+    agent = _agent_folder(cfg.agent.model, cfg)
     with _open_db(db) as wh:
         if not wh.questions(splits=["train"]):
             ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)
@@ -227,9 +216,9 @@ def rollout(
         random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool_questions)
         questions = pool_questions[: cfg.rollout.batch_questions]
         init_ray(cfg.rollout)
-        with actor_environment(cfg.environment, run_dir(cfg.name, run_id) / "logs") as env_cfg:
+        with actor_environment(cfg.environment, folder / "logs") as env_cfg:
             actor_cfg = cfg.model_copy(update={"environment": env_cfg})
-            with RolloutPool(actor_cfg, _agent_folder(cfg.agent.model, cfg), workers) as pool:
+            with RolloutPool(actor_cfg, agent, workers) as pool:
                 trajectories = pool.rollout(questions, step=0)
         records = [t.to_record() for t in trajectories]
         wh.replace_step(run_id, 0, records, env_call_records(trajectories))

@@ -13,7 +13,9 @@ from typing import Optional
 
 import typer
 
-from prompt_r1.cli.common import ConfigOpt, SetOpt, _agent_folder, _fail, _load, app, console
+from prompt_r1.cli.common import (
+    ConfigOpt, SetOpt, _agent_folder, _fail, _fail_environment, _load, app, console, err_console,
+)
 
 AgentSpecOpt = typer.Option(None, "--agent", help="Agent: a bundled model name, a folder, a training run id, or "
                              "models:/prompt-r1-agent@champion (default: the registry's champion when there is "
@@ -61,11 +63,16 @@ def ask(
     env: Optional[str] = typer.Option(None, "--env", help="Environment name from the config (default: the "
                                       "training environment)."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole episode as JSON (turns, token ids, "
-                                 "environment calls, tokens, cost) instead of the turns as they happen."),
+                                 "environment calls, tokens, cost) instead of the turns as they happen. Stdout "
+                                 "holds only that JSON; a failure is a JSON object with `error` and `exit_code`."),
     set_: list[str] = SetOpt,
 ) -> None:
-    """Ask a trained agent one question: it prompts the environment LLM, then answers."""
+    """Ask a trained agent one question: it prompts the environment LLM, then answers.
+
+    Exit 2 for bad input (config, agent, environment name), 3 when an environment call failed
+    (the episode is still printed, with its `error`)."""
     from prompt_r1 import api
+    from prompt_r1.core.failures import EXIT_CODE, EnvironmentFailure
     from prompt_r1.serving.service import pick_environment
 
     cfg = _load(config, set_)
@@ -83,8 +90,16 @@ def ask(
 
     reply = api.Agent(folder, cfg).ask(question, env_cfg.name, on_event=None if as_json else show)
     report = reply.report(tokens=True)
-    if as_json:
-        print(json.dumps(report, indent=2))
+    failure = (EnvironmentFailure(f"environment {env_cfg.name!r} failed: {reply.error}", env_cfg.name,
+                                  reply.error, 1.0) if reply.error else None)
+    if as_json:  # the episode, failed or not, is the one JSON object on stdout
+        if failure is not None:
+            report["exit_code"] = EXIT_CODE
+        print(json.dumps(report, indent=2), flush=True)
+        if failure is not None:
+            err_console.print(f"[bold red]environment failure:[/] {escape_markup(str(failure))}",
+                              soft_wrap=True, highlight=False)
+            raise typer.Exit(EXIT_CODE)
     else:
         usage = report["usage"]
         traj = reply.trajectory
@@ -93,8 +108,8 @@ def ask(
                       f"{traj.stop_reason}; tokens: agent {usage['agent_prompt_tokens']}+"
                       f"{usage['agent_completion_tokens']}, environment {usage['env_prompt_tokens']}+"
                       f"{usage['env_completion_tokens']}; cost ${report['cost_usd']:.6f}", highlight=False)
-    if reply.error:
-        _fail(f"environment {env_cfg.name!r} failed: {reply.error}")
+    if failure is not None:
+        _fail_environment(failure, recorded=False)
 
 
 @app.command()
@@ -115,6 +130,8 @@ def serve(
     models = ", ".join(f"prompt-r1:{name}" for name in config_environments(cfg))
     console.print(f"agent {folder}; models {models}; http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
     try:
-        serve_agent(cfg, folder, host, port, ServeConfig(max_concurrent=max_concurrent), log_dir=runs_home_logs())
+        # the question limit is the config's data.max_question_chars, as for ingested questions
+        limits = ServeConfig(max_concurrent=max_concurrent, max_question_chars=cfg.data.max_question_chars)
+        serve_agent(cfg, folder, host, port, limits, log_dir=runs_home_logs())
     except KeyboardInterrupt:
         pass

@@ -11,6 +11,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
+from prompt_r1.core.failures import UserError
+
 
 class StrictModel(BaseModel):
     """Base of every config section: an unknown key or a bad assigned value is an error, never ignored."""
@@ -18,7 +20,7 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file that cannot be used; the message names the file and the key."""
 
 

@@ -441,5 +441,6 @@ def run_dir(config_name: str, run_id: str) -> Path:
     """Where one run keeps checkpoints, evaluation outputs and server logs."""
     for part in (config_name, run_id):  # a `/` or `..` would put the run outside the run home
         if not SAFE_NAME.match(part):
-            raise ValueError(f"{part!r} cannot name a run folder: use letters, digits, `.`, `_`, `-`")
+            raise ConfigError(f"{part!r} cannot name a run folder (a config name or --run-id): use 1-64 "
+                              "letters, digits, `.`, `_`, `-`, starting with a letter or digit")
     return runs_home() / config_name / run_id

@@ -7,6 +7,12 @@ harmless; a run where failures are common is stopped instead, because its number
 describe the outage, not the agent. `check_error_rate` is that stop: it raises
 `EnvironmentFailure` naming the environment and its first error once the share of failed calls
 passes the environment's `max_error_rate`. The CLI turns it into exit code 3.
+
+`UserError` marks the other kind of failure: bad input or a missing resource (a config key, a
+file, a run id, an agent spec, CPUs, a checkpoint). Every such error type of the library
+derives from it (besides its usual base, `ValueError` or `RuntimeError`), and its message
+names what is wrong and what to do; the CLI prints that one message and exits 2, while any
+other exception keeps its traceback (it is a bug).
 """
 
 from __future__ import annotations
@@ -15,6 +21,14 @@ from collections.abc import Iterable
 from typing import Any
 
 EXIT_CODE = 3  # the CLI's exit status for a run stopped by environment failures
+USER_ERROR_EXIT_CODE = 2  # the CLI's exit status for a `UserError`
+
+
+class UserError(Exception):
+    """Bad input or a missing resource: the message names the file, key or resource and what to do.
+
+    A marker base: each subclass also derives from the built-in it always was (`ConfigError` is
+    a `ValueError`, `WarehouseError` a `RuntimeError`), so existing `except` clauses still hold."""
 
 
 class EnvironmentFailure(RuntimeError):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from prompt_r1.config.experiment import DataConfig
+from prompt_r1.core.failures import UserError
 from warehouse.store import QUESTION_COLUMNS
 
 FAMILIES = ("multihop_qa", "standard_qa", "math", "generation")
@@ -48,7 +49,7 @@ IN_DOMAIN = [s for s in PROMPT_R1_FILES if not s.endswith("_ood") and s != "vali
 OOD = [s for s in PROMPT_R1_FILES if s.endswith("_ood")]
 
 
-class IngestError(ValueError):
+class IngestError(UserError, ValueError):
     """A source that cannot be ingested; the message names the file, row and field."""
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.env.base import EnvReply, Environment, check_messages, with_system
+from prompt_r1.config.base import ConfigError
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import chat_prompt_ids, left_pad, pad_token_id, stop_token_ids
@@ -44,7 +45,8 @@ def load_chat_template(value: str | None) -> str | None:
         path = Path(value).expanduser()
         if path.is_file():
             return path.read_text()
-        raise FileNotFoundError(f"chat_template {value!r} is neither a Jinja template nor an existing file")
+        raise ConfigError(f"chat_template {value!r} is neither a Jinja template nor an existing file; "
+                          "give the template text or the path of a file holding it")
     return value
 
 
@@ -62,17 +64,19 @@ class InProcessEnvironment(Environment):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from prompt_r1.models.bundled import resolve_model
+        from prompt_r1.models.bundled import model_load_errors, resolve_model
 
         self.model_path = str(resolve_model(cfg.model))
         self.gather_s = gather_s
         self.max_batch = max_batch or max(1, cfg.concurrency)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        with model_load_errors(cfg.model, f"environment `{cfg.name}` (its `model`)"):
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.template = load_chat_template(cfg.chat_template)
         if self.template is None and not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"environment `{cfg.name}`: model {self.model_path} has no chat template; "
-                             "set `chat_template` in the environment config")
-        self.lm = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+            raise ConfigError(f"environment `{cfg.name}`: model {self.model_path} has no chat template; "
+                              "set `chat_template` in the environment config")
+        with model_load_errors(cfg.model, f"environment `{cfg.name}` (its `model`)"):
+            self.lm = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         self.lm.eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.lm.generation_config.eos_token_id)
         self.pad_id = pad_token_id(self.tokenizer, self.stop_ids)

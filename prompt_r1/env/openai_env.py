@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import openai
 
 from prompt_r1.env.base import EnvReply, Environment, check_messages, reply_cache_key, short_reason, with_system
+from prompt_r1.config.base import ConfigError
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.seeding import derive_seed
 
@@ -85,7 +86,7 @@ def resolve_api_key(cfg: EnvConfig) -> str:
         return "EMPTY"
     key = os.environ.get(cfg.api_key_env)
     if not key:
-        raise ValueError(
+        raise ConfigError(
             f"environment `{cfg.name}`: the API key variable {cfg.api_key_env} is not set; "
             f"export {cfg.api_key_env}=... before running (the key is never read from the config file)")
     return key
@@ -162,7 +163,7 @@ class OpenAIEnvironment(Environment):
     def __init__(self, cfg: EnvConfig, warehouse: "Warehouse | None" = None):
         super().__init__(cfg)
         if not cfg.base_url:
-            raise ValueError(f"environment `{cfg.name}`: an OpenAI-compatible environment needs base_url")
+            raise ConfigError(f"environment `{cfg.name}`: an OpenAI-compatible environment needs base_url")
         self.base_url = cfg.base_url.rstrip("/")
         self.warehouse = warehouse if cfg.cache else None
         self._has_key = bool(cfg.api_key_env)

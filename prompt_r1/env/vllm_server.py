@@ -53,6 +53,7 @@ from pathlib import Path
 import httpx
 
 from prompt_r1.config.experiment import runs_home
+from prompt_r1.core.failures import UserError
 from prompt_r1.env.inprocess import load_chat_template
 from prompt_r1.env.server_guard import process_cmdline, spawn_guarded, stop_group, sweep_leftovers, write_record
 from prompt_r1.config.env import EnvConfig
@@ -68,7 +69,7 @@ STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 30
 
 
-class VLLMServerError(RuntimeError):
+class VLLMServerError(UserError, RuntimeError):
     """The managed server did not come up; the message quotes its log."""
 
 

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig
 from prompt_r1.config.env import EnvConfig
-from prompt_r1.core.failures import check_error_rate
+from prompt_r1.core.failures import UserError, check_error_rate
 from prompt_r1.data.rows import IN_DOMAIN, OOD
 from prompt_r1.core.metrics import score_all
 from prompt_r1.core.questions import QuestionRow
@@ -47,7 +47,7 @@ from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
     """An evaluation request that cannot run (unknown suite, no questions ingested...)."""
 
 

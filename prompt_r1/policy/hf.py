@@ -31,6 +31,7 @@ import torch
 from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds
 from prompt_r1.core.protocol import STOP_STRINGS
 from prompt_r1.core.tokens import left_pad, pad_token_id, stop_token_ids, torch_dtype
+from prompt_r1.models.bundled import model_load_errors
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,9 @@ class TransformersPolicy(Policy):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self._keep_settings(model_path, temperature, top_p, seed, stop_strings)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype(dtype))
+        with model_load_errors(self.model_path, "agent"):
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype(dtype))
         self.model.eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
         self.pad_id = pad_token_id(self.tokenizer, self.stop_ids)

@@ -33,6 +33,7 @@ import torch
 
 from prompt_r1.config.experiment import Config, RolloutConfig
 from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.failures import UserError
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.signals import sigterm_kept
@@ -48,7 +49,7 @@ _FORWARDED_ENV = ("PROMPT_R1_HOME", "PROMPT_R1_MODELS", "HF_HUB_OFFLINE", "HF_HO
 SHUTDOWN_TIMEOUT_S = 60.0  # an actor's own clean-up (environment client, policy) before ray.kill
 
 
-class RayWaitError(RuntimeError):
+class RayWaitError(UserError, RuntimeError):
     """A Ray wait passed its deadline, or Ray could not be reached; the message says what to change."""
 
 
@@ -81,6 +82,28 @@ def init_ray(rollout_cfg: RolloutConfig) -> None:
             ray.init(num_cpus=rollout_cfg.ray_num_cpus, include_dashboard=False, logging_level=logging.WARNING)
     log.info("Ray: %s", f"connected to {rollout_cfg.ray_address}" if rollout_cfg.ray_address
              else "started a local instance")
+
+
+def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None,
+                     cpus_per_worker: float = 1.0) -> None:
+    """Raise `RayWaitError` when the rollout actors need more CPUs than a local Ray instance has
+    (it never grows, so they would wait for `actor_start_timeout_s` and fail). Checked before
+    models load; a cluster (`ray_address`) is checked by the actors' start-up deadline instead."""
+    if rollout_cfg.ray_address:
+        return
+    workers = num_workers or rollout_cfg.num_workers
+    if ray.is_initialized():
+        total, source = ray.cluster_resources().get("CPU", 0.0), "already running"
+    elif rollout_cfg.ray_num_cpus:
+        total, source = float(rollout_cfg.ray_num_cpus), "rollout.ray_num_cpus"
+    else:
+        total, source = float(os.cpu_count() or 1), "rollout.ray_num_cpus unset: every core"
+    if workers * cpus_per_worker > total:
+        raise RayWaitError(
+            f"the rollout pool asks for {workers} actors x {cpus_per_worker:g} CPUs = {workers * cpus_per_worker:g} "
+            f"CPUs, but the local Ray instance has {total:g} CPUs ({source}); lower rollout.num_workers (or "
+            f"`rollout --workers`) to at most {int(total // cpus_per_worker)}, or raise rollout.ray_num_cpus "
+            f"(this machine has {os.cpu_count()} cores)")
 
 
 def _connect(address: str, timeout_s: float) -> None:
@@ -213,11 +236,8 @@ class RolloutPool:
         env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
         actor_class = ray.remote(RolloutWorker).options(
             num_cpus=cpus_per_worker, num_gpus=gpus, runtime_env={"env_vars": env_vars})
-        cpus = self.num_workers * cpus_per_worker
+        check_local_cpus(cfg.rollout, self.num_workers, cpus_per_worker)  # a local instance never grows
         total = ray.cluster_resources().get("CPU", 0.0)
-        if not cfg.rollout.ray_address and cpus > total:  # a local instance never grows: fail now
-            raise RayWaitError(f"{self._asked(cpus_per_worker)}, but the local Ray instance has {total:g} CPUs; "
-                               "lower rollout.num_workers or raise rollout.ray_num_cpus")
         self._stuck = False
         self.workers: list[Any] = []
         try:  # start-up errors (and SIGTERM/Ctrl-C while actors start) surface here

@@ -42,7 +42,9 @@ class ServeConfig(BaseModel):
 
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="Largest request body accepted (413 above).")
     max_question_chars: int = Field(DataConfig.model_fields["max_question_chars"].default, ge=1,
-                                    description="Longest question (last user message) accepted (400 above).")
+                                    description="Longest question (last user message) accepted, in characters; "
+                                    "HTTP 400 above. `prompt-r1 serve` and `create_app` without limits use the "
+                                    "config's data.max_question_chars (default 20,000).")
     max_concurrent: int = Field(64, ge=1, description="Episodes running at once; later requests wait.")
     queue_timeout_s: float = Field(60.0, gt=0, description="How long a request waits for a slot before a 503.")
     request_timeout_s: float = Field(300.0, gt=0, description="Deadline of one episode (504 after it).")
@@ -233,7 +235,7 @@ def create_app(cfg: Config, agent_path: Path, limits: ServeConfig | None = None,
     from prompt_r1.evaluation.evaluate import eval_agent
     from prompt_r1.policy import make_policy
 
-    limits = limits or ServeConfig()
+    limits = limits or ServeConfig(max_question_chars=cfg.data.max_question_chars)
     policy = BatchingPolicy(make_policy(eval_agent(cfg), agent_path, seed=cfg.seed),
                             limits.batch_window_s, limits.max_batch_rows)
     server = AgentServer(cfg, policy, str(agent_path), limits)
@@ -260,7 +262,7 @@ def serve_agent(cfg: Config, agent_path: Path, host: str = "127.0.0.1", port: in
     """Load the agent, open every environment of `cfg`, and serve until interrupted."""
     import uvicorn
 
-    limits = limits or ServeConfig()
+    limits = limits or ServeConfig(max_question_chars=cfg.data.max_question_chars)
     app, server = create_app(cfg, agent_path, limits, log_dir)
     try:
         uvicorn.run(app, host=host, port=port, log_level="info",

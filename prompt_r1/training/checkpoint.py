@@ -5,9 +5,15 @@ A checkpoint is a folder `ckpt_dir/step-000N/` holding:
   (`adapter_config.json` + `adapter_model.safetensors`, whose base is the run's model path);
 - the tokenizer, the resolved `config.yaml`;
 - `trainer_state.pt`: optimiser, lr scheduler, RNG states (python, numpy, torch), the step
-  and the data position.
+  and the data position;
+- `manifest.json`: the size and CRC-32 of every other file, written last.
 It is written to a hidden temp folder and renamed into place, so a crash never leaves a
 half-written `step-*` folder; only the newest `keep_checkpoints` are kept.
+
+A checkpoint damaged later (a truncated copy, a full disk while syncing, bit rot) fails
+`verify_checkpoint`, which names the folder and the file: a resume (`resume_checkpoint`) then
+warns and falls back to the newest intact checkpoint, and fails with `CheckpointError` only when
+none is intact. Checkpoints written before the manifest existed are checked by reading them.
 
 An export carries a marker file; exporting again replaces only such a folder or an empty one,
 never a folder holding anything else.
@@ -16,9 +22,12 @@ never a folder holding anything else.
 from __future__ import annotations
 
 import json
+import logging
+import pickle
 import random
 import re
 import shutil
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,15 +36,23 @@ import torch
 import yaml
 
 from prompt_r1.config.experiment import Config
+from prompt_r1.core.failures import UserError
 from prompt_r1.core.fsutil import atomic_dir
 
 if TYPE_CHECKING:
     from prompt_r1.training.learner import GRPOLearner
 
+log = logging.getLogger(__name__)
+
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_FILE = "trainer_state.pt"
+MANIFEST = "manifest.json"  # size and CRC-32 of every other file of a checkpoint
 ADAPTER_CONFIG = "adapter_config.json"
 EXPORT_MARKER = ".prompt-r1-export.json"  # marks folders that export_checkpoint may replace
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint that cannot be used (damaged, or not of this config); the message names it."""
 
 
 def step_dir_name(step: int) -> str:
@@ -63,6 +80,85 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     """The newest complete checkpoint folder, or None."""
     found = list_checkpoints(ckpt_dir)
     return found[-1][1] if found else None
+
+
+def _crc32(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def write_manifest(folder: Path) -> None:
+    """Record the size and CRC-32 of every file in `folder` (call it last, on the finished folder)."""
+    folder = Path(folder)
+    files = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "crc32": _crc32(p)}
+             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n")
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise `CheckpointError` naming the checkpoint and the damaged file when `path` is not intact:
+    against its manifest (every file present, same size and CRC-32), or, for a checkpoint
+    without one, by reading its trainer state and the headers of its weight files."""
+    path = Path(path)
+    fix = "it cannot be resumed from or exported; delete the folder (older checkpoints of the run stay usable)"
+    if not (path / STATE_FILE).is_file():
+        raise CheckpointError(f"checkpoint {path} is corrupted: {STATE_FILE} is missing; {fix}")
+    manifest = path / MANIFEST
+    if manifest.is_file():
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"checkpoint {path} is corrupted: {MANIFEST} is unreadable ({err}); {fix}") from None
+        for name, expected in files.items():
+            file = path / name
+            if not file.is_file():
+                raise CheckpointError(f"checkpoint {path} is corrupted: {name} is missing; {fix}")
+            size = file.stat().st_size
+            if size != expected["size"]:
+                raise CheckpointError(f"checkpoint {path} is corrupted: {name} has {size} bytes, "
+                                      f"{expected['size']} were written; {fix}")
+            if _crc32(file) != expected["crc32"]:
+                raise CheckpointError(f"checkpoint {path} is corrupted: {name} does not match its "
+                                      f"checksum in {MANIFEST}; {fix}")
+        return
+    _read_state(path)  # a checkpoint from before manifests: read what can be read cheaply
+    from safetensors import SafetensorError, safe_open
+
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"checkpoint {path} is corrupted: {weights.name} cannot be read ({err}); "
+                                  f"{fix}") from None
+
+
+def resume_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest intact checkpoint in `ckpt_dir` (None when there is none). Each newer damaged
+    one is named in a warning and passed over; when every checkpoint is damaged, `CheckpointError`
+    names them all (a resume must not silently start over)."""
+    ckpt_dir = Path(ckpt_dir)
+    folders = sorted((int(m.group(1)), child) for child in (ckpt_dir.iterdir() if ckpt_dir.is_dir() else [])
+                     if (m := STEP_DIR.match(child.name)) and child.is_dir())
+    damaged: list[str] = []
+    for _, folder in reversed(folders):
+        try:
+            verify_checkpoint(folder)
+        except CheckpointError as err:
+            log.warning("%s", err)
+            damaged.append(folder.name)
+            continue
+        if damaged:
+            log.warning("resuming from %s, the newest intact checkpoint; passed over the corrupted %s "
+                        "(the steps after it are trained again)", folder.name, ", ".join(damaged))
+        return folder
+    if damaged:
+        raise CheckpointError(f"every checkpoint in {ckpt_dir} is corrupted ({', '.join(damaged)}; see the "
+                              "warnings above): nothing to resume from. Start a new run (drop --resume)")
+    return None
 
 
 def rng_state() -> dict[str, Any]:
@@ -99,6 +195,7 @@ def save_checkpoint(learner: GRPOLearner, ckpt_dir: Path, step: int, data_positi
             "base_model_path": learner.model_path,
             "lora": learner.use_lora,
         }, tmp / STATE_FILE)
+        write_manifest(tmp)
     for _, stale in list_checkpoints(ckpt_dir)[:-config.train.keep_checkpoints]:
         shutil.rmtree(stale, ignore_errors=True)
     return final
@@ -108,7 +205,12 @@ def _read_state(path: Path) -> dict[str, Any]:
     state_file = Path(path) / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint: {STATE_FILE} is missing")
-    return torch.load(state_file, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(state_file, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:  # a damaged file
+        raise CheckpointError(f"checkpoint {path} is corrupted: {STATE_FILE} cannot be read "
+                              f"({type(err).__name__}: {' '.join(str(err).split())[:300]}); delete the "
+                              "folder") from None
 
 
 @torch.no_grad()
@@ -118,7 +220,7 @@ def load_checkpoint(learner: GRPOLearner, path: Path) -> tuple[int, dict[str, An
     state = _read_state(path)
     is_adapter = (path / ADAPTER_CONFIG).is_file()
     if is_adapter != learner.use_lora:
-        raise ValueError(f"checkpoint {path} is {'a LoRA adapter' if is_adapter else 'a full model'} but "
+        raise CheckpointError(f"checkpoint {path} is {'a LoRA adapter' if is_adapter else 'a full model'} but "
                          f"the config has agent.lora.enabled={learner.use_lora}; use the run's config")
     if is_adapter:
         from peft import set_peft_model_state_dict
@@ -184,6 +286,8 @@ def export_checkpoint(ckpt: Path, out_dir: Path, overwrite: bool = False) -> Pat
     if not (ckpt / STATE_FILE).is_file() and not (ckpt / "config.json").is_file():
         raise FileNotFoundError(f"{ckpt} is not a checkpoint folder (no {STATE_FILE} or config.json)")
     check_export_target(out_dir, overwrite)
+    if (ckpt / STATE_FILE).is_file():
+        verify_checkpoint(ckpt)  # a damaged checkpoint is named, never exported
     state = _read_state(ckpt) if (ckpt / STATE_FILE).is_file() else {}
     dtype = torch.bfloat16 if _saved_dtype(ckpt, state) == "bfloat16" else torch.float32
     model = load_merged_model(ckpt, dtype)

@@ -30,11 +30,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.grpo import group_advantages, informative_groups, policy_loss, token_logprobs
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import torch_dtype
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
+from prompt_r1.models.bundled import model_load_errors
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +52,11 @@ def resolve_device(name: str) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"train.device is {name!r} but torch {torch.__version__} sees no CUDA GPU; "
-                             "use `auto` or `cpu`")
+            raise ConfigError(f"train.device is {name!r} but torch {torch.__version__} sees no CUDA GPU; "
+                              "use `auto` or `cpu`")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"train.device is {name!r} but only {torch.cuda.device_count()} CUDA "
-                             "device(s) are visible (check CUDA_VISIBLE_DEVICES)")
+            raise ConfigError(f"train.device is {name!r} but only {torch.cuda.device_count()} CUDA "
+                              "device(s) are visible (check CUDA_VISIBLE_DEVICES)")
     return device
 
 
@@ -135,13 +137,15 @@ class GRPOLearner:
         self.device = resolve_device(device or cfg.train.device)
         self.compute_dtype = autocast_dtype(self.device, cfg.agent.dtype, cfg.train.autocast)
         self.temperature = cfg.agent.temperature
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        with model_load_errors(self.model_path, "agent.model"):
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # LoRA's initial weights and dropout masks come from the global torch RNG: seed it from the
         # run seed so two runs learn alike (checkpoints save and restore its state for resumes)
         torch.manual_seed(derive_seed("learner", cfg.seed))
         # float32 master weights whatever agent.dtype says: that is the rollout/compute dtype
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        with model_load_errors(self.model_path, "agent.model"):
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         model.to(self.device)
         self.use_lora = cfg.agent.lora.enabled
         self.reference: torch.nn.Module | None = None

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from prompt_r1.core.failures import UserError
 from prompt_r1.core.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
 
 
-class ResumeError(ValueError):
+class ResumeError(UserError, ValueError):
     """A run that must not be continued (changed config, finished, or already present)."""
 
 

@@ -3,10 +3,11 @@
 `TrainingSession` holds the pieces of one run (learner, Ray rollout pool, environment, data
 order), exposes each stage as a method, and `run()` is the one schedule of those stages:
 `prompt-r1 train` calls it with the default hooks, the Prefect flow with hooks that run every
-stage as a task and send metrics to MLflow. Resuming loads the newest checkpoint
-(weights, optimiser, RNG, data position) and drops warehouse rows of steps after it, so a
-resumed run reaches the same step count with no repeated or skipped data; it continues only
-the same run (same config and training pool, see `run_record`) unless forced.
+stage as a task and send metrics to MLflow. Resuming loads the newest intact checkpoint
+(weights, optimiser, RNG, data position; a corrupted newer one is named in a warning and passed
+over) and drops warehouse rows of steps after it, so a resumed run reaches the same step count
+with no repeated or skipped data; it continues only the same run (same config and training
+pool, see `run_record`) unless forced.
 
 Environment failures: trajectories ended by a failed environment call are recorded but left out
 of the update and of validation scores; a step (or a validation) whose share of failed calls
@@ -96,8 +97,11 @@ def training_pool(warehouse: Warehouse, cfg: Config) -> tuple[list[QuestionRow],
     """(train, validation) questions: train split, seeded shuffle, capped, a held-out share."""
     pool = warehouse.questions(splits=["train"], datasets=cfg.data.train_datasets or None)
     if not pool:
-        raise ValueError("no train-split questions in the warehouse; ingest a train/ folder first "
-                         "(e.g. `prompt-r1 ingest data/sample`)")
+        from prompt_r1.config.base import ConfigError
+
+        raise ConfigError(f"no train-split questions in the warehouse (data.sources: {cfg.data.sources}, "
+                          f"data.train_datasets: {cfg.data.train_datasets or 'all'}); ingest a train/ folder "
+                          "first (e.g. `prompt-r1 ingest data/sample`)")
     random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool)
     if cfg.data.max_train_questions:
         pool = pool[: cfg.data.max_train_questions]
@@ -162,12 +166,15 @@ class TrainingSession:
 
     def _start(self) -> None:
         """Data, learner, environment server, rollout actors; each started piece is on `_stack`."""
-        from prompt_r1.training.checkpoint import latest_checkpoint, load_checkpoint
-        from prompt_r1.models.resolver import resolve_agent
+        from prompt_r1.training.checkpoint import load_checkpoint, resume_checkpoint
+        from prompt_r1.models.resolver import check_agent_spec, resolve_agent
+        from prompt_r1.rollout.ray_pool import check_local_cpus
         from prompt_r1.training.run_record import open_run
         from prompt_r1.training.learner import GRPOLearner
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
+        check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
+        check_local_cpus(self.cfg.rollout)  # and more rollout actors than a local Ray instance can start
         self.train_questions, self.val_questions = training_pool(self.warehouse, self.cfg)
         self.by_id = {q.question_id: q for q in self.train_questions}
         # Checked before any model loads, so a refused resume fails in a second.
@@ -175,7 +182,8 @@ class TrainingSession:
                  self.resume, self.force)
         self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
         self.learner = GRPOLearner(self.cfg, self.model_path)
-        latest = latest_checkpoint(self.ckpt_dir) if self.resume else None
+        # the newest intact checkpoint: a damaged newer one is named in a warning and passed over
+        latest = resume_checkpoint(self.ckpt_dir) if self.resume else None
         if latest is not None:
             self.step, data_position = load_checkpoint(self.learner, latest)
             self.position = int(data_position.get("position", 0))

@@ -30,7 +30,7 @@ from typing import Any
 from prompt_r1.config.experiment import BaselinesConfig
 from prompt_r1.env.base import cost_usd, endpoint_identity, sampling_settings
 from prompt_r1.config.env import EnvConfig
-from prompt_r1.core.failures import EnvironmentFailure, check_error_rate
+from prompt_r1.core.failures import EnvironmentFailure, UserError, check_error_rate
 from prompt_r1.core.metrics import score_all
 from prompt_r1.core.questions import QuestionRow
 
@@ -43,7 +43,7 @@ class BudgetExhausted(RuntimeError):
     """The optimisation budget allows no further environment call."""
 
 
-class BaselineError(RuntimeError):
+class BaselineError(UserError, RuntimeError):
     """A baseline cannot run (missing optional package, no training questions...)."""
 
 
