@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prompt_r1.config.base import SAFE_NAME, ConfigError
 from prompt_r1.config.experiment import Config, default_db_path, load_config as _load_yaml, new_run_id, parse_overrides
-from prompt_r1.config.experiment import run_dir, runs_home
+from prompt_r1.config.experiment import logs_dir, run_dir, runs_home
 
 if TYPE_CHECKING:
+    from prompt_r1.config.env import EnvConfig
     from prompt_r1.core.trajectory import Trajectory
     from prompt_r1.evaluation.evaluate import EvalOutcome
     from prompt_r1.training.session import TrainingHooks
@@ -101,15 +101,12 @@ def train(cfg: Config, *, run_id: str | None = None, resume: bool = False, force
 
     if force and not resume:
         raise ResumeError("--force only applies to --resume (it continues a run under a changed config)")
-    if run_id is not None and not SAFE_NAME.match(run_id):
-        raise ConfigError(f"--run-id {run_id!r}: use letters, digits, `.`, `_`, `-` (it becomes a folder name)")
+    if run_id is not None:
+        run_dir(cfg.name, run_id)  # the one run-name rule, before any work
     with open_warehouse(warehouse) as wh:
         _ingest_sources(wh, cfg)
         if resume and not run_id:
-            try:
-                run_id = resumable_run(wh, cfg)
-            except ValueError as err:
-                raise ResumeError(str(err)) from None
+            run_id = resumable_run(wh, cfg)
         elif resume and not run_dir(cfg.name, run_id).is_dir():
             raise ResumeError(f"--resume: no run {run_id!r} under {runs_home() / cfg.name}")
         run_id = run_id or new_run_id()
@@ -153,8 +150,8 @@ def evaluate(cfg: Config, *, agents: Mapping[str, str] | Sequence[str] = (), run
     from prompt_r1.evaluation.report import write_report
     from prompt_r1.models.resolver import parse_labelled_specs, resolve_agents
 
-    if run_id is not None and not SAFE_NAME.match(run_id):  # before any agent is built
-        raise ConfigError(f"--run-id {run_id!r}: use letters, digits, `.`, `_`, `-` (it becomes a folder name)")
+    if run_id is not None:
+        run_dir(cfg.name, run_id)  # the one run-name rule, before any agent is built
     given = dict(agents) if isinstance(agents, Mapping) else parse_labelled_specs(list(agents))
     folders = resolve_agents(cfg, given)
     run_id = run_id or new_run_id()
@@ -172,12 +169,20 @@ class Answer:
     """An agent's answer to one question, with the whole episode behind it."""
 
     question: str
-    answer: str
-    environment: str
     trajectory: "Trajectory"
+    env_cfg: "EnvConfig" = field(repr=False)
+    agent: str
     seconds: float
-    agent: str = ""
-    env_cfg: Any = field(default=None, repr=False)
+
+    @property
+    def answer(self) -> str:
+        """The `<answer>` of the agent's final turn (never text the environment wrote)."""
+        return self.trajectory.answer
+
+    @property
+    def environment(self) -> str:
+        """The name of the environment LLM the agent prompted."""
+        return self.env_cfg.name
 
     @property
     def error(self) -> str | None:
@@ -213,7 +218,7 @@ class Agent:
 
         env_cfg = pick_environment(self.cfg, environment)
         started = time.perf_counter()
-        with open_environment(env_cfg, log_dir=runs_home() / "logs") as env:
+        with open_environment(env_cfg, log_dir=logs_dir()) as env:
             async def run() -> "Trajectory":
                 try:
                     watched = watch_environment(env, on_event) if on_event else env
@@ -222,8 +227,7 @@ class Agent:
                     await env.aclose()
 
             traj = asyncio.run(run())
-        return Answer(question, traj.answer, env_cfg.name, traj, time.perf_counter() - started, str(self.folder),
-                      env_cfg)
+        return Answer(question, traj, env_cfg, str(self.folder), time.perf_counter() - started)
 
 
 def load_agent(spec: str | None, cfg: Config) -> Agent:

@@ -96,7 +96,7 @@ def serve_env(
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
-    from prompt_r1.config.experiment import runs_home
+    from prompt_r1.config.experiment import logs_dir
     from prompt_r1.env.vllm_server import VLLMServerError, managed_vllm_server
 
     cfg = _load(config)
@@ -111,7 +111,7 @@ def serve_env(
     if env_cfg.kind != "vllm":
         _fail(f"{config}: environment {env_cfg.name!r} has kind={env_cfg.kind}; serve-env starts managed "
               "vLLM servers only (kind: vllm)")
-    log_dir = runs_home() / "logs"
+    log_dir = logs_dir()
     console.print(f"starting vLLM for {env_cfg.model} (log under {log_dir}); this takes a minute on CPU ...")
     try:
         with managed_vllm_server(env_cfg, log_dir) as base_url:

@@ -16,6 +16,7 @@ import typer
 from prompt_r1.cli.common import (
     ConfigOpt, SetOpt, _agent_folder, _fail, _fail_environment, _load, app, console, err_console,
 )
+from prompt_r1.config.experiment import logs_dir
 
 AgentSpecOpt = typer.Option(None, "--agent", help="Agent: a bundled model name, a folder, a training run id, or "
                              "models:/prompt-r1-agent@champion (default: the registry's champion when there is "
@@ -26,12 +27,6 @@ def escape_markup(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
-
-
-def runs_home_logs() -> Path:
-    from prompt_r1.config.experiment import runs_home
-
-    return runs_home() / "logs"
 
 
 @app.command("export")
@@ -132,6 +127,6 @@ def serve(
     try:
         # the question limit is the config's data.max_question_chars, as for ingested questions
         limits = ServeConfig(max_concurrent=max_concurrent, max_question_chars=cfg.data.max_question_chars)
-        serve_agent(cfg, folder, host, port, limits, log_dir=runs_home_logs())
+        serve_agent(cfg, folder, host, port, limits, log_dir=logs_dir())
     except KeyboardInterrupt:
         pass

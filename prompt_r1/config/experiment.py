@@ -437,6 +437,11 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
+def logs_dir() -> Path:
+    """Logs of work that belongs to no run (managed servers started by `ask`, `serve`, `serve-env`)."""
+    return runs_home() / "logs"
+
+
 def run_dir(config_name: str, run_id: str) -> Path:
     """Where one run keeps checkpoints, evaluation outputs and server logs."""
     for part in (config_name, run_id):  # a `/` or `..` would put the run outside the run home
