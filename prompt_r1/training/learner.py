@@ -155,8 +155,7 @@ class GRPOLearner:
             lora = cfg.agent.lora
             model = get_peft_model(model, PeftLoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                target_modules=lora.target_modules if isinstance(lora.target_modules, str)
-                else list(lora.target_modules), task_type="CAUSAL_LM"))
+                target_modules=lora.target_modules, task_type="CAUSAL_LM"))  # a list, or peft's "all-linear"
         elif cfg.train.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
