@@ -204,6 +204,29 @@ class TrainConfig(StrictModel):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass: less memory, about a third more compute."
     )
+    world_size: int = Field(
+        1, ge=1,
+        description="Learner ranks. 1 = one learner; N > 1 = N Ray actors in a placement group joined by "
+        "torch.distributed (nccl where CUDA and NCCL are available, gloo otherwise), each taking whole GRPO "
+        "groups of the batch, the loss normalised by the global token count so N ranks give the gradient of one.",
+    )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="How learner ranks share the model: `ddp` (every rank holds all weights, gradients are "
+        "all-reduced) or `fsdp` (FSDP2 `fully_shard` over a device mesh: weights, gradients and AdamW state "
+        "sharded, for full fine-tuning that does not fit one device).",
+    )
+    cpus_per_rank: float = Field(1.0, gt=0, description="CPUs in each learner rank's placement bundle.")
+    placement_timeout_s: float = Field(
+        300.0, gt=0,
+        description="Deadline for the learner ranks' placement group to be placed; past it the error names "
+        "the resources missing and what to change.",
+    )
+    dist_timeout_s: float = Field(
+        600.0, gt=0,
+        description="Deadline for torch.distributed set-up and each collective, and for a learner rank's "
+        "step: a rank that dies or hangs fails the step within it, naming the rank.",
+    )
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N steps (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
     validate_every: int = Field(0, ge=0, description="Validation every N steps (0 = only at the end).")
