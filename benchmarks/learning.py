@@ -1,20 +1,24 @@
-"""Does GRPO improve the demo agent? A learning-rate sweep of the demo pair, with its curves.
+"""Does GRPO make the demo agent better? A pre-registered experiment with a shuffled-reward control.
 
-The demo pair (agent `smollm2-135m-protocol` on transformers, environment SmolLM2-135M-Instruct
-on a managed vLLM server, `configs/demo.yaml`) is trained on the sample training questions once
-per learning rate, through the real training loop (`TrainingSession.run()`, as `prompt-r1 train`
-runs it). For every run it records the reward mean and std of each step (from the warehouse's
-trajectory rows) and the greedy reward on the held-out validation questions before and after
-training, per question, with a 95% percentile-bootstrap interval
-(`prompt_r1.evaluation.stats.bootstrap_ci`).
-It writes `learning.json` and `learning.png` (one curve per learning rate, +-1 std band).
+The demo pair (agent `smollm2-135m-protocol`, environment SmolLM2-135M-Instruct on a managed vLLM
+server) is trained on the screened training pool (`benchmarks/screen.py`: questions the
+environment answers when asked well) through the real training loop (`TrainingSession.run()`, as
+`prompt-r1 train` runs it), twice with the same budget and seed:
 
-    .venv/bin/python benchmarks/learning.py --lrs 1e-4 3e-5 1e-5 --steps 4 \
-        --set environment.timeout_s=180 --set environment.call_deadline_s=900
-    .venv/bin/python benchmarks/learning.py --config configs/smoke.yaml --lrs 1e-3 --steps 3  # a smoke run
+- `trained`: the dual-constrained reward, as always;
+- `control`: the same rewards shuffled across the step's trajectories before the update, so any
+  gain the control also shows comes from something other than the reward (the update itself,
+  format drift, evaluation noise).
 
-The validation split is widened (`--val-fraction`) so the before/after interval has enough
-questions to mean something; the held-out questions never enter an update.
+Before and after each run the agent answers the probe set (`data/screened/test`, never trained on)
+greedily; each question's answer score (token F1 of the final answer, the reward's answer part)
+is paired before -> after, and the changes are compared with a paired bootstrap over questions
+(`prompt_r1.evaluation.stats.paired_comparison`). The pass criterion is printed before any
+training starts and judged at the end; results go to `learning.json` and `learning.png`.
+
+    .venv/bin/python benchmarks/learning.py                        # both arms, configs/learning-smollm.yaml
+    .venv/bin/python benchmarks/learning.py --arms trained --steps 2   # a shorter look
+    .venv/bin/python benchmarks/learning.py --replot               # redraw from the saved JSON
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import statistics
 import sys
 import tempfile
@@ -31,159 +36,198 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prompt_r1.config.experiment import parse_overrides  # noqa: E402
-from prompt_r1.config.experiment import Config, load_config  # noqa: E402
-from prompt_r1.evaluation.stats import bootstrap_ci, cell_seed  # noqa: E402
-from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
+from benchmarks.learning_plot import plot  # noqa: E402
 from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.training.session import TrainingSession  # noqa: E402
+from prompt_r1.config.experiment import Config, load_config, parse_overrides  # noqa: E402
+from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
+from prompt_r1.core.reward import GATE_TOLERANCE  # noqa: E402
+from prompt_r1.core.seeding import derive_seed  # noqa: E402
+from prompt_r1.core.trajectory import rollout_stats  # noqa: E402
+from prompt_r1.evaluation.stats import paired_comparison  # noqa: E402
+from prompt_r1.training.session import StepResult, TrainingHooks, TrainingSession  # noqa: E402
 
 log = logging.getLogger("benchmarks.learning")
 
-
-class RecordingSession(TrainingSession):
-    """The training session, keeping each validation's per-question rewards (for intervals).
-
-    Same greedy rollouts as `TrainingSession.validate`; only the bookkeeping is added."""
-
-    def validate(self) -> dict[str, float]:
-        questions = self.val_questions[: self.cfg.train.validation_questions]
-        trajs = self.pool.rollout(questions, self.step, greedy=True, group_size=1)
-        rewards = [t.reward.total for t in trajs if t.reward is not None and t.error is None]
-        self.validations = getattr(self, "validations", []) + [{"updates": self.step, "rewards": rewards}]
-        return {"val_reward": statistics.fmean(rewards) if rewards else float("nan")}
+# Pre-registered (issue: "visible learning"): judged on the probe set, never tuned after a run.
+CRITERIA = {
+    "min_answer_gain": 0.15,       # trained: paired answer-score change >= +0.15 with its 95% CI above 0
+    "beats_control": 0.0,          # trained after - control after: 95% CI of the difference above 0
+    "max_format_drop": 0.05,       # format-valid share falls by at most 0.05
+    "max_wall_minutes": 60.0,      # the trained run's wall time on this machine
+}
+PROBE_DATASET = "screened_probe"
 
 
-def step_rewards(warehouse, run_id: str) -> list[dict[str, float]]:
-    """Per step: mean and std of the trajectories' total, format and answer rewards."""
-    rows = warehouse.query(
-        "SELECT step, avg(reward_total), coalesce(stddev_samp(reward_total), 0), avg(reward_format), "
-        "avg(reward_answer), count(reward_total), avg(num_turns) FROM trajectories WHERE run_id = ? "
-        "GROUP BY step ORDER BY step", [run_id])
-    keys = ("step", "reward_mean", "reward_std", "format_mean", "answer_mean", "n", "turns_mean")
-    return [dict(zip(keys, (float(v) for v in row))) for row in rows]
+class ProbedSession(TrainingSession):
+    """The training session plus a probe evaluation, and (control arm) shuffled rewards.
+
+    `score` keeps the true rewards of each step (the control's curve shows those, not the
+    shuffled ones it learns from); the shuffle is a seeded permutation over the step's scored
+    trajectories, so the control sees the same reward values in random places."""
+
+    shuffle_rewards = False
+
+    def score(self, trajectories):
+        super().score(trajectories)
+        scored = [t for t in trajectories if t.reward is not None]
+        self.true_stats = rollout_stats(scored, self.cfg.reward.format_cap)
+        if self.shuffle_rewards:
+            rewards = [t.reward for t in scored]
+            random.Random(derive_seed("shuffled_reward_control", self.cfg.seed, self.step)).shuffle(rewards)
+            for trajectory, reward in zip(scored, rewards):
+                trajectory.reward = reward
+
+    def probe(self, questions) -> list[dict]:
+        """Greedy answers to `questions`, one row per question in order; a failed environment
+        call stops the benchmark (it is not a score)."""
+        trajectories = self.pool.rollout(questions, self.step, greedy=True, group_size=1)
+        failed = [t for t in trajectories if t.error]
+        if failed:
+            raise SystemExit(f"probe after {self.step} update(s): {len(failed)} environment call(s) failed "
+                             f"({failed[0].error}); no result is computed from failures")
+        cap = self.cfg.reward.format_cap
+        return [{"question_id": t.question_id, "answer_score": t.reward.answer, "reward": t.reward.total,
+                 "format_valid": float(t.reward.format >= cap - GATE_TOLERANCE), "answer": t.answer,
+                 "turns": len(t.agent_turns)} for t in trajectories]
 
 
-def summarise(values: list[float], *seed_parts: object) -> dict[str, float | int | None]:
-    low, high = bootstrap_ci(values, seed=cell_seed(*seed_parts))
-    return {"mean": statistics.fmean(values) if values else None, "ci_low": low, "ci_high": high,
-            "n": len(values)}
+class CurveHooks(TrainingHooks):
+    """Per step: the true reward figures (see `ProbedSession.score`) and the learner's metrics."""
+
+    def __init__(self, session: ProbedSession, total_steps: int):
+        super().__init__(total_steps)
+        self.session, self.curve = session, []
+
+    def on_step(self, result: StepResult) -> None:
+        super().on_step(result)
+        true = self.session.true_stats
+        self.curve.append({
+            "step": result.step + 1, "reward_mean": true["reward_mean"], "answer_mean": true["answer_score"],
+            "format_valid": true["format_valid_rate"], "turns": true["turns"],
+            **{k: result.metrics.get(k) for k in ("kl", "informative_share", "groups_informative", "pg_loss",
+                                                   "clip_fraction", "step_time_s", "rollout_time_s")}})
 
 
-def train_once(cfg: Config, home: Path) -> dict:
-    """One training run in a fresh warehouse under `home`; curve and validation before/after."""
+def run_arm(cfg: Config, arm: str, home: Path) -> dict:
+    """One training run (arm `trained` or `control`) in a fresh warehouse, probed before and after."""
     from prompt_r1.data.ingest import ingest
     from warehouse.store import Warehouse
 
-    run_id = f"lr{cfg.train.lr:g}"
     started = time.perf_counter()
     with Warehouse(home / "warehouse.duckdb") as wh:
         ingest(wh, cfg.data.sources, cfg.data.max_question_chars)
-        with RecordingSession(cfg, wh, run_id, home / cfg.name / run_id) as session:
-            session.run()
-            validations = session.validations
-            n_train, n_val = len(session.train_questions), len(session.val_questions)
-        curve = step_rewards(wh, run_id)
-    before, after = validations[0], validations[-1]
-    return {
-        "lr": cfg.train.lr, "steps": cfg.train.steps, "train_questions": n_train, "val_questions": n_val,
-        "wall_s": round(time.perf_counter() - started, 1), "curve": curve,
-        "val_before": summarise(before["rewards"], "before", cfg.train.lr),
-        "val_after": summarise(after["rewards"], "after", cfg.train.lr),
-        "val_rewards_before": before["rewards"], "val_rewards_after": after["rewards"],
-    }
+        probes = wh.questions(splits=["test"], datasets=[PROBE_DATASET])
+        if len(probes) < 32:
+            raise SystemExit(f"{len(probes)} probe questions in {cfg.data.sources} (dataset {PROBE_DATASET}); "
+                             "run benchmarks/screen.py first (it writes at least 32)")
+        session_cls = type("ControlSession", (ProbedSession,), {"shuffle_rewards": True}) if arm == "control" \
+            else ProbedSession
+        with session_cls(cfg, wh, arm, home / arm) as session:
+            log.info("%s: probing the untrained agent on %d questions", arm, len(probes))
+            before = session.probe(probes)
+            hooks = CurveHooks(session, cfg.train.steps)
+            train_started = time.perf_counter()
+            session.run(hooks)
+            train_s = time.perf_counter() - train_started
+            log.info("%s: probing the trained agent", arm)
+            after = session.probe(probes)
+    return {"arm": arm, "train_questions": len(session.train_questions), "probe_questions": len(probes),
+            "train_s": round(train_s, 1), "wall_s": round(time.perf_counter() - started, 1),
+            "curve": hooks.curve, "probe_before": before, "probe_after": after}
 
 
-def plot(results: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in results:
-        steps = [p["step"] + 1 for p in r["curve"]]
-        mean = [p["reward_mean"] for p in r["curve"]]
-        std = [p["reward_std"] for p in r["curve"]]
-        line, = ax.plot(steps, mean, marker="o", label=f"lr {r['lr']:g}: val {fmt(r['val_before'])} -> "
-                                                         f"{fmt(r['val_after'])}")
-        ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                        color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("GRPO step")
-    ax.set_xticks(sorted({p["step"] + 1 for r in results for p in r["curve"]}))
-    ax.set_ylabel("training reward (mean +- std)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def compare(a: list[dict], b: list[dict], key: str, *seed: object) -> dict:
+    """Paired A - B over the same probe questions (same order), with its bootstrap interval."""
+    if [r["question_id"] for r in a] != [r["question_id"] for r in b]:
+        raise ValueError("paired comparison over different probe questions")
+    return paired_comparison([[r[key] for r in a]], [[r[key] for r in b]], seed=derive_seed("learning", *seed))
 
 
-def fmt(summary: dict) -> str:
-    """`mean [low, high]` of a validation summary.
+def judge(results: dict[str, dict]) -> dict:
+    """The pre-registered criteria against the arms' figures."""
+    trained = results["trained"]
+    verdict: dict = {"trained_gain": compare(trained["probe_after"], trained["probe_before"], "answer_score", "gain")}
+    gain = verdict["trained_gain"]
+    checks = {"answer_gain": gain["diff"] >= CRITERIA["min_answer_gain"] and gain["ci_low"] > 0}
+    before_fmt = statistics.fmean(r["format_valid"] for r in trained["probe_before"])
+    after_fmt = statistics.fmean(r["format_valid"] for r in trained["probe_after"])
+    verdict["format_valid"] = {"before": before_fmt, "after": after_fmt}
+    checks["format_kept"] = after_fmt >= before_fmt - CRITERIA["max_format_drop"]
+    checks["wall_time"] = trained["train_s"] <= CRITERIA["max_wall_minutes"] * 60
+    if "control" in results:
+        control = results["control"]
+        verdict["control_gain"] = compare(control["probe_after"], control["probe_before"], "answer_score", "ctl")
+        verdict["trained_vs_control"] = compare(trained["probe_after"], control["probe_after"], "answer_score", "vs")
+        checks["beats_control"] = verdict["trained_vs_control"]["ci_low"] > CRITERIA["beats_control"]
+    else:
+        checks["beats_control"] = None  # not run: the experiment cannot pass
+    verdict["checks"] = checks
+    verdict["passed"] = all(v is True for v in checks.values())
+    return verdict
 
-    >>> fmt({"mean": 0.25, "ci_low": -0.1, "ci_high": 0.5, "n": 8})
-    '0.250 [-0.100, 0.500]'
-    """
-    if summary["mean"] is None:
-        return "n/a"
-    return f"{summary['mean']:.3f} [{summary['ci_low']:.3f}, {summary['ci_high']:.3f}]"
+
+def print_criteria(cfg: Config, arms: list[str]) -> None:
+    print("Pre-registered pass criterion (judged on the probe set after training):\n"
+          f"  1. trained: paired answer-score change >= +{CRITERIA['min_answer_gain']} with its 95% interval above 0\n"
+          "  2. trained after - shuffled-reward control after: 95% interval of the difference above 0\n"
+          f"  3. format-valid share falls by at most {CRITERIA['max_format_drop']}\n"
+          f"  4. the trained run takes at most {CRITERIA['max_wall_minutes']:.0f} minutes\n"
+          f"Budget per arm: {cfg.train.steps} steps x {cfg.rollout.batch_questions} questions x "
+          f"{cfg.rollout.group_size} samples; arms: {', '.join(arms)}", flush=True)
 
 
-def plot_sweep(results: list[dict], config: str, out: Path) -> None:
-    plot(results, out / "learning.png", f"{config}: GRPO reward per step (n = "
-         f"{results[0]['curve'][0]['n']:.0f} trajectories per step)")
+def report(verdict: dict) -> str:
+    def line(name: str, c: dict) -> str:
+        return f"{name}: {c['diff']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] (n={c['n']}, p={c['p_value']:.3f})"
 
-
-def previous_results(args: argparse.Namespace) -> list[dict]:
-    """Results of an earlier part of the same sweep, minus the learning rates about to be rerun."""
-    path = args.out / "learning.json"
-    if not path.exists():
-        return []
-    earlier = json.loads(path.read_text())
-    if (earlier["config"], earlier["overrides"]) != (args.config, args.overrides):
-        raise SystemExit(f"{path} holds a sweep of {earlier['config']} with {earlier['overrides']}; "
-                         f"--append needs the same --config and --set (or use another --out)")
-    return [r for r in earlier["results"] if r["lr"] not in args.lrs]
+    lines = [line("trained answer-score change", verdict["trained_gain"])]
+    if "control_gain" in verdict:
+        lines += [line("control answer-score change", verdict["control_gain"]),
+                  line("trained - control (after)", verdict["trained_vs_control"])]
+    fmt = verdict["format_valid"]
+    lines.append(f"format-valid share: {fmt['before']:.3f} -> {fmt['after']:.3f}")
+    lines += [f"  {name}: {'PASS' if ok else ('not run' if ok is None else 'FAIL')}"
+              for name, ok in verdict["checks"].items()]
+    lines.append("PASSED" if verdict["passed"] else "NOT PASSED")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="configs/demo.yaml")
-    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-5, 3e-5, 1e-4])
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--val-fraction", type=float, default=0.25,
-                        help="Share of the training questions held out (24 sample questions -> 6).")
+    parser.add_argument("--config", default="configs/learning-smollm.yaml")
+    parser.add_argument("--arms", nargs="+", choices=["trained", "control"], default=["trained", "control"])
+    parser.add_argument("--steps", type=int, help="Override train.steps (the budget of each arm).")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="Extra config override KEY=VALUE (as `prompt-r1 train --set`), repeatable.")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmarks" / "learning")
-    parser.add_argument("--append", action="store_true",
-                        help="Keep the results already in OUT/learning.json for other learning rates "
-                             "(a sweep run in parts); the same config and overrides are required.")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--replot", action="store_true", help="Only redraw OUT/learning.png from OUT/learning.json.")
     args = parser.parse_args()
     setup_logging()
-    args.out.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = args.out / "learning.json", args.out / "learning.png"
     if args.replot:
-        saved = json.loads((args.out / "learning.json").read_text())
-        return plot_sweep(saved["results"], saved["config"], args.out)
-    results = previous_results(args) if args.append else []
-    for lr in args.lrs:
-        cfg = load_config(ROOT / args.config, {
-            "train.lr": lr, "train.steps": args.steps, "train.validate_every": 0,
-            "train.checkpoint_every": args.steps, "data.validation_fraction": args.val_fraction,
-            "train.validation_questions": 64, **parse_overrides(args.overrides)})
-        with tempfile.TemporaryDirectory(prefix="learning-") as home:
-            result = train_once(cfg, Path(home))
-        results = sorted(results + [result], key=lambda r: -r["lr"])
-        print(f"lr {lr:g}: {args.steps} steps in {result['wall_s']:.0f} s; reward per step "
-              + " ".join(f"{p['reward_mean']:+.3f}" for p in result["curve"])
-              + f"; validation {fmt(result['val_before'])} -> {fmt(result['val_after'])}", flush=True)
-        # Written after every learning rate: a long sweep keeps what it finished.
-        atomic_write_text(args.out / "learning.json", json.dumps(
-            {"config": args.config, "overrides": args.overrides, "results": results}, indent=1))
-        plot_sweep(results, args.config, args.out)
-    print(f"wrote {args.out / 'learning.json'} and {args.out / 'learning.png'}")
+        saved = json.loads(json_path.read_text())
+        return plot(saved, png_path)
+    overrides = parse_overrides(args.overrides)
+    if args.steps is not None:
+        overrides["train.steps"] = args.steps
+    cfg = load_config(ROOT / args.config, overrides)
+    print_criteria(cfg, args.arms)
+    results: dict[str, dict] = {}
+    saved = {"config": args.config, "overrides": args.overrides, "steps": cfg.train.steps, "criteria": CRITERIA}
+    for arm in args.arms:
+        with tempfile.TemporaryDirectory(prefix=f"learning-{arm}-") as home:
+            results[arm] = run_arm(cfg, arm, Path(home))
+        print(f"{arm}: trained {cfg.train.steps} steps in {results[arm]['train_s'] / 60:.1f} min; reward per step "
+              + " ".join(f"{p['reward_mean']:+.2f}" for p in results[arm]["curve"]), flush=True)
+        # Written after every arm: a long experiment keeps what it finished.
+        atomic_write_text(json_path, json.dumps({**saved, "results": results}, indent=1))
+    verdict = judge(results) if "trained" in results else None
+    saved = {**saved, "results": results, "verdict": verdict}
+    atomic_write_text(json_path, json.dumps(saved, indent=1))
+    plot(saved, png_path)
+    if verdict:
+        print(report(verdict))
+    print(f"wrote {json_path} and {png_path}")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,8 @@ class VLLMPolicy(Policy):
             log.info("vLLM agent engine on CPU: KV cache %.2f GiB for %d sequences of %d tokens",
                      kv_bytes / 2**30, max_num_seqs, max_model_len)
         self.llm = LLM(
-            model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True, max_model_len=max_model_len,
+            # vLLM seeds numpy with it, which takes 32 bits; the project's seeds are 63-bit
+            model=self.model_path, dtype=dtype, seed=seed % 2**32, enforce_eager=True, max_model_len=max_model_len,
             logprobs_mode="processed_logprobs", enable_prefix_caching=True, **memory,
         )
         self.tokenizer = self.llm.get_tokenizer()

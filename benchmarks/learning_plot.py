@@ -1,0 +1,72 @@
+"""The figure of `benchmarks/learning.py`: curves per step beside the control, and each probe question.
+
+Four panels: (1) training reward per step, trained vs shuffled-reward control (the control's
+true reward, not the shuffled one it learned from); (2) answer score and format-valid share per
+step; (3) share of informative GRPO groups and the KL to the reference; (4) every probe question
+before -> after training (trained arm), with both arms' means and the paired change in the title.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COLOURS = {"trained": "tab:blue", "control": "tab:grey"}
+
+
+def _series(curve: list[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(p["step"], p[key]) for p in curve if p.get(key) is not None]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def plot(saved: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results, verdict = saved["results"], saved.get("verdict")
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    (reward_ax, answer_ax), (groups_ax, probe_ax) = axes
+    for arm, result in results.items():
+        colour = COLOURS.get(arm, None)
+        reward_ax.plot(*_series(result["curve"], "reward_mean"), marker="o", color=colour, label=arm)
+        answer_ax.plot(*_series(result["curve"], "answer_mean"), marker="o", color=colour, label=f"{arm}: answer")
+        answer_ax.plot(*_series(result["curve"], "format_valid"), ls="--", color=colour, label=f"{arm}: format valid")
+        groups_ax.plot(*_series(result["curve"], "informative_share"), marker="o", color=colour,
+                       label=f"{arm}: informative groups")
+        kl_steps, kl = _series(result["curve"], "kl")
+        if any(kl):
+            groups_ax.plot(kl_steps, kl, ls=":", color=colour, label=f"{arm}: KL")
+    reward_ax.set(title="training reward per step (true reward)", xlabel="GRPO step", ylabel="mean reward")
+    answer_ax.set(title="answer score and format-valid share per step", xlabel="GRPO step", ylim=(-0.05, 1.05))
+    groups_ax.set(title="share of groups with unequal rewards (and KL)", xlabel="GRPO step", ylim=(-0.05, 1.05))
+    for ax in (reward_ax, answer_ax, groups_ax):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    _probe_panel(probe_ax, results, verdict)
+    fig.suptitle(f"{saved['config']}: {saved['steps']} steps per arm", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _probe_panel(ax, results: dict, verdict: dict | None) -> None:
+    trained = results.get("trained") or next(iter(results.values()))
+    before = [r["answer_score"] for r in trained["probe_before"]]
+    after = [r["answer_score"] for r in trained["probe_after"]]
+    for b, a in zip(before, after):
+        colour = "tab:green" if a > b else ("tab:red" if a < b else "lightgrey")
+        ax.plot([0, 1], [b, a], color=colour, alpha=0.6, lw=1)
+    for arm, result in results.items():
+        means = [sum(r["answer_score"] for r in result[k]) / len(result[k]) for k in ("probe_before", "probe_after")]
+        ax.plot([0, 1], means, color=COLOURS.get(arm), lw=3, marker="o", label=f"{arm} mean")
+    title = f"probe answer score, {len(before)} questions (green up, red down)"
+    if verdict:
+        gain = verdict["trained_gain"]
+        title += f"\ntrained {gain['diff']:+.3f} [{gain['ci_low']:+.3f}, {gain['ci_high']:+.3f}]"
+        if "trained_vs_control" in verdict:
+            vs = verdict["trained_vs_control"]
+            title += f"; vs control {vs['diff']:+.3f} [{vs['ci_low']:+.3f}, {vs['ci_high']:+.3f}]"
+    ax.set(title=title, xticks=[0, 1], xticklabels=["before", "after"], ylim=(-0.05, 1.05))
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7)

@@ -1,0 +1,120 @@
+"""Screen candidate questions with the environment alone: keep those it answers when asked well.
+
+GRPO learns only from groups whose rewards differ, and the agent can only earn answer reward on
+questions the environment can answer. So before a learning run, every candidate question is
+put to the environment LLM alone (no agent), greedily, in several phrasings (the bare question,
+"answer in a few words", a `Question: .. Answer:` completion, ...); a phrasing passes when the
+reply contains a gold answer (`substring_match`). A question is kept when at least one phrasing
+passes: the environment knows the answer, and how it is asked decides whether it says it, which
+is what the agent is trained to do.
+
+The candidates (`benchmarks/screen_candidates.jsonl`, written for this project: capitals,
+chemical symbols, opposites, languages, everyday facts, small arithmetic) are screened against
+the demo's environment (SmolLM2-135M-Instruct on a managed vLLM server). The kept questions are
+shuffled with a fixed seed and split into a probe set (`data/screened/test/`, never trained on)
+and a training pool (`data/screened/train/`); every pass rate goes to
+`benchmarks/results/screen.json`.
+
+    .venv/bin/python benchmarks/screen.py                # screen, write the split and the pass rates
+    .venv/bin/python benchmarks/screen.py --probe 40     # probe-set size (the rest is the training pool)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
+from prompt_r1.config.experiment import load_config  # noqa: E402
+from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
+from prompt_r1.core.metrics import substring_match  # noqa: E402
+from prompt_r1.core.seeding import derive_seed  # noqa: E402
+from prompt_r1.env import open_environment  # noqa: E402
+
+PHRASINGS = {
+    "bare": "{q}",
+    "short": "{q} Answer in a few words.",
+    "completion": "Question: {q}\nAnswer:",
+    "one_word": "Answer with one word or number only. {q}",
+}
+
+
+async def ask_all(env, questions: list[dict]) -> list[dict[str, str]]:
+    """Each question in every phrasing, all calls in flight at once (the client bounds concurrency)."""
+    calls = [(i, name, env.reply([{"role": "user", "content": template.format(q=row["question"])}]))
+             for i, row in enumerate(questions) for name, template in PHRASINGS.items()]
+    replies = await asyncio.gather(*(c for _, _, c in calls))
+    out: list[dict[str, str]] = [{} for _ in questions]
+    for (i, name, _), reply in zip(calls, replies):
+        if reply.call.error:
+            raise SystemExit(f"environment call failed ({reply.call.error}); a failed call is not a "
+                             "screen result: fix the environment and run again")
+        out[i][name] = reply.text
+    await env.aclose()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/demo.yaml", help="Its `environment` is screened.")
+    parser.add_argument("--candidates", type=Path, default=ROOT / "benchmarks" / "screen_candidates.jsonl")
+    parser.add_argument("--probe", type=int, default=40, help="Kept questions held out as the probe set.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-out", type=Path, default=ROOT / "data" / "screened")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "screen.json")
+    args = parser.parse_args()
+    setup_logging()
+    cfg = load_config(ROOT / args.config)
+    candidates = [json.loads(line) for line in args.candidates.read_text().splitlines() if line.strip()]
+    started = time.perf_counter()
+    with open_environment(cfg.environment) as env:
+        replies = asyncio.run(ask_all(env, candidates))
+    wall = time.perf_counter() - started
+    rows = []
+    for row, answered in zip(candidates, replies):
+        passes = {name: substring_match(text, row["answers"]) for name, text in answered.items()}
+        rows.append({**row, "passes": passes, "pass_rate": statistics.fmean(passes.values()),
+                     "replies": answered})
+    kept = [r for r in rows if r["pass_rate"] > 0]
+    random.Random(derive_seed("screen_split", args.seed)).shuffle(kept)
+    if len(kept) <= args.probe:
+        raise SystemExit(f"only {len(kept)} questions passed the screen; a probe set of {args.probe} "
+                         "needs more candidates")
+    probe, train = kept[: args.probe], kept[args.probe:]
+    for split, part in (("test", probe), ("train", train)):
+        lines = [json.dumps({"dataset": f"screened_{'probe' if split == 'test' else 'train'}",
+                             "question": r["question"], "answers": r["answers"],
+                             "task_family": r["task_family"]}) for r in part]
+        (args.data_out / split).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.data_out / split / f"screened_{split}.jsonl", "\n".join(lines) + "\n")
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        by_kind[r["kind"]].append(r["pass_rate"])
+    by_phrasing = {name: statistics.fmean(r["passes"][name] for r in rows) for name in PHRASINGS}
+    summary = {
+        "environment": cfg.environment.model, "candidates": len(rows), "kept": len(kept),
+        "probe": len(probe), "train": len(train), "wall_s": round(wall, 1),
+        "pass_rate_by_kind": {k: {"n": len(v), "mean": round(statistics.fmean(v), 3),
+                                  "kept": sum(1 for x in v if x > 0)} for k, v in sorted(by_kind.items())},
+        "pass_rate_by_phrasing": {k: round(v, 3) for k, v in by_phrasing.items()},
+        "kept_pass_rate_mean": round(statistics.fmean(r["pass_rate"] for r in kept), 3),
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.results, json.dumps({"summary": summary, "phrasings": PHRASINGS, "questions": rows},
+                                               indent=1))
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {args.data_out}/{{train,test}} and {args.results}")
+
+
+if __name__ == "__main__":
+    main()
