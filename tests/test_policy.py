@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from prompt_r1.config.experiment import AgentConfig, parse_config
+from prompt_r1.core.seeding import derive_seed
 from prompt_r1.policy import make_policy
 from prompt_r1.policy.hf import TransformersPolicy, top_p_filter
 from prompt_r1.core.tokens import agent_prompt_ids
@@ -134,7 +135,9 @@ def test_vllm_policy_generates_and_reloads_weights(smollm2_path):
     pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM
 
-    policy = make_policy(AgentConfig(model="smollm2-135m-instruct", backend="vllm", temperature=0.0), smollm2_path)
+    # a 63-bit seed, as rollout actors derive them (vLLM seeds numpy, which takes 32 bits)
+    policy = make_policy(AgentConfig(model="smollm2-135m-instruct", backend="vllm", temperature=0.0), smollm2_path,
+                         seed=derive_seed("rollout_actor", 0, 0))
     try:
         prompts = prompts_for(policy.tokenizer)
         samples = policy.generate(prompts, [40, 6], seeds=[1, 2])

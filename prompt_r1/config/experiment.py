@@ -103,6 +103,12 @@ class AgentConfig(StrictModel):
         "cache is sized to hold that many sequences of 4096 tokens (SmolLM2-135M in float32: about 180 MiB each). "
         "On GPU vLLM's own defaults apply.",
     )
+    vllm_max_model_len: int = Field(
+        4096, ge=256,
+        description="vllm backend: the longest sequence (agent prompt + response) the engine accepts; on CPU "
+        "its KV cache holds `vllm_max_num_seqs` sequences of this length, so a short-answer run can lower it "
+        "(1024 takes a quarter of the memory of 4096). Must exceed the agent prompt + max_response_tokens.",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter training (off = full fine-tuning).")
 
 

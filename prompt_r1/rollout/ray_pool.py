@@ -79,7 +79,9 @@ def init_ray(rollout_cfg: RolloutConfig) -> None:
         if rollout_cfg.ray_address:
             _connect(rollout_cfg.ray_address, rollout_cfg.ray_connect_timeout_s)
         else:
-            ray.init(num_cpus=rollout_cfg.ray_num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+            # address="local": a new instance, never a cluster this machine started earlier
+            ray.init(address="local", num_cpus=rollout_cfg.ray_num_cpus, include_dashboard=False,
+                     logging_level=logging.WARNING)
     log.info("Ray: %s", f"connected to {rollout_cfg.ray_address}" if rollout_cfg.ray_address
              else "started a local instance")
 
