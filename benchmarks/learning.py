@@ -192,6 +192,18 @@ def report(verdict: dict) -> str:
     return "\n".join(lines)
 
 
+def kept_arms(path: Path, saved: dict, rerun: list[str]) -> dict[str, dict]:
+    """The arms of an earlier part of the same experiment, minus those about to run again."""
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    same = ("config", "overrides", "steps", "criteria")
+    if any(earlier.get(k) != saved[k] for k in same):
+        raise SystemExit(f"{path} holds another experiment ({ {k: earlier.get(k) for k in same[:3]} }); "
+                         "--keep needs the same --config, --set and --steps (or use another --out)")
+    return {arm: r for arm, r in earlier["results"].items() if arm not in rerun}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/learning-smollm.yaml")
@@ -200,6 +212,10 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="Extra config override KEY=VALUE (as `prompt-r1 train --set`), repeatable.")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--keep", action="store_true",
+                        help="Keep the arms already in OUT/learning.json that this call does not run (an experiment "
+                             "run in parts, e.g. the control after a crash); they must have the same config, "
+                             "overrides and steps.")
     parser.add_argument("--replot", action="store_true", help="Only redraw OUT/learning.png from OUT/learning.json.")
     args = parser.parse_args()
     setup_logging()
@@ -212,8 +228,8 @@ def main() -> None:
         overrides["train.steps"] = args.steps
     cfg = load_config(ROOT / args.config, overrides)
     print_criteria(cfg, args.arms)
-    results: dict[str, dict] = {}
     saved = {"config": args.config, "overrides": args.overrides, "steps": cfg.train.steps, "criteria": CRITERIA}
+    results = kept_arms(json_path, saved, args.arms) if args.keep else {}
     for arm in args.arms:
         with tempfile.TemporaryDirectory(prefix=f"learning-{arm}-") as home:
             results[arm] = run_arm(cfg, arm, Path(home))
@@ -221,6 +237,7 @@ def main() -> None:
               + " ".join(f"{p['reward_mean']:+.2f}" for p in results[arm]["curve"]), flush=True)
         # Written after every arm: a long experiment keeps what it finished.
         atomic_write_text(json_path, json.dumps({**saved, "results": results}, indent=1))
+    results = {arm: results[arm] for arm in ("trained", "control") if arm in results}
     verdict = judge(results) if "trained" in results else None
     saved = {**saved, "results": results, "verdict": verdict}
     atomic_write_text(json_path, json.dumps(saved, indent=1))
