@@ -34,5 +34,6 @@ def make_policy(agent_cfg: AgentConfig, model_path: str | Path, seed: int = 0) -
         from prompt_r1.policy.vllm_policy import VLLMPolicy
 
         return VLLMPolicy(model_path, temperature=agent_cfg.temperature, top_p=agent_cfg.top_p,
-                          dtype=agent_cfg.dtype, seed=seed, max_num_seqs=agent_cfg.vllm_max_num_seqs)
+                          dtype=agent_cfg.dtype, seed=seed, max_num_seqs=agent_cfg.vllm_max_num_seqs,
+                          tensor_parallel_size=agent_cfg.tensor_parallel_size)
     raise ValueError(f"agent.backend must be `transformers` or `vllm`, got {agent_cfg.backend!r}")
