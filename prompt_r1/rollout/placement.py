@@ -118,7 +118,7 @@ def reserve_groups(groups: Sequence[Sequence[Bundle]], *, what: str, timeout_s: 
         if len(ready) < len(refs):
             waiting = [b for ref, bundles in zip(refs, cleaned_groups) if ref not in ready for b in bundles]
             free = ray.available_resources()  # before removal: the placed groups still hold theirs
-            available = {name: free.get(name, 0.0) for name in total} | free  # Ray leaves out what is all taken
+            available = {key: free.get(key, 0.0) for key in total} | free  # Ray leaves out what is all taken
             missing = missing_resources(waiting, available)
             lacking = (_amounts(missing) if missing
                        else "no total, but no node has a bundle's worth free (fragmented)")

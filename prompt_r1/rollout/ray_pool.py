@@ -263,30 +263,34 @@ class RolloutPool:
         deadline = time.monotonic() + timeout_s  # one deadline for placement and start-up together
         try:  # start-up errors (and SIGTERM/Ctrl-C while actors start) surface here
             bundle, self.groups = place_engines(cfg, self.num_workers)
+            actor_class = ray.remote(RolloutWorker)
             for index, group in enumerate(self.groups):
                 # the policy's own seed (engine start, calls without row seeds): distinct per actor
-                actor = ray.remote(RolloutWorker).options(**actor_options(bundle, group, env_vars))
-                self.workers.append(actor.remote(cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index),
-                                                 env_factory))
+                self.workers.append(actor_class.options(**actor_options(bundle, group, env_vars)).remote(
+                    cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index), env_factory))
             log.info("rollout pool: %d actor(s) starting", len(self.workers))
             self.placements = self._get(
                 [w.placement.remote() for w in self.workers], max(deadline - time.monotonic(), 1.0),
-                "actor_start_timeout_s", f"starting the rollout actors (placed: {describe([bundle] * self.num_workers)}; "
-                f"deadline {timeout_s:g}s with placement)", "raise the deadline if loading the policy is slow, "
-                "or see the Ray logs (`/tmp/ray/session_latest/logs`) for an actor that fails to start")
+                "actor_start_timeout_s",
+                f"starting the rollout actors (placed: {describe([bundle] * len(self.groups))})",
+                "raise it if loading the policy is slow, or see the Ray logs (`/tmp/ray/session_latest/logs` on "
+                "the actor's node) for an actor that fails to start", shown_s=timeout_s)
             for index, where in enumerate(self.placements):
                 log.info("%s", describe_location(index, where))
         except BaseException:
             self.shutdown()
             raise
 
-    def _get(self, refs: list[Any], timeout_s: float, field: str, what: str, fix: str) -> list[Any]:
-        """`ray.get` with a deadline (`rollout.<field>`); the actors are stuck after one passes."""
+    def _get(self, refs: list[Any], timeout_s: float, field: str, what: str, fix: str,
+             shown_s: float | None = None) -> list[Any]:
+        """`ray.get` with a deadline (`rollout.<field>`, whose whole value is `shown_s` when part of
+        it was spent on an earlier stage); the actors are stuck after one passes."""
         try:
             return ray.get(refs, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as err:
             self._stuck = True
-            raise RayWaitError(f"{what} did not finish within {timeout_s:g}s (rollout.{field}); {fix}") from err
+            raise RayWaitError(f"{what} did not finish within {shown_s or timeout_s:g}s (rollout.{field}); "
+                               f"{fix}") from err
 
     def rollout(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
                 group_size: int | None = None, score: bool = True) -> list[Trajectory]:
