@@ -1,5 +1,5 @@
-"""The commands for the pipeline's stages: `ingest`, `summary`, `check-config`, `serve-env`,
-`train`, `evaluate` and `rollout`, each a thin typer wrapper over the library's API."""
+"""The commands for the pipeline's stages: `ingest`, `summary`, `check-config`, `plan`,
+`serve-env`, `train`, `evaluate` and `rollout`, each a thin typer wrapper over the library's API."""
 
 from __future__ import annotations
 
@@ -77,6 +77,47 @@ def check_config(config: Path = ConfigOpt, set_: list[str] = SetOpt) -> None:
     """Validate a config file (with its `--set` overrides) and print its hash."""
     cfg = _load(config, set_)
     console.print(f"{config}: ok (name={cfg.name}, hash={cfg.hash()})")
+
+
+@app.command()
+def plan(
+    config: Path = ConfigOpt,
+    set_: list[str] = SetOpt,
+    nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes, all alike."),
+    gpus_per_node: Optional[int] = typer.Option(
+        None, "--gpus-per-node", min=0, help="GPUs per node (default: as many as this machine has; 0 = plan "
+        "for host memory)."),
+    gpu_memory_gib: Optional[float] = typer.Option(
+        None, "--gpu-memory-gib", min=0.1, help="Memory of one GPU in GiB (default: this machine's GPUs', else 80)."),
+    host_memory_gib: Optional[float] = typer.Option(
+        None, "--host-memory-gib", min=0.1, help="RAM of one node in GiB (default: this machine's)."),
+    params: Optional[float] = typer.Option(
+        None, "--params", min=1e6, help="The agent's parameter count (e.g. 4e9), for a model without a "
+        "config.json here; with one, it overrides the count computed from it."),
+    prompt_tokens: int = typer.Option(
+        512, "--prompt-tokens", min=1, help="Prompt tokens per trajectory (the instruction template and a "
+        "question; an estimate)."),
+    as_json: bool = typer.Option(False, "--json", help="Print only the plan, as JSON."),
+) -> None:
+    """Whether a config fits the machines, before any model loads: memory per GPU and where each
+    learner rank and rollout engine goes (exit 0), or what does not fit and the setting to change (exit 2)."""
+    from prompt_r1.models.architecture import Architecture, architecture_for
+    from prompt_r1.training.plan import local_machine, make_plan
+
+    cfg = _load(config, set_)
+    arch = architecture_for(cfg.agent.model, cfg.name)
+    if arch is None and params is None:
+        _fail(f"agent.model {cfg.agent.model!r} has no config.json here and no known architecture "
+              "(prompt_r1/models/architectures.json): pass its parameter count, e.g. --params 4e9")
+    arch = Architecture.guess(params, cfg.agent.model) if arch is None else arch.with_params(params)
+    machine = local_machine(nodes, gpus_per_node, gpu_memory_gib, host_memory_gib)
+    result = make_plan(cfg, arch, machine, prompt_tokens, source=str(config))
+    if as_json and result.fits:
+        print(json.dumps(result.to_dict(), indent=2))
+    elif not as_json:
+        console.print(result.render(), markup=False, highlight=False, soft_wrap=True)
+    if not result.fits:
+        _fail(result.error(), plan=result.to_dict())
 
 
 # -- commands added by later modules go below ----------------------------------------------
