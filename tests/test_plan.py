@@ -226,6 +226,16 @@ def test_on_cpu_every_process_shares_the_host_memory_of_a_node():
     assert not tight.fits and "host memory" in tight.error()
 
 
+def test_a_managed_environment_server_shares_the_first_gpu():
+    cfg = load_config(ROOT / "configs" / "demo.yaml")  # environment.kind vllm, started by the driver
+    arch = known_architecture(cfg.agent.model)
+    plan = make_plan(cfg, arch, Machine(1, 1, 24, 64))
+    server = next(c for c in plan.components if c.role == "environment")
+    assert plan.fits and server.where() == "node 0 GPU 0 (shared)" and "1 of 1 GPUs used" in plan.verdict()
+    small = make_plan(cfg, arch, Machine(1, 1, 12, 64))
+    assert not small.fits and "environment.gpu_memory_utilization" in small.error()
+
+
 def test_a_vllm_engine_on_cpu_is_sized_as_the_engine_sizes_its_kv_cache():
     from prompt_r1.models.kv_cache import kv_cache_bytes
 

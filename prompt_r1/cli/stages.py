@@ -15,6 +15,7 @@ from prompt_r1.cli.common import (
     ConfigOpt, DbOpt, LockWaitOpt, SetOpt, _agent_folder, _fail, _fail_environment, _load, _open_db, app, console,
 )
 from prompt_r1.config.experiment import DataConfig
+from prompt_r1.training.memory import DEFAULT_PROMPT_TOKENS
 
 
 @app.command()
@@ -95,7 +96,7 @@ def plan(
         None, "--params", min=1e6, help="The agent's parameter count (e.g. 4e9), for a model without a "
         "config.json here; with one, it overrides the count computed from it."),
     prompt_tokens: int = typer.Option(
-        512, "--prompt-tokens", min=1, help="Prompt tokens per trajectory (the instruction template and a "
+        DEFAULT_PROMPT_TOKENS, "--prompt-tokens", min=1, help="Prompt tokens per trajectory (the instruction template and a "
         "question; an estimate)."),
     as_json: bool = typer.Option(False, "--json", help="Print only the plan, as JSON."),
 ) -> None:

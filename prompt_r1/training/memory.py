@@ -36,8 +36,9 @@ A rollout engine on GPUs (vLLM, `agent.tensor_parallel_size` GPUs when that key 
 holds P x dtype bytes / tp of weights, 2 GiB of runtime (CUDA graphs, activation workspace),
 and a KV cache up to what its share of the batch asks for at once (`batch_questions` x
 `group_size` / `num_workers` sequences of prompt + response tokens) within the rest of the GPU;
-it must hold at least one sequence. On CPU, engines and a managed vLLM environment server are
-sized as the code sizes them (`models.kv_cache`). Each device's plan fills at most `usable` (90%)
+it must hold at least one sequence. A managed vLLM environment server takes
+`environment.gpu_memory_utilization` of the driver's first GPU, beside what is there. On CPU,
+engines and that server are sized as the code sizes them (`models.kv_cache`). Each device's plan fills at most `usable` (90%)
 of its memory. Everything is an estimate made before anything runs; it has not been measured on
 GPUs (see docs/scale.md).
 """
@@ -46,7 +47,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.models.architecture import Architecture
@@ -100,6 +100,7 @@ class Component:
     notes: list[str] = field(default_factory=list)
     node: int | None = None
     devices: list[int] = field(default_factory=list)
+    shared: bool = False                # takes a share of a GPU another component holds (never one of its own)
 
     @property
     def gib(self) -> float:
@@ -110,7 +111,8 @@ class Component:
             return "not placed"
         if not self.gpus:
             return f"node {self.node} host memory"
-        return f"node {self.node} GPU{'s' if len(self.devices) > 1 else ''} {','.join(map(str, self.devices))}"
+        gpus = f"node {self.node} GPU{'s' if len(self.devices) > 1 else ''} {','.join(map(str, self.devices))}"
+        return gpus + (" (shared)" if self.shared else "")
 
 
 def _gib(n_bytes: float) -> float:
@@ -213,7 +215,8 @@ def environment_component(cfg: Config, machine: Machine) -> Component | None:
     if machine.gpus_per_node:  # vLLM takes its share of the GPU whatever the model
         return Component("environment server", "environment", 1, {
             "vLLM's share (environment.gpu_memory_utilization)": env.gpu_memory_utilization * machine.gpu_memory_gib},
-            ["started by the driver outside Ray's placement groups"])
+            ["the driver starts it on its first GPU, outside Ray's placement groups, beside what Ray puts there"],
+            shared=True)
     from prompt_r1.env.vllm_server import MAX_MODEL_LEN
     from prompt_r1.models.architecture import architecture_for
 

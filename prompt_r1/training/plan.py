@@ -3,12 +3,12 @@
 Why it exists: a run that does not fit finds out minutes in, after models load and placement
 groups wait, or a GPU runs out of memory mid-step. `prompt-r1 plan` prints `make_plan`'s result;
 `train` runs `preflight` before it loads a model when the run would use GPUs. Memory per process
-comes from `training.memory` (the rule, stated once); this module places the processes on
-`nodes` x `gpus_per_node` GPUs in the order the run reserves them (learner ranks, one GPU each;
-rollout engines, `agent.tensor_parallel_size` GPUs on one node each; a managed environment
-server), each on GPUs of its own, and when something does not fit it names the setting to change,
-having checked that the change alone makes it fit (or saying that none does). It imports no torch
-unless it looks for this machine's GPUs.
+comes from `training.memory` (the rule, stated once). This module places the processes on
+`nodes` x `gpus_per_node` GPUs in the order the run reserves them: learner ranks, one GPU each,
+then rollout engines, `agent.tensor_parallel_size` GPUs on one node each; each gets GPUs of its
+own, while a managed environment server shares node 0's first GPU. When something does not fit,
+it names the settings to change, having checked that each one alone makes it fit (or saying that
+none does). It imports no torch unless it looks for this machine's GPUs.
 """
 
 from __future__ import annotations
@@ -34,50 +34,6 @@ class PlanError(UserError, RuntimeError):
     """The config does not fit the machines; the message says what does not and what to change."""
 
 
-
-def _variant(cfg: Config, **changes: Any) -> Config:
-    """`cfg` with dotted keys changed (`train__world_size=2` spells `train.world_size`)."""
-    out = cfg.model_copy(deep=True)
-    for key, value in changes.items():
-        *path, leaf = key.split("__")
-        node: Any = out
-        for part in path:
-            node = getattr(node, part)
-        setattr(node, leaf, value)
-    return out
-
-
-def learner_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int, limit: float) -> list[str]:
-    """Settings that each alone bring a learner rank within `limit` GiB, most effective first."""
-    def fits(**changes: Any) -> bool:
-        return sum(learner_parts(_variant(cfg, **changes), arch, prompt_tokens).values()) <= limit
-
-    train, fixes = cfg.train, []
-    if machine.gpus_per_node and train.device != "cpu":  # sharding helps only across devices
-        start = train.world_size + 1 if train.strategy == "fsdp" else max(2, train.world_size)
-        for ranks in range(start, machine.nodes * machine.gpus_per_node + 1):
-            if fits(train__strategy="fsdp", train__world_size=ranks):
-                fixes.append(f"train.world_size>={ranks}" if train.strategy == "fsdp"
-                             else f"train.strategy=fsdp with train.world_size>={ranks}")
-                break
-    if not cfg.agent.lora.enabled and fits(agent__lora__enabled=True):
-        fixes.append("agent.lora.enabled=true")
-    if not train.gradient_checkpointing and fits(train__gradient_checkpointing=True):
-        fixes.append("train.gradient_checkpointing=true")
-    smaller = [m for m in range(train.micro_batch_size - 1, 0, -1) if fits(train__micro_batch_size=m)]
-    if smaller:
-        fixes.append(f"train.micro_batch_size={smaller[0]}")
-    if fixes:
-        return fixes
-    every = {"agent.lora.enabled": True, "train.gradient_checkpointing": True, "train.micro_batch_size": 1}
-    changes = {k: v for k, v in every.items() if _get(cfg, k) != v}
-    need = sum(learner_parts(_variant(cfg, **{k.replace(".", "__"): v for k, v in changes.items()}), arch,
-                             prompt_tokens).values())
-    named = " and ".join(f"{k}={str(v).lower()}" for k, v in changes.items())
-    return [f"several settings together (no one of them is enough): {named} need {need:.1f} GiB together"
-            f"{'' if need <= limit else ', still too much'}; or use devices with more memory"]
-
-
 def _get(cfg: Config, dotted: str) -> Any:
     node: Any = cfg
     for part in dotted.split("."):
@@ -85,12 +41,51 @@ def _get(cfg: Config, dotted: str) -> Any:
     return node
 
 
+def _variant(cfg: Config, changes: dict[str, Any]) -> Config:
+    """`cfg` with dotted keys changed (validated, as `--set` would be)."""
+    out = cfg.model_copy(deep=True)
+    for dotted, value in changes.items():
+        parent, _, leaf = dotted.rpartition(".")
+        setattr(_get(out, parent), leaf, value)
+    return out
+
+
+def learner_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int, limit: float) -> list[str]:
+    """Settings that each alone bring a learner rank within `limit` GiB, most effective first."""
+    def need(changes: dict[str, Any]) -> float:
+        return sum(learner_parts(_variant(cfg, changes), arch, prompt_tokens).values())
+
+    train, fixes = cfg.train, []
+    if machine.gpus_per_node and train.device != "cpu":  # sharding helps only across devices
+        start = train.world_size + 1 if train.strategy == "fsdp" else max(2, train.world_size)
+        for ranks in range(start, machine.nodes * machine.gpus_per_node + 1):
+            if need({"train.strategy": "fsdp", "train.world_size": ranks}) <= limit:
+                fixes.append(f"train.world_size>={ranks}" if train.strategy == "fsdp"
+                             else f"train.strategy=fsdp with train.world_size>={ranks}")
+                break
+    if not cfg.agent.lora.enabled and need({"agent.lora.enabled": True}) <= limit:
+        fixes.append("agent.lora.enabled=true")
+    if not train.gradient_checkpointing and need({"train.gradient_checkpointing": True}) <= limit:
+        fixes.append("train.gradient_checkpointing=true")
+    smaller = [m for m in range(train.micro_batch_size - 1, 0, -1) if need({"train.micro_batch_size": m}) <= limit]
+    if smaller:
+        fixes.append(f"train.micro_batch_size={smaller[0]}")
+    if fixes:
+        return fixes
+    every = {"agent.lora.enabled": True, "train.gradient_checkpointing": True, "train.micro_batch_size": 1}
+    changes = {k: v for k, v in every.items() if _get(cfg, k) != v}
+    together = need(changes)
+    named = " and ".join(f"{k}={str(v).lower()}" for k, v in changes.items())
+    return [f"several settings together (no one of them is enough): {named} need {together:.1f} GiB together"
+            f"{'' if together <= limit else ', still too much'}; or use devices with more memory"]
+
+
 def engine_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int) -> list[str]:
     """Settings that let one rollout engine hold its weights and one sequence."""
     fixes = []
     if hasattr(cfg.agent, "tensor_parallel_size"):
         for tp in range(tensor_parallel_size(cfg) + 1, machine.gpus_per_node + 1):
-            engine = engine_component(_variant(cfg, agent__tensor_parallel_size=tp), arch, machine, prompt_tokens, 0)
+            engine = engine_component(_variant(cfg, {"agent.tensor_parallel_size": tp}), arch, machine, prompt_tokens, 0)
             if engine.gib <= machine.gpu_limit:
                 fixes.append(f"agent.tensor_parallel_size>={tp}")
                 break
@@ -125,25 +120,32 @@ def memory_problems(cfg: Config, arch: Architecture, machine: Machine, prompt_to
 
 def count_problems(cfg: Config, machine: Machine, comps: list[Component]) -> list[str]:
     """More GPUs asked for than the machines have, as a problem naming what asks for them."""
-    need, have = sum(c.gpus for c in comps), machine.nodes * machine.gpus_per_node
+    need, have = gpus_used(comps), machine.nodes * machine.gpus_per_node
     if need <= have:
         return []
     learners = sum(1 for c in comps if c.role == "learner" and c.gpus)
     engines = sum(1 for c in comps if c.role == "engine" and c.gpus)
-    env = " + 1 environment server" if any(c.role == "environment" and c.gpus for c in comps) else ""
     return [f"the run needs {need} GPUs ({learners} learner ranks + {engines} rollout engines x "
-            f"{tensor_parallel_size(cfg)}{env}) but {machine.describe()} has {have}: lower train.world_size or "
+            f"{tensor_parallel_size(cfg)}) but {machine.describe()} has {have}: lower train.world_size or "
             "rollout.num_workers, or add GPUs or nodes (--gpus-per-node, --nodes)"]
+
+
+def gpus_used(comps: list[Component]) -> int:
+    """GPUs the components hold (a shared one takes none of its own)."""
+    return sum(c.gpus for c in comps if not c.shared)
 
 
 def place(machine: Machine, comps: list[Component]) -> list[str]:
     """Give each component a node and GPUs, first fit in the order the run reserves them (an
-    engine's GPUs on one node; host memory summed per node); what cannot be placed, as problems."""
+    engine's GPUs on one node; a shared component on node 0's first GPU, beside what is there;
+    host memory summed per node); what cannot be placed, or overfills a device, as problems."""
     free = [list(range(machine.gpus_per_node)) for _ in range(machine.nodes)]
     host = [0.0] * machine.nodes
     problems = []
     for comp in comps:
-        if comp.gpus:
+        if comp.shared:
+            comp.node, comp.devices = 0, [0]
+        elif comp.gpus:
             node = next((n for n in range(machine.nodes) if len(free[n]) >= comp.gpus), None)
             if node is None:
                 problems.append(f"{comp.name} needs {comp.gpus} GPUs on one node, and no node has that many "
@@ -159,6 +161,13 @@ def place(machine: Machine, comps: list[Component]) -> list[str]:
                 continue
             comp.node = node
             host[node] += comp.gib
+    for shared in (c for c in comps if c.shared):
+        beside = [c for c in comps if c.gpus and c.node == shared.node and shared.devices[0] in c.devices]
+        total = sum(c.gib for c in beside)
+        if total > machine.gpu_limit:
+            problems.append(f"node 0 GPU 0 holds {' + '.join(c.name for c in beside)} = {total:.1f} GiB > "
+                            f"{_limit_text(machine, True)}: lower environment.gpu_memory_utilization, or use an "
+                            "`openai` environment served elsewhere")
     return problems
 
 
@@ -184,7 +193,7 @@ class Plan:
     def verdict(self) -> str:
         if not self.fits:
             return self.error()
-        used = sum(c.gpus for c in self.components)
+        used = gpus_used(self.components)
         learner = next((c for c in self.components if c.role == "learner"), None)
         if self.machine.gpus_per_node:
             head = f"fits: {used} of {self.machine.nodes * self.machine.gpus_per_node} GPUs used"
