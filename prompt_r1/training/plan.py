@@ -57,12 +57,19 @@ def learner_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_toke
 
     train, fixes = cfg.train, []
     if machine.gpus_per_node and train.device != "cpu":  # sharding helps only across devices
+        total, tp = machine.nodes * machine.gpus_per_node, tensor_parallel_size(cfg)
+        engines_on_gpu = cfg.agent.backend == "vllm"
         start = train.world_size + 1 if train.strategy == "fsdp" else max(2, train.world_size)
-        for ranks in range(start, machine.nodes * machine.gpus_per_node + 1):
-            if need({"train.strategy": "fsdp", "train.world_size": ranks}) <= limit:
-                fixes.append(f"train.world_size>={ranks}" if train.strategy == "fsdp"
-                             else f"train.strategy=fsdp with train.world_size>={ranks}")
-                break
+        for ranks in range(start, total + 1):
+            if need({"train.strategy": "fsdp", "train.world_size": ranks}) > limit:
+                continue
+            fix = (f"train.world_size>={ranks}" if train.strategy == "fsdp"
+                   else f"train.strategy=fsdp with train.world_size>={ranks}")
+            room = (total - ranks) // tp  # engines the GPUs left can still hold
+            if engines_on_gpu and cfg.rollout.num_workers > room:
+                fix = f"{fix} and rollout.num_workers<={room}" if room >= 1 else ""
+            fixes += [fix] if fix else []
+            break
     if not cfg.agent.lora.enabled and need({"agent.lora.enabled": True}) <= limit:
         fixes.append("agent.lora.enabled=true")
     if not train.gradient_checkpointing and need({"train.gradient_checkpointing": True}) <= limit:
