@@ -84,8 +84,8 @@ def _print_json_error(message: str, exit_code: int, **extra: Any) -> None:
 
 
 def _fail(message: str, **json_extra: Any) -> None:
-    """Exit 2 with `error: <message>` (under `--json`, on stderr, and a JSON object on stdout
-    holding the message, the exit code and `json_extra`)."""
+    """Exit 2 with `error: <message>`. Under `--json` that line goes to stderr, and stdout gets a
+    JSON object of the message, the exit code and `json_extra`."""
     from rich.markup import escape
 
     from prompt_r1.core.failures import USER_ERROR_EXIT_CODE

@@ -96,21 +96,16 @@ def plan(
         None, "--params", min=1e6, help="The agent's parameter count (e.g. 4e9), for a model without a "
         "config.json here; with one, it overrides the count computed from it."),
     prompt_tokens: int = typer.Option(
-        DEFAULT_PROMPT_TOKENS, "--prompt-tokens", min=1, help="Prompt tokens per trajectory (the instruction template and a "
-        "question; an estimate)."),
+        DEFAULT_PROMPT_TOKENS, "--prompt-tokens", min=1,
+        help="Prompt tokens per trajectory (the instruction template and a question; an estimate)."),
     as_json: bool = typer.Option(False, "--json", help="Print only the plan, as JSON."),
 ) -> None:
     """Whether a config fits the machines, before any model loads: memory per GPU and where each
     learner rank and rollout engine goes (exit 0), or what does not fit and the setting to change (exit 2)."""
-    from prompt_r1.models.architecture import Architecture, architecture_for
-    from prompt_r1.training.plan import local_machine, make_plan
+    from prompt_r1.training.plan import agent_architecture, local_machine, make_plan
 
     cfg = _load(config, set_)
-    arch = architecture_for(cfg.agent.model, cfg.name)
-    if arch is None and params is None:
-        _fail(f"agent.model {cfg.agent.model!r} has no config.json here and no known architecture "
-              "(prompt_r1/models/architectures.json): pass its parameter count, e.g. --params 4e9")
-    arch = Architecture.guess(params, cfg.agent.model) if arch is None else arch.with_params(params)
+    arch = agent_architecture(cfg, params)
     machine = local_machine(nodes, gpus_per_node, gpu_memory_gib, host_memory_gib)
     result = make_plan(cfg, arch, machine, prompt_tokens, source=str(config))
     if as_json and result.fits:

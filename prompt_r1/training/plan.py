@@ -298,6 +298,21 @@ def make_plan(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: 
     return Plan(source, arch, machine, prompt_tokens, cfg.agent.max_response_tokens, comps, problems)
 
 
+def agent_architecture(cfg: Config, params: float | None = None) -> Architecture:
+    """The agent's shape (`models.architecture`), its count replaced by `params` when given; a
+    guessed shape of `params` weights for a model with none here; else an error asking for them."""
+    from prompt_r1.models.architecture import ArchitectureError, architecture_for
+
+    arch = architecture_for(cfg.agent.model, cfg.name)
+    if arch is not None:
+        return arch.with_params(params)
+    if params is None:
+        raise ArchitectureError(f"agent.model {cfg.agent.model!r} has no config.json here and no known "
+                                "architecture (prompt_r1/models/architectures.json): pass its parameter count, "
+                                "e.g. --params 4e9")
+    return Architecture.guess(params, cfg.agent.model)
+
+
 def host_memory_gib() -> float:
     """This machine's RAM."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
