@@ -2,8 +2,9 @@
 
 Owns `learner` (policy, frozen reference, AdamW: a batch of trajectories -> optimiser steps),
 `session` (`TrainingSession.run(hooks)`: validate, then batch -> rollout -> reward -> update ->
-broadcast -> checkpoint -> export), `checkpoint` (resume exactly, export an HF folder) and
-`run_record` (which run a folder belongs to).
+broadcast -> checkpoint -> export), `checkpoint` (resume exactly, export an HF folder),
+`run_record` (which run a folder belongs to), `memory` (what each process of a run holds, from the
+agent's shape) and `plan` (whether a config fits the machines: placement, verdict, `train`'s check).
 
 Imports: everything below it: `core`, `config`, `data`, `models`, `env`, `policy`, `rollout`,
 and `warehouse`.

@@ -171,10 +171,12 @@ class TrainingSession:
         from prompt_r1.rollout.ray_pool import check_local_cpus
         from prompt_r1.training.run_record import open_run
         from prompt_r1.training.learner import GRPOLearner
+        from prompt_r1.training.plan import preflight
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
         check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
         check_local_cpus(self.cfg.rollout)  # and more rollout actors than a local Ray instance can start
+        preflight(self.cfg)  # and, when the run would use GPUs, a config that does not fit them (`prompt-r1 plan`)
         self.train_questions, self.val_questions = training_pool(self.warehouse, self.cfg)
         self.by_id = {q.question_id: q for q in self.train_questions}
         # Checked before any model loads, so a refused resume fails in a second.
