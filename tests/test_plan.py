@@ -208,11 +208,10 @@ def test_a_suggested_world_size_is_one_that_fits():
 
 
 def test_engines_need_their_gpus_on_one_node():
-    cfg = _paper(**{"train.world_size": 2})
-    if not hasattr(cfg.agent, "tensor_parallel_size"):
-        pytest.skip("no agent.tensor_parallel_size key yet: every engine takes one GPU")
-    plan = make_plan(_paper(**{"train.world_size": 2, "agent.tensor_parallel_size": 4, "rollout.num_workers": 2}),
-                     QWEN3_4B, Machine(2, 4, 80, 512))
+    # 4 learner ranks + one engine of 4 GPUs = 8 GPUs: it fits 2 nodes x 4, not 4 nodes x 2
+    cfg = _paper(**{"agent.tensor_parallel_size": 4, "rollout.num_workers": 1})
+    assert make_plan(cfg, QWEN3_4B, Machine(2, 4, 80, 512)).fits
+    plan = make_plan(cfg, QWEN3_4B, Machine(4, 2, 80, 512))
     assert not plan.fits and "4 GPUs on one node" in plan.error()
 
 
