@@ -49,6 +49,11 @@ _FORWARDED_ENV = ("PROMPT_R1_HOME", "PROMPT_R1_MODELS", "HF_HUB_OFFLINE", "HF_HO
 SHUTDOWN_TIMEOUT_S = 60.0  # an actor's own clean-up (environment client, policy) before ray.kill
 
 
+def actor_env_vars() -> dict[str, str]:
+    """The driver's settings an actor needs (model cache, offline mode), for `runtime_env`."""
+    return {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+
+
 class RayWaitError(UserError, RuntimeError):
     """A Ray wait passed its deadline, or Ray could not be reached; the message says what to change."""
 
@@ -85,10 +90,11 @@ def init_ray(rollout_cfg: RolloutConfig) -> None:
 
 
 def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None,
-                     cpus_per_worker: float = 1.0) -> None:
-    """Raise `RayWaitError` when the rollout actors need more CPUs than a local Ray instance has
-    (it never grows, so they would wait for `actor_start_timeout_s` and fail). Checked before
-    models load; a cluster (`ray_address`) is checked by the actors' start-up deadline instead."""
+                     cpus_per_worker: float = 1.0, learner_ranks: int = 0, cpus_per_rank: float = 1.0) -> None:
+    """Raise `RayWaitError` when the rollout actors (and the `learner_ranks` of a learner group
+    beside them) need more CPUs than a local Ray instance has (it never grows, so they would wait
+    for their deadline and fail). Checked before models load; a cluster (`ray_address`) is checked
+    by the start-up deadlines instead."""
     if rollout_cfg.ray_address:
         return
     workers = num_workers or rollout_cfg.num_workers
@@ -98,12 +104,18 @@ def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None,
         total, source = float(rollout_cfg.ray_num_cpus), "rollout.ray_num_cpus"
     else:
         total, source = float(os.cpu_count() or 1), "rollout.ray_num_cpus unset: every core"
-    if workers * cpus_per_worker > total:
+    learner = learner_ranks * cpus_per_rank
+    if workers * cpus_per_worker + learner > total:
+        asked = f"{workers} actors x {cpus_per_worker:g} CPUs = {workers * cpus_per_worker:g} CPUs"
+        if learner:
+            asked += (f", and the learner group {learner_ranks} ranks x {cpus_per_rank:g} CPUs = {learner:g} CPUs "
+                      "(train.world_size x train.cpus_per_rank)")
+        most = int(max(total - learner, 0.0) // cpus_per_worker)
         raise RayWaitError(
-            f"the rollout pool asks for {workers} actors x {cpus_per_worker:g} CPUs = {workers * cpus_per_worker:g} "
-            f"CPUs, but the local Ray instance has {total:g} CPUs ({source}); lower rollout.num_workers (or "
-            f"`rollout --workers`) to at most {int(total // cpus_per_worker)}, or raise rollout.ray_num_cpus "
-            f"(this machine has {os.cpu_count()} cores)")
+            f"the rollout pool asks for {asked}, but the local Ray instance has {total:g} CPUs ({source}); lower "
+            f"rollout.num_workers (or `rollout --workers`) to at most {most}"
+            + (", or lower train.world_size or train.cpus_per_rank" if learner else "")
+            + f", or raise rollout.ray_num_cpus (this machine has {os.cpu_count()} cores)")
 
 
 def _connect(address: str, timeout_s: float) -> None:
@@ -233,9 +245,8 @@ class RolloutPool:
         self.cfg = cfg
         self.num_workers = num_workers or cfg.rollout.num_workers
         gpus = 1 if cfg.agent.backend == "vllm" and ray.cluster_resources().get("GPU", 0) >= self.num_workers else 0
-        env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
         actor_class = ray.remote(RolloutWorker).options(
-            num_cpus=cpus_per_worker, num_gpus=gpus, runtime_env={"env_vars": env_vars})
+            num_cpus=cpus_per_worker, num_gpus=gpus, runtime_env={"env_vars": actor_env_vars()})
         check_local_cpus(cfg.rollout, self.num_workers, cpus_per_worker)  # a local instance never grows
         total = ray.cluster_resources().get("CPU", 0.0)
         self._stuck = False
