@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import load_config, parse_config
+from prompt_r1.rollout.placement import in_group
 from prompt_r1.training.checkpoint import STATE_FILE, load_checkpoint, save_checkpoint
 from prompt_r1.training.learner import GRPOLearner
 
@@ -188,6 +189,36 @@ def test_a_rank_that_dies_mid_step_fails_the_step_naming_it(local_ray, tiny_mode
     group.close()  # closing again is harmless
 
 
+class Napper:
+    """Stands in for a learner rank in a wait: answers after `seconds`."""
+
+    def nap(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+def test_a_rank_that_hangs_fails_the_call_at_the_deadline_naming_it(local_ray) -> None:
+    from ray.util import placement_group_table
+
+    from prompt_r1.rollout.placement import reserve
+    from prompt_r1.training.learner_group import LearnerGroup, LearnerRankError
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    group = LearnerGroup.__new__(LearnerGroup)  # the waiting logic alone, on actors that load no model
+    group.timeout_s, group.closed = 3.0, False
+    group.group = reserve([{"CPU": 0.5}] * 2, what="two nappers", timeout_s=30, field="f", fix="x")
+    placement = group.group
+    group.actors = [ray.remote(Napper).options(num_cpus=0.5, scheduling_strategy=in_group(placement, r)).remote()
+                    for r in range(2)]
+    assert group._gather([a.nap.remote(0.0) for a in group.actors], "napping") == [0.0, 0.0]
+    started = time.monotonic()
+    with pytest.raises(LearnerRankError, match=r"learner rank 1 did not finish napping within 3s "
+                                               r"\(train.dist_timeout_s\).*torn down") as caught:
+        group._gather([group.actors[0].nap.remote(0.0), group.actors[1].nap.remote(600.0)], "napping")
+    assert time.monotonic() - started < 3 + 10 and caught.value.ranks == [1]
+    assert group.actors == [] and placement_group_table(placement)["state"] == "REMOVED"
+
+
 def test_local_cpus_count_the_learner_ranks_before_anything_starts(local_ray) -> None:
     from prompt_r1.rollout.ray_pool import RayWaitError, check_local_cpus
 
@@ -212,3 +243,11 @@ def test_layout_settings_are_checked_and_do_not_change_the_run_identity(local_ra
     assert learner_device("cpu") == learner_device("auto") == "cpu"  # this Ray instance has no GPU
     with pytest.raises(ConfigError, match="train.device is 'cuda' but the Ray cluster has no GPU"):
         learner_device("cuda")
+
+
+def test_ranks_take_a_gpu_each_when_the_cluster_has_gpus(monkeypatch) -> None:
+    from prompt_r1.training import learner_group
+
+    monkeypatch.setattr(learner_group.ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
+    assert learner_group.learner_device("auto") == learner_group.learner_device("cuda:1") == "cuda:0"
+    assert learner_group.learner_device("cpu") == "cpu"  # train.device: cpu places the ranks without GPUs

@@ -102,12 +102,13 @@ class LearnerRank:
 
 
 def learner_device(train_device: str) -> str:
-    """`cuda` when every rank gets a GPU of its own (the cluster has GPUs and `train.device` is not
-    `cpu`), else `cpu`. Within its bundle a rank sees one GPU, so a `cuda:N` index does not apply."""
+    """`cuda:0` when every rank gets a GPU of its own (the cluster has GPUs and `train.device` is
+    not `cpu`), else `cpu`. Ray makes a rank's one GPU its device 0, so a `cuda:N` index in
+    `train.device` does not apply to ranks."""
     if train_device == "cpu":
         return "cpu"
     if ray.cluster_resources().get("GPU", 0.0) > 0:
-        return "cuda"
+        return "cuda:0"
     if train_device == "auto":
         return "cpu"
     raise ConfigError(f"train.device is {train_device!r} but the Ray cluster has no GPU for the learner ranks "
@@ -126,7 +127,7 @@ class LearnerGroup:
         self.group = None
         self.closed = False
         device = learner_device(train.device)
-        gpus = 1 if device == "cuda" else 0
+        gpus = 1 if device.startswith("cuda") else 0
         try:
             self.group = reserve(
                 [{"CPU": train.cpus_per_rank, "GPU": gpus}] * self.world_size,

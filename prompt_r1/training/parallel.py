@@ -261,11 +261,11 @@ def join_process_group(strategy: str, rank: int, world_size: int, host: str, por
     `Ranks` of `strategy`. Collectives that wait longer than `timeout_s` fail."""
     import torch.distributed as dist
 
+    if device.type == "cuda":  # before the group: nccl and the device mesh use the current device
+        torch.cuda.set_device(device)
     where = f"[{host}]" if ":" in host else host  # an IPv6 address
     dist.init_process_group(dist_backend(device), init_method=f"tcp://{where}:{port}", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=timeout_s))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     return (ShardedRanks if strategy == "fsdp" else ReplicatedRanks)(rank, world_size, device)
 
 
