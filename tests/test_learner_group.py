@@ -113,6 +113,29 @@ def test_two_ranks_train_and_checkpoint_as_one(local_ray, tiny_model_path, tmp_p
     assert (s1["step"], s1["data_position"], s1["scheduler"]) == (s2["step"], s2["data_position"], s2["scheduler"])
 
 
+def test_two_ranks_train_a_lora_adapter_as_one(local_ray, tiny_model_path, tmp_path) -> None:
+    """ddp with LoRA: only adapter gradients are summed; the broadcast merges the adapter on rank 0."""
+    from prompt_r1.training.learner_group import LearnerGroup
+
+    cfg = make_config(lora=True, lr=1e-2, **SETTINGS)
+    one = GRPOLearner(cfg, tiny_model_path)
+    initial = one.state_dict_for_broadcast()
+    batch = hand_trajectories(one.tokenizer)
+    for _ in range(3):
+        one.step(batch)
+    with LearnerGroup(make_config(lora=True, lr=1e-2, **SETTINGS, world_size=2, dist_timeout_s=120),
+                      tiny_model_path) as group:
+        for _ in range(3):
+            group.step(batch)
+        trained = group.state_dict_for_broadcast()
+        saved = group.save_checkpoint(tmp_path / "two", 3, {"position": 3})
+    assert _max_diff(trained, one.state_dict_for_broadcast()) < TOLERANCE
+    assert _max_diff(trained, initial) > 100 * TOLERANCE
+    resumed = GRPOLearner(cfg, tiny_model_path)
+    assert load_checkpoint(resumed, saved) == (3, {"position": 3})  # an adapter checkpoint, as one learner writes
+    assert _max_diff(resumed.state_dict_for_broadcast(), trained) == 0.0
+
+
 def test_smoke_training_with_two_ranks_exports_the_agent_of_one(local_ray, home, warehouse) -> None:
     """`prompt-r1 train`'s path (TrainingSession.run): rollouts, update, broadcast, checkpoints, export."""
     from transformers import AutoModelForCausalLM
