@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import load_config, parse_config
 from prompt_r1.rollout.placement import in_group
-from prompt_r1.training.checkpoint import STATE_FILE, load_checkpoint, save_checkpoint
+from prompt_r1.training.checkpoint import STATE_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from prompt_r1.training.learner import GRPOLearner
 
 ray = pytest.importorskip("ray")
@@ -129,6 +129,12 @@ def test_two_ranks_train_a_lora_adapter_as_one(local_ray, tiny_model_path, tmp_p
             group.step(batch)
         trained = group.state_dict_for_broadcast()
         saved = group.save_checkpoint(tmp_path / "two", 3, {"position": 3})
+        # a user mistake inside the ranks is reported as itself (and still tears the group down)
+        full_cfg = make_config()
+        full_model = save_checkpoint(GRPOLearner(full_cfg, tiny_model_path), tmp_path / "full", 1, {}, full_cfg)
+        with pytest.raises(CheckpointError, match="is a full model but the config has agent.lora.enabled=True"):
+            group.load_checkpoint(full_model)
+        assert group.closed and group.actors == []
     assert _max_diff(trained, one.state_dict_for_broadcast()) < TOLERANCE
     assert _max_diff(trained, initial) > 100 * TOLERANCE
     resumed = GRPOLearner(cfg, tiny_model_path)

@@ -12,9 +12,10 @@ the update one learner makes on the whole batch (`parallel` says how, under ddp 
 
 Every wait on the ranks has the `train.dist_timeout_s` deadline. A rank that dies, raises or
 passes the deadline fails the call with `LearnerRankError`, which names the rank (a dead rank
-before the ranks that failed because of it); the group is then torn down at once (its actors
-killed, its placement group released), and the run continues with `--resume` from its last
-checkpoint, at any world size (`checkpoint`).
+before the ranks that failed because of it; a `UserError` a rank raises, such as a damaged
+checkpoint, is raised as itself); the group is then torn down at once (its actors killed, its
+placement group released), and the run continues with `--resume` from its last checkpoint, at
+any world size (`checkpoint`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import Config
+from prompt_r1.core.failures import UserError
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
 from prompt_r1.rollout.placement import in_group, release, reserve
 from prompt_r1.rollout.ray_pool import SHUTDOWN_TIMEOUT_S, actor_env_vars
@@ -126,6 +128,7 @@ class LearnerGroup:
         self.actors: list[Any] = []
         self.group = None
         self.closed = False
+        self.waiting = False  # inside a call on the ranks (left True when one is interrupted)
         device = learner_device(train.device)
         gpus = 1 if device.startswith("cuda") else 0
         try:
@@ -188,7 +191,7 @@ class LearnerGroup:
         if self.closed:
             return
         self.closed = True
-        if self.actors:
+        if self.actors and not self.waiting:  # a rank still in an interrupted step would never get to it
             try:
                 ray.get([a.shutdown.remote() for a in self.actors], timeout=SHUTDOWN_TIMEOUT_S)
             except Exception as err:  # a rank that is stuck or gone: killed below all the same
@@ -221,6 +224,7 @@ class LearnerGroup:
         pending = dict(zip(refs, ranks))
         results: dict[int, Any] = {}
         deadline = time.monotonic() + self.timeout_s
+        self.waiting = True
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
@@ -233,6 +237,7 @@ class LearnerGroup:
                     results[rank] = ray.get(ref)
                 except ray.exceptions.RayError as err:
                     self._fail_after(what, {rank: err}, pending)
+        self.waiting = False
         return [results[rank] for rank in ranks]
 
     def _fail_after(self, what: str, failures: dict[int, BaseException], pending: dict[Any, int]) -> None:
@@ -249,6 +254,11 @@ class LearnerGroup:
                     failures[rank] = err
         dead = sorted(r for r, e in failures.items() if isinstance(e, ray.exceptions.RayActorError))
         failed = sorted(r for r in failures if r not in dead)
+        cause = getattr(failures[failed[0]], "cause", None) if failed and not dead else None
+        if isinstance(cause, UserError):  # a bad input (a checkpoint, a setting) is reported as itself
+            self.closed = True
+            self._kill()
+            raise cause from failures[failed[0]]
         parts = [f"learner rank {r} died during {what} (its process exited: {_first_line(failures[r])})" for r in dead]
         parts += [f"learner rank {r} failed during {what}: {_first_line(failures[r])}" for r in failed]
         self._fail("; ".join(parts), dead + failed)
