@@ -244,7 +244,7 @@ class TrainConfig(StrictModel):
         "ddp",
         description="How learner ranks share the model: `ddp` (every rank holds all weights, gradients are "
         "all-reduced) or `fsdp` (FSDP2 `fully_shard` over a device mesh: weights, gradients and AdamW state "
-        "sharded, for full fine-tuning that does not fit one device).",
+        "sharded, for full fine-tuning that does not fit one device; not with LoRA).",
     )
     cpus_per_rank: float = Field(1.0, gt=0, description="CPUs in each learner rank's placement bundle.")
     placement_timeout_s: float = Field(
@@ -320,6 +320,11 @@ class EvalConfig(StrictModel):
     )
 
 
+# `train` keys that say how the learner is laid out (ranks, placement, deadlines), not what it
+# computes: left out of `Config.hash`, the run's identity
+LAYOUT_KEYS = ("world_size", "strategy", "cpus_per_rank", "placement_timeout_s", "dist_timeout_s")
+
+
 class Config(StrictModel):
     name: SafeName = Field("smoke", description="Experiment name (one MLflow experiment per name; a folder under the run home).")
     seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
@@ -354,8 +359,15 @@ class Config(StrictModel):
     )
 
     def hash(self) -> str:
-        """Stable short hash of the resolved config (identifies a run's settings)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """Stable short hash of the resolved config (identifies a run's settings).
+
+        The learner's layout (`LAYOUT_KEYS`: world size, strategy, CPUs per rank, deadlines) is
+        left out: it changes how the same update is computed, not which, and checkpoints do not
+        depend on it, so a run may resume with another world size as the same run."""
+        data = self.model_dump(mode="json")
+        for key in LAYOUT_KEYS:
+            data["train"].pop(key)
+        blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def flat(self) -> dict[str, Any]:
@@ -381,6 +393,9 @@ class Config(StrictModel):
         if self.agent.top_p < 1:
             problems.append(f"agent.top_p is {self.agent.top_p}: the learner's log-probs do not model the "
                             "nucleus cut, so the optimised policy would not be the one that sampled; use 1.0")
+        if self.train.world_size > 1 and self.train.strategy == "fsdp" and self.agent.lora.enabled:
+            problems.append("train.strategy is fsdp with agent.lora.enabled: fsdp shards full fine-tuning; a LoRA "
+                            "adapter is small, use train.strategy: ddp")
         return problems
 
     def check_trainable(self, source: str = "config") -> None:

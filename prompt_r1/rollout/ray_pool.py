@@ -62,6 +62,11 @@ _FORWARDED_ENV = ("PROMPT_R1_HOME", "PROMPT_R1_MODELS", "HF_HUB_OFFLINE", "HF_HO
 SHUTDOWN_TIMEOUT_S = 60.0  # an actor's own clean-up (environment client, policy) before ray.kill
 
 
+def actor_env_vars() -> dict[str, str]:
+    """The driver's settings an actor needs (model cache, offline mode), for `runtime_env`."""
+    return {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+
+
 class RayWaitError(UserError, RuntimeError):
     """A Ray wait passed its deadline, or Ray could not be reached; the message says what to change."""
 
@@ -100,11 +105,13 @@ def init_ray(rollout_cfg: RolloutConfig) -> None:
              else "started a local instance")
 
 
-def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None) -> None:
-    """Raise `RayWaitError` when the rollout actors need more CPUs than a local Ray instance has
-    (it never grows). Checked before models load, from the config alone (GPUs are counted by Ray
-    once it runs: `engine_placement.place_engines`); a cluster (`ray_address`) is checked by the
-    placement deadline instead."""
+def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None, learner_ranks: int = 0,
+                     cpus_per_rank: float = 1.0) -> None:
+    """Raise `RayWaitError` when the rollout actors (and the `learner_ranks` of a learner group
+    beside them) need more CPUs than a local Ray instance has (it never grows). Checked before
+    models load, from the config alone (GPUs are counted by Ray once it runs:
+    `engine_placement.place_engines`); a cluster (`ray_address`) is checked by the placement
+    deadlines instead."""
     if rollout_cfg.ray_address:
         return
     workers = num_workers or rollout_cfg.num_workers
@@ -115,12 +122,18 @@ def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None)
         total, source = float(rollout_cfg.ray_num_cpus), "rollout.ray_num_cpus"
     else:
         total, source = float(os.cpu_count() or 1), "rollout.ray_num_cpus unset: every core"
-    if workers * cpus_per_worker > total:
+    learner = learner_ranks * cpus_per_rank
+    if workers * cpus_per_worker + learner > total:
+        asked = f"{workers} actors x {cpus_per_worker:g} CPUs = {workers * cpus_per_worker:g} CPUs"
+        if learner:
+            asked += (f", and the learner group {learner_ranks} ranks x {cpus_per_rank:g} CPUs = {learner:g} CPUs "
+                      "(train.world_size x train.cpus_per_rank)")
+        most = int(max(total - learner, 0.0) // cpus_per_worker)
         raise RayWaitError(
-            f"the rollout pool asks for {workers} actors x {cpus_per_worker:g} CPUs = {workers * cpus_per_worker:g} "
-            f"CPUs, but the local Ray instance has {total:g} CPUs ({source}); lower rollout.num_workers (or "
-            f"`rollout --workers`) to at most {int(total // cpus_per_worker)}, lower rollout.cpus_per_worker, "
-            f"or raise rollout.ray_num_cpus (this machine has {os.cpu_count()} cores)")
+            f"the rollout pool asks for {asked}, but the local Ray instance has {total:g} CPUs ({source}); lower "
+            f"rollout.num_workers (or `rollout --workers`) to at most {most}, lower rollout.cpus_per_worker"
+            + (", or lower train.world_size or train.cpus_per_rank" if learner else "")
+            + f", or raise rollout.ray_num_cpus (this machine has {os.cpu_count()} cores)")
 
 
 def _connect(address: str, timeout_s: float) -> None:
@@ -254,7 +267,7 @@ class RolloutPool:
                              "with cfg.model_copy(update={'environment': env_cfg})")
         self.cfg = cfg
         self.num_workers = num_workers or cfg.rollout.num_workers
-        env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+        env_vars = actor_env_vars()
         check_local_cpus(cfg.rollout, self.num_workers)  # a local instance never grows
         self._stuck = False
         self.workers: list[Any] = []
