@@ -33,7 +33,7 @@ def fake_gpu_ray():
     ray.shutdown()
 
 
-def config(backend: str = "vllm", tp: int = 1, workers: int = 2, cpus: float = 1.0, timeout_s: float = 60.0):
+def config(backend: str = "vllm", tp: int = 1, workers: int = 2, cpus: float = 1.0, timeout_s: float = 300.0):
     cfg = load_config("configs/smoke.yaml")
     return cfg.model_copy(update={
         "agent": cfg.agent.model_copy(update={"backend": backend, "tensor_parallel_size": tp}),
