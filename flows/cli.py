@@ -36,10 +36,12 @@ def _check_training(cfg) -> None:
     traceback), checked first: raised as user errors, which the app ends with one line and exit 2."""
     from prompt_r1.models.resolver import check_agent_spec
     from prompt_r1.rollout.ray_pool import check_local_cpus
+    from prompt_r1.training.plan import preflight
 
     cfg.check_trainable()
     check_agent_spec(cfg.agent.model, cfg.name)
     check_local_cpus(cfg.rollout)
+    preflight(cfg)  # a run on GPUs that does not fit them (`prompt-r1 plan`); nothing on a machine without
 
 
 @app.command()

@@ -6,9 +6,9 @@ The app's command group turns those failures into one message wherever a command
 a `UserError` (bad input or a missing resource: `ConfigError`, `AgentSpecError`, `ResumeError`,
 `CheckpointError`, `WarehouseError`, `RayWaitError`, ...) ends as `error: <message>` and exit 2,
 an `EnvironmentFailure` as its message and exit 3. Any other exception is a bug and keeps its
-traceback. `--verbose` also logs the traceback of a user error. Under `ask --json` a failure is
-a JSON object on stdout (`{"error": ..., "exit_code": ...}`), the human message goes to stderr,
-and logs always go to stderr, so stdout holds nothing but the JSON.
+traceback. `--verbose` also logs the traceback of a user error. Under `ask --json` and
+`plan --json` a failure is a JSON object on stdout (`{"error": ..., "exit_code": ...}`), the human
+message goes to stderr, and logs always go to stderr, so stdout holds nothing but the JSON.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from prompt_r1.core.signals import install_sigterm_interrupt
 from prompt_r1.cli.logging_setup import setup_logging
 
 log = logging.getLogger(__name__)
-# True while a command runs whose stdout is JSON only (`ask --json`)
+# True while a command runs whose stdout is JSON only (`ask --json`, `plan --json`)
 _json_stdout: contextvars.ContextVar[bool] = contextvars.ContextVar("json_stdout", default=False)
 
 
@@ -39,8 +39,8 @@ class _Commands(TyperGroup):
     def invoke(self, ctx: typer.Context) -> Any:
         from prompt_r1.core.failures import EnvironmentFailure, UserError
 
-        # Only `ask` has --json; knowing it before the command parses its options makes even a
-        # usage error (a missing --config) a JSON object.
+        # `ask` and `plan` have --json; knowing it before the command parses its options makes
+        # even a usage error (a missing --config) a JSON object.
         token = _json_stdout.set("--json" in ctx.args)
         try:
             return super().invoke(ctx)
@@ -75,7 +75,7 @@ SetOpt = typer.Option([], "--set", help="Override a config key: KEY=VALUE (repea
 
 
 def _json_output() -> bool:
-    """True while a command runs that prints JSON on stdout (`ask --json`)."""
+    """True while a command runs that prints JSON on stdout (`ask --json`, `plan --json`)."""
     return _json_stdout.get()
 
 
@@ -83,14 +83,15 @@ def _print_json_error(message: str, exit_code: int, **extra: Any) -> None:
     print(json.dumps({"error": message, "exit_code": exit_code, **extra}), flush=True)
 
 
-def _fail(message: str) -> None:
-    """Exit 2 with `error: <message>` (a JSON object on stdout instead under `--json`)."""
+def _fail(message: str, **json_extra: Any) -> None:
+    """Exit 2 with `error: <message>`. Under `--json` that line goes to stderr, and stdout gets a
+    JSON object of the message, the exit code and `json_extra`."""
     from rich.markup import escape
 
     from prompt_r1.core.failures import USER_ERROR_EXIT_CODE
 
     if _json_output():
-        _print_json_error(message, USER_ERROR_EXIT_CODE)
+        _print_json_error(message, USER_ERROR_EXIT_CODE, **json_extra)
     (err_console if _json_output() else console).print(f"[bold red]error:[/] {escape(message)}",
                                                         soft_wrap=True, highlight=False)
     raise typer.Exit(USER_ERROR_EXIT_CODE)

@@ -1,5 +1,5 @@
-"""The commands for the pipeline's stages: `ingest`, `summary`, `check-config`, `serve-env`,
-`train`, `evaluate` and `rollout`, each a thin typer wrapper over the library's API."""
+"""The commands for the pipeline's stages: `ingest`, `summary`, `check-config`, `plan`,
+`serve-env`, `train`, `evaluate` and `rollout`, each a thin typer wrapper over the library's API."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from prompt_r1.cli.common import (
     ConfigOpt, DbOpt, LockWaitOpt, SetOpt, _agent_folder, _fail, _fail_environment, _load, _open_db, app, console,
 )
 from prompt_r1.config.experiment import DataConfig
+from prompt_r1.training.memory import DEFAULT_PROMPT_TOKENS
 
 
 @app.command()
@@ -77,6 +78,42 @@ def check_config(config: Path = ConfigOpt, set_: list[str] = SetOpt) -> None:
     """Validate a config file (with its `--set` overrides) and print its hash."""
     cfg = _load(config, set_)
     console.print(f"{config}: ok (name={cfg.name}, hash={cfg.hash()})")
+
+
+@app.command()
+def plan(
+    config: Path = ConfigOpt,
+    set_: list[str] = SetOpt,
+    nodes: int = typer.Option(1, "--nodes", min=1, help="Nodes, all alike."),
+    gpus_per_node: Optional[int] = typer.Option(
+        None, "--gpus-per-node", min=0, help="GPUs per node (default: as many as this machine has; 0 = plan "
+        "for host memory)."),
+    gpu_memory_gib: Optional[float] = typer.Option(
+        None, "--gpu-memory-gib", min=0.1, help="Memory of one GPU in GiB (default: this machine's GPUs', else 80)."),
+    host_memory_gib: Optional[float] = typer.Option(
+        None, "--host-memory-gib", min=0.1, help="RAM of one node in GiB (default: this machine's)."),
+    params: Optional[float] = typer.Option(
+        None, "--params", min=1e6, help="The agent's parameter count (e.g. 4e9), for a model without a "
+        "config.json here; with one, it overrides the count computed from it."),
+    prompt_tokens: int = typer.Option(
+        DEFAULT_PROMPT_TOKENS, "--prompt-tokens", min=1,
+        help="Prompt tokens per trajectory (the instruction template and a question; an estimate)."),
+    as_json: bool = typer.Option(False, "--json", help="Print only the plan, as JSON."),
+) -> None:
+    """Whether a config fits the machines, before any model loads: memory per GPU and where each
+    learner rank and rollout engine goes (exit 0), or what does not fit and the setting to change (exit 2)."""
+    from prompt_r1.training.plan import agent_architecture, local_machine, make_plan
+
+    cfg = _load(config, set_)
+    arch = agent_architecture(cfg, params)
+    machine = local_machine(nodes, gpus_per_node, gpu_memory_gib, host_memory_gib)
+    result = make_plan(cfg, arch, machine, prompt_tokens, source=str(config))
+    if as_json and result.fits:
+        print(json.dumps(result.to_dict(), indent=2))
+    elif not as_json:
+        console.print(result.render(), markup=False, highlight=False, soft_wrap=True)
+    if not result.fits:
+        _fail(result.error(), plan=result.to_dict())
 
 
 # -- commands added by later modules go below ----------------------------------------------

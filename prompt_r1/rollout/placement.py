@@ -7,7 +7,9 @@ the bundles; `reserve` waits at most `timeout_s`, then removes the group and rai
 `PlacementError` that names the bundles, the resources the cluster has free, what is missing,
 and the setting to change.
 
-Used by `prompt_r1.training` (learner ranks) and `prompt_r1.rollout.ray_pool` (engines).
+`reserve_groups` places several groups under one deadline (one per rollout engine: engines are
+independent, so each may land on any node). Used by `prompt_r1.training` (learner ranks) and
+`prompt_r1.rollout.engine_placement` (rollout actors).
 """
 
 from __future__ import annotations
@@ -75,12 +77,26 @@ def describe(bundles: Sequence[Bundle]) -> str:
 
 
 def reserve(bundles: Sequence[Bundle], *, what: str, timeout_s: float, field: str, fix: str,
-            strategy: str = "PACK", name: str = "") -> PlacementGroup:
+            strategy: str = "PACK", name: str = "", fixed_cluster: bool = False) -> PlacementGroup:
     """A ready placement group for `bundles`, or `PlacementError` within `timeout_s`.
 
     `what` names the component ("the learner group"), `field` the deadline's config key and `fix`
-    the settings that would make it fit. Zero-valued resources are dropped (Ray rejects them)."""
-    cleaned = [{k: float(v) for k, v in b.items() if float(v) > 0} or {"CPU": 0.001} for b in bundles]
+    the settings that would make it fit. Zero-valued resources are dropped (Ray rejects them).
+    `fixed_cluster`: the cluster never grows (a local Ray instance), so bundles beyond its total
+    resources fail at once instead of at the deadline."""
+    return reserve_groups([bundles], what=what, timeout_s=timeout_s, field=field, fix=fix, strategy=strategy,
+                          name=name, fixed_cluster=fixed_cluster)[0]
+
+
+def reserve_groups(groups: Sequence[Sequence[Bundle]], *, what: str, timeout_s: float, field: str, fix: str,
+                   strategy: str = "PACK", name: str = "", fixed_cluster: bool = False) -> list[PlacementGroup]:
+    """Several placement groups (e.g. one per rollout engine) placed under one deadline, or
+    `PlacementError`; `reserve` for each group. All are asked for at once, so Ray places them in
+    parallel and the wait is `timeout_s` in all, not per group; on failure (also Ctrl-C while
+    waiting) every group is removed again, so no half-placed component keeps resources."""
+    cleaned_groups = [[{k: float(v) for k, v in b.items() if float(v) > 0} or {"CPU": 0.001} for b in bundles]
+                      for bundles in groups]
+    cleaned = [bundle for bundles in cleaned_groups for bundle in bundles]
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     never = unplaceable_bundles(cleaned, nodes)
     if never and strategy in ("PACK", "SPREAD", "STRICT_SPREAD"):
@@ -88,21 +104,35 @@ def reserve(bundles: Sequence[Bundle], *, what: str, timeout_s: float, field: st
             f"{what} asks for {describe(cleaned)}, but no node of this Ray cluster can hold bundle "
             f"{never[0]} ({describe([cleaned[never[0]]])}; the largest node has "
             f"{_largest_node(nodes)}); {fix}")
-    group = placement_group(cleaned, strategy=strategy, name=name)
-    try:
-        ray.get(group.ready(), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError as err:
-        remove_placement_group(group)
-        available = ray.available_resources()
-        missing = missing_resources(cleaned, available)
-        lacking = (", ".join(f"{amount:g} {name}" for name, amount in sorted(missing.items()))
-                   or "no total, but no node has a bundle's worth free (fragmented)")
+    total = ray.cluster_resources()
+    beyond = missing_resources(cleaned, total)
+    if fixed_cluster and beyond:
         raise PlacementError(
-            f"{what} could not be placed within {timeout_s:g}s ({field}): it asks for {describe(cleaned)} "
-            f"({strategy}); the cluster has {_fmt(available)} free of {_fmt(ray.cluster_resources())}; "
-            f"missing: {lacking}. {fix}") from err
-    log.info("placed %s: %s (%s)", what, describe(cleaned), strategy)
-    return group
+            f"{what} asks for {describe(cleaned)} = {_fmt(bundle_totals(cleaned))}, but this Ray instance has "
+            f"{_fmt(total)} in all and never grows; missing: {_amounts(beyond)}. {fix}")
+    placed = [placement_group(bundles, strategy=strategy, name=f"{name}-{i}" if name and len(groups) > 1 else name)
+              for i, bundles in enumerate(cleaned_groups)]
+    try:
+        refs = [group.ready() for group in placed]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            waiting = [b for ref, bundles in zip(refs, cleaned_groups) if ref not in ready for b in bundles]
+            free = ray.available_resources()  # before removal: the placed groups still hold theirs
+            available = {key: free.get(key, 0.0) for key in total} | free  # Ray leaves out what is all taken
+            missing = missing_resources(waiting, available)
+            lacking = (_amounts(missing) if missing
+                       else "no total, but no node has a bundle's worth free (fragmented)")
+            raise PlacementError(
+                f"{what} could not be placed within {timeout_s:g}s ({field}): it asks for {describe(cleaned)} "
+                f"({strategy}{f', {len(placed)} groups, {len(ready)} placed' if len(placed) > 1 else ''}); "
+                f"the cluster has {_fmt(available)} free of {_fmt(total)}; missing: {lacking}. {fix}")
+    except BaseException:
+        for group in placed:
+            release(group)
+        raise
+    log.info("placed %s: %s (%s%s)", what, describe(cleaned), strategy,
+             f", {len(placed)} groups" if len(placed) > 1 else "")
+    return placed
 
 
 def in_group(group: PlacementGroup, bundle_index: int) -> PlacementGroupSchedulingStrategy:
@@ -125,6 +155,10 @@ def _largest_node(nodes: Sequence[Mapping[str, float]]) -> str:
         return "no live node"
     best = max(nodes, key=lambda n: (n.get("GPU", 0.0), n.get("CPU", 0.0)))
     return _fmt({k: v for k, v in best.items() if k in ("CPU", "GPU")})
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    return ", ".join(f"{amount:g} {name}" for name, amount in sorted(resources.items()))
 
 
 def _fmt(resources: Mapping[str, float]) -> str:

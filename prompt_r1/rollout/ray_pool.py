@@ -8,12 +8,21 @@ step `broadcast` puts the new weights in the object store once and every actor l
 
 Environment clients: `inprocess` and `openai` environments are built inside each actor. A
 `vllm` environment is a server the driver starts (`actor_environment`); actors reach it as
-`openai` at its base URL. One laptop = a local Ray instance; a cluster = `ray_address`.
+`openai` at its base URL. One laptop = a local Ray instance this process starts itself
+(`ray.init(address="local")`: a plain `ray.init()` would join whatever cluster `RAY_ADDRESS` or
+the machine's last `ray start` points at); a cluster = `ray_address`.
 
-Every wait on Ray has a deadline from `RolloutConfig` and fails with a `RayWaitError` that says
-what to change: reaching `ray_address` (`ray.init` alone retries an unreachable address for
-minutes), actors starting (a cluster without free CPUs for them would wait forever), and each
-rollout batch or weight broadcast.
+Placement (`engine_placement`): each actor runs in its own placement group of one bundle, `{GPU:
+agent.tensor_parallel_size, CPU: rollout.cpus_per_worker}` for vLLM on a cluster with GPUs, else
+`{CPU: rollout.cpus_per_worker}`; the groups are released when the pool shuts down (also when it
+fails to start). Each actor reports its node and GPU ids (`RolloutWorker.placement`), logged at
+start. The driver side never calls `torch.cuda`: it creates no CUDA context and holds no GPU;
+actors see only the GPUs Ray assigned to them.
+
+Every wait on Ray has a deadline from `RolloutConfig` and fails with a `RayWaitError` (or, for
+placement, a `PlacementError`) that says what to change: reaching `ray_address` (`ray.init` alone
+retries an unreachable address for minutes), placing and starting the actors (a cluster without
+free CPUs or GPUs for them would wait forever), and each rollout batch or weight broadcast.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +48,9 @@ from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.signals import sigterm_kept
 from prompt_r1.core.trajectory import Trajectory
+from prompt_r1.rollout.engine_placement import (actor_location, actor_options, describe_location, place_engines,
+                                                release_all)
+from prompt_r1.rollout.placement import describe
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +60,11 @@ _FORWARDED_ENV = ("PROMPT_R1_HOME", "PROMPT_R1_MODELS", "HF_HUB_OFFLINE", "HF_HO
 
 
 SHUTDOWN_TIMEOUT_S = 60.0  # an actor's own clean-up (environment client, policy) before ray.kill
+
+
+def actor_env_vars() -> dict[str, str]:
+    """The driver's settings an actor needs (model cache, offline mode), for `runtime_env`."""
+    return {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
 
 
 class RayWaitError(UserError, RuntimeError):
@@ -68,7 +86,8 @@ def address_host_port(address: str) -> tuple[str, int] | None:
 
 
 def init_ray(rollout_cfg: RolloutConfig) -> None:
-    """Connect to `ray_address`, or start a quiet local instance; reuse one already initialised.
+    """Connect to `ray_address`, or start a quiet local instance of this process's own (`address=
+    "local"`, never an instance already running on the machine); reuse one already initialised.
 
     `ray.init` takes SIGTERM over (a Python handler calling `sys.exit`, then its C++ core
     worker's stack-dump-and-SIGABRT handler, under which no Python clean-up runs); it is handed
@@ -86,26 +105,35 @@ def init_ray(rollout_cfg: RolloutConfig) -> None:
              else "started a local instance")
 
 
-def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None,
-                     cpus_per_worker: float = 1.0) -> None:
-    """Raise `RayWaitError` when the rollout actors need more CPUs than a local Ray instance has
-    (it never grows, so they would wait for `actor_start_timeout_s` and fail). Checked before
-    models load; a cluster (`ray_address`) is checked by the actors' start-up deadline instead."""
+def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None, learner_ranks: int = 0,
+                     cpus_per_rank: float = 1.0) -> None:
+    """Raise `RayWaitError` when the rollout actors (and the `learner_ranks` of a learner group
+    beside them) need more CPUs than a local Ray instance has (it never grows). Checked before
+    models load, from the config alone (GPUs are counted by Ray once it runs:
+    `engine_placement.place_engines`); a cluster (`ray_address`) is checked by the placement
+    deadlines instead."""
     if rollout_cfg.ray_address:
         return
     workers = num_workers or rollout_cfg.num_workers
+    cpus_per_worker = rollout_cfg.cpus_per_worker
     if ray.is_initialized():
         total, source = ray.cluster_resources().get("CPU", 0.0), "already running"
     elif rollout_cfg.ray_num_cpus:
         total, source = float(rollout_cfg.ray_num_cpus), "rollout.ray_num_cpus"
     else:
         total, source = float(os.cpu_count() or 1), "rollout.ray_num_cpus unset: every core"
-    if workers * cpus_per_worker > total:
+    learner = learner_ranks * cpus_per_rank
+    if workers * cpus_per_worker + learner > total:
+        asked = f"{workers} actors x {cpus_per_worker:g} CPUs = {workers * cpus_per_worker:g} CPUs"
+        if learner:
+            asked += (f", and the learner group {learner_ranks} ranks x {cpus_per_rank:g} CPUs = {learner:g} CPUs "
+                      "(train.world_size x train.cpus_per_rank)")
+        most = int(max(total - learner, 0.0) // cpus_per_worker)
         raise RayWaitError(
-            f"the rollout pool asks for {workers} actors x {cpus_per_worker:g} CPUs = {workers * cpus_per_worker:g} "
-            f"CPUs, but the local Ray instance has {total:g} CPUs ({source}); lower rollout.num_workers (or "
-            f"`rollout --workers`) to at most {int(total // cpus_per_worker)}, or raise rollout.ray_num_cpus "
-            f"(this machine has {os.cpu_count()} cores)")
+            f"the rollout pool asks for {asked}, but the local Ray instance has {total:g} CPUs ({source}); lower "
+            f"rollout.num_workers (or `rollout --workers`) to at most {most}, lower rollout.cpus_per_worker"
+            + (", or lower train.world_size or train.cpus_per_rank" if learner else "")
+            + f", or raise rollout.ray_num_cpus (this machine has {os.cpu_count()} cores)")
 
 
 def _connect(address: str, timeout_s: float) -> None:
@@ -211,6 +239,10 @@ class RolloutWorker:
     def ping(self) -> int:
         return os.getpid()
 
+    def placement(self) -> dict[str, Any]:
+        """The node and the GPU ids Ray gave this actor (`engine_placement.actor_location`)."""
+        return actor_location()
+
     def shutdown(self) -> None:
         aclose = getattr(self.env, "aclose", None)
         if aclose is not None:
@@ -223,8 +255,9 @@ class RolloutPool:
     """`num_workers` rollout actors sharing one batch; the driver-side handle."""
 
     def __init__(self, cfg: Config, model_path: str | Path, num_workers: int | None = None,
-                 cpus_per_worker: float = 1.0, env_factory: Callable[[EnvConfig], Any] | None = None):
-        """Start the actors. `env_factory(env_cfg) -> Environment` replaces `open_environment`
+                 env_factory: Callable[[EnvConfig], Any] | None = None):
+        """Place and start the actors (`rollout.cpus_per_worker`, `agent.tensor_parallel_size`: see
+        `engine_placement`). `env_factory(env_cfg) -> Environment` replaces `open_environment`
         inside each actor (custom environments; it must be picklable by Ray)."""
         if not ray.is_initialized():
             init_ray(cfg.rollout)
@@ -234,40 +267,44 @@ class RolloutPool:
                              "with cfg.model_copy(update={'environment': env_cfg})")
         self.cfg = cfg
         self.num_workers = num_workers or cfg.rollout.num_workers
-        gpus = 1 if cfg.agent.backend == "vllm" and ray.cluster_resources().get("GPU", 0) >= self.num_workers else 0
-        env_vars = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
-        actor_class = ray.remote(RolloutWorker).options(
-            num_cpus=cpus_per_worker, num_gpus=gpus, runtime_env={"env_vars": env_vars})
-        check_local_cpus(cfg.rollout, self.num_workers, cpus_per_worker)  # a local instance never grows
-        total = ray.cluster_resources().get("CPU", 0.0)
+        env_vars = actor_env_vars()
+        check_local_cpus(cfg.rollout, self.num_workers)  # a local instance never grows
         self._stuck = False
         self.workers: list[Any] = []
+        self.groups: list[Any] = []
+        self.placements: list[dict[str, Any]] = []
+        timeout_s = cfg.rollout.actor_start_timeout_s
+        deadline = time.monotonic() + timeout_s  # one deadline for placement and start-up together
         try:  # start-up errors (and SIGTERM/Ctrl-C while actors start) surface here
-            for index in range(self.num_workers):
+            bundle, self.groups = place_engines(cfg, self.num_workers)
+            actor_class = ray.remote(RolloutWorker)
+            for index, group in enumerate(self.groups):
                 # the policy's own seed (engine start, calls without row seeds): distinct per actor
-                self.workers.append(actor_class.remote(cfg, str(model_path),
-                                                       derive_seed("rollout_actor", cfg.seed, index), env_factory))
+                self.workers.append(actor_class.options(**actor_options(bundle, group, env_vars)).remote(
+                    cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index), env_factory))
             log.info("rollout pool: %d actor(s) starting", len(self.workers))
-            self._get([w.ping.remote() for w in self.workers], cfg.rollout.actor_start_timeout_s,
-                      "actor_start_timeout_s", f"starting the rollout actors ({self._asked(cpus_per_worker)}; "
-                      f"Ray has {ray.available_resources().get('CPU', 0.0):g} of {total:g} CPUs free)",
-                      "free CPUs (other Ray jobs), lower rollout.num_workers, or raise the deadline if "
-                      "loading the policy is slow")
+            self.placements = self._get(
+                [w.placement.remote() for w in self.workers], max(deadline - time.monotonic(), 1.0),
+                "actor_start_timeout_s",
+                f"starting the rollout actors (placed: {describe([bundle] * len(self.groups))})",
+                "raise it if loading the policy is slow, or see the Ray logs (`/tmp/ray/session_latest/logs` on "
+                "the actor's node) for an actor that fails to start", shown_s=timeout_s)
+            for index, where in enumerate(self.placements):
+                log.info("%s", describe_location(index, where))
         except BaseException:
             self.shutdown()
             raise
 
-    def _asked(self, cpus_per_worker: float) -> str:
-        return (f"the rollout pool asks for {self.num_workers} actors x {cpus_per_worker:g} CPUs = "
-                f"{self.num_workers * cpus_per_worker:g} CPUs")
-
-    def _get(self, refs: list[Any], timeout_s: float, field: str, what: str, fix: str) -> list[Any]:
-        """`ray.get` with a deadline (`rollout.<field>`); the actors are stuck after one passes."""
+    def _get(self, refs: list[Any], timeout_s: float, field: str, what: str, fix: str,
+             shown_s: float | None = None) -> list[Any]:
+        """`ray.get` with a deadline (`rollout.<field>`, whose whole value is `shown_s` when part of
+        it was spent on an earlier stage); the actors are stuck after one passes."""
         try:
             return ray.get(refs, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as err:
             self._stuck = True
-            raise RayWaitError(f"{what} did not finish within {timeout_s:g}s (rollout.{field}); {fix}") from err
+            raise RayWaitError(f"{what} did not finish within {shown_s or timeout_s:g}s (rollout.{field}); "
+                               f"{fix}") from err
 
     def rollout(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
                 group_size: int | None = None, score: bool = True) -> list[Trajectory]:
@@ -294,7 +331,8 @@ class RolloutPool:
 
     def shutdown(self) -> None:
         """Each actor's own clean-up, then `ray.kill`; stuck actors (a deadline passed: their queue
-        is blocked) and actors that never started are killed at once."""
+        is blocked) and actors that never started are killed at once. Then the placement groups
+        are released (after their actors: a group removed first would kill them uncleanly)."""
         for worker in self.workers:
             if not self._stuck:
                 with contextlib.suppress(Exception):
@@ -303,6 +341,8 @@ class RolloutPool:
         if self.workers:
             log.info("rollout pool: %d actor(s) stopped", len(self.workers))
         self.workers = []
+        release_all(self.groups)
+        self.groups = []
 
     def __enter__(self) -> "RolloutPool":
         return self

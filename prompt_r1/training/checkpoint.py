@@ -15,6 +15,12 @@ A checkpoint damaged later (a truncated copy, a full disk while syncing, bit rot
 warns and falls back to the newest intact checkpoint, and fails with `CheckpointError` only when
 none is intact. Checkpoints written before the manifest existed are checked by reading them.
 
+A checkpoint does not depend on the learner's world size: a learner group (`train.world_size`
+> 1) gathers the full, unsharded weights and optimiser state (plain `optimizer.state_dict()`
+format, see `parallel`) and its rank 0 writes them in this same layout; every rank reads the
+checkpoint when resuming. So a run saved with N ranks resumes with M, under ddp or fsdp alike
+(on a cluster of several machines the run folder must be on storage every learner node sees).
+
 An export carries a marker file; exporting again replaces only such a folder or an empty one,
 never a folder holding anything else.
 """
@@ -178,18 +184,27 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(learner: GRPOLearner, ckpt_dir: Path, step: int, data_position: dict[str, Any],
                     config: Config) -> Path:
-    """Write `ckpt_dir/step-N/` atomically and prune old ones; returns the folder."""
+    """Write `ckpt_dir/step-N/` atomically and prune old ones; returns the folder.
+
+    Every rank of a learner group calls it (under FSDP gathering the full state is a collective);
+    rank 0 alone writes."""
     ckpt_dir = Path(ckpt_dir)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / step_dir_name(step)
+    ranks = learner.ranks
+    weights = ranks.full_state_dict(learner.model)  # None: this process holds all weights
+    optimizer_state = ranks.optimizer_state(learner.model, learner.optimizer, learner.param_names)
+    if ranks.rank != 0:
+        return final
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
     with atomic_dir(final, replace=True) as tmp:  # re-saving a step (forced final save) replaces it
-        learner.model.save_pretrained(tmp)  # full model, or the adapter under LoRA
+        # full model, or the adapter under LoRA
+        learner.model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
         learner.tokenizer.save_pretrained(tmp)
         (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         torch.save({
             "step": step,
             "data_position": dict(data_position),
-            "optimizer": learner.optimizer.state_dict(),
+            "optimizer": optimizer_state,
             "scheduler": learner.scheduler.state_dict(),
             "rng": rng_state(),
             "base_model_path": learner.model_path,
@@ -215,7 +230,8 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 @torch.no_grad()
 def load_checkpoint(learner: GRPOLearner, path: Path) -> tuple[int, dict[str, Any]]:
-    """Restore weights, optimiser, scheduler and RNG into `learner`; returns (step, data_position)."""
+    """Restore weights, optimiser, scheduler and RNG into `learner`; returns (step, data_position).
+    Every rank of a learner group calls it and reads the whole checkpoint."""
     path = Path(path)
     state = _read_state(path)
     is_adapter = (path / ADAPTER_CONFIG).is_file()
@@ -231,8 +247,8 @@ def load_checkpoint(learner: GRPOLearner, path: Path) -> tuple[int, dict[str, An
         from transformers import AutoModelForCausalLM
 
         saved = AutoModelForCausalLM.from_pretrained(path, dtype=next(learner.model.parameters()).dtype)
-        learner.model.load_state_dict(saved.state_dict())
-    learner.optimizer.load_state_dict(state["optimizer"])
+        learner.ranks.load_state_dict(learner.model, saved.state_dict())
+    learner.ranks.load_optimizer_state(learner.model, learner.optimizer, learner.param_names, state["optimizer"])
     learner.scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return int(state["step"]), dict(state["data_position"])

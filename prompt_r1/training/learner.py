@@ -15,6 +15,11 @@ updating bfloat16 weights directly would leave almost every weight unchanged.
 
 Log-probs (old, new and reference) are those of the sampling distribution, softmax(logits / T)
 at `agent.temperature`, which is what the policy backends report for each sampled token.
+
+The same class is one rank of a learner group (`train.world_size` > 1, `learner_group`): it then
+holds a `Ranks` from `parallel` (the collectives: global token counts, gradient sums, sharding)
+and trains its share of every mini-batch; alone it holds the identity `Ranks` and computes
+exactly what it always did.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import logging
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,11 +36,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import Config
-from prompt_r1.core.grpo import group_advantages, informative_groups, policy_loss, token_logprobs
+from prompt_r1.core.grpo import group_advantages, policy_loss, token_logprobs
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import torch_dtype
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
 from prompt_r1.models.bundled import model_load_errors
+from prompt_r1.training.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids,
+                                        plan_mini_batches, question_order)
+from prompt_r1.training.parallel import Ranks
 
 log = logging.getLogger(__name__)
 
@@ -78,62 +85,16 @@ def autocast_dtype(device: torch.device, agent_dtype: str, enabled: bool = True)
     return torch.bfloat16
 
 
-@dataclass
-class MicroBatch:
-    """Right-padded prompt+response ids of a few trajectories; response tensors start at `start`."""
-
-    indices: list[int]              # positions in the step's trajectory list
-    input_ids: torch.Tensor         # [b, L]
-    attention_mask: torch.Tensor    # [b, L]
-    start: int                      # first response column (min prompt length)
-    loss_mask: torch.Tensor         # [b, L - start], 1 = agent-sampled response token
-    sampling_logprobs: torch.Tensor  # [b, L - start]
-
-    def scatter(self, per_traj: list[torch.Tensor], prompt_lens: list[int]) -> torch.Tensor:
-        """Place per-trajectory response vectors into this batch's [b, L - start] layout."""
-        out = torch.zeros(self.loss_mask.shape, dtype=torch.float32)
-        for row, i in enumerate(self.indices):
-            offset = prompt_lens[i] - self.start
-            out[row, offset:offset + per_traj[i].numel()] = per_traj[i]
-        return out
-
-    def split(self, values: torch.Tensor, prompt_lens: list[int], resp_lens: list[int]) -> list[torch.Tensor]:
-        """Inverse of `scatter`: one response vector per trajectory."""
-        out = []
-        for row, i in enumerate(self.indices):
-            offset = prompt_lens[i] - self.start
-            out.append(values[row, offset:offset + resp_lens[i]].detach().float().cpu())
-        return out
-
-
-def collate(trajectories: list[Trajectory], indices: list[int], pad_id: int,
-            device: torch.device | str) -> MicroBatch:
-    """Right-pad `prompt_ids + token_ids` of the chosen trajectories."""
-    chosen = [trajectories[i] for i in indices]
-    length = max(len(t.prompt_ids) + len(t.token_ids) for t in chosen)
-    start = min(len(t.prompt_ids) for t in chosen)
-    ids = torch.full((len(chosen), length), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(chosen), length), dtype=torch.long)
-    mask = torch.zeros((len(chosen), length - start), dtype=torch.float32)
-    sampled = torch.zeros((len(chosen), length - start), dtype=torch.float32)
-    for row, t in enumerate(chosen):
-        n_prompt, n_resp = len(t.prompt_ids), len(t.token_ids)
-        ids[row, :n_prompt + n_resp] = torch.tensor(t.prompt_ids + t.token_ids, dtype=torch.long)
-        attn[row, :n_prompt + n_resp] = 1
-        offset = n_prompt - start
-        mask[row, offset:offset + n_resp] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        if t.logprobs:
-            sampled[row, offset:offset + n_resp] = torch.tensor(t.logprobs, dtype=torch.float32)
-    return MicroBatch(indices, ids.to(device), attn.to(device), start, mask.to(device), sampled.to(device))
-
-
 class GRPOLearner:
     """Policy + reference + optimiser; `step(trajectories)` is one GRPO update."""
 
-    def __init__(self, cfg: Config, model_path: str | Path, device: str | None = None) -> None:
-        """`device` overrides `cfg.train.device` (same spellings)."""
+    def __init__(self, cfg: Config, model_path: str | Path, device: str | None = None,
+                 ranks: Ranks | None = None) -> None:
+        """`device` overrides `cfg.train.device` (same spellings); `ranks` makes this learner one
+        rank of a group (see `parallel`), the default is a learner alone."""
         cfg.check_trainable()
         self.cfg, self.model_path = cfg, str(model_path)
+        self.ranks = ranks or Ranks()
         self.device = resolve_device(device or cfg.train.device)
         self.compute_dtype = autocast_dtype(self.device, cfg.agent.dtype, cfg.train.autocast)
         self.temperature = cfg.agent.temperature
@@ -164,6 +125,13 @@ class GRPOLearner:
         if train.gradient_checkpointing:
             # non-reentrant: works with frozen inputs (LoRA) and needs no input-grad hooks
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # the group's layout (FSDP shards, DDP starts every rank from rank 0's trainable weights),
+        # before the optimiser sees the parameters; the identity for a learner alone
+        self.model = self.ranks.distribute(self.model)
+        if self.reference is not None:
+            self.reference = self.ranks.distribute(self.reference)
+        # names in the optimiser's order: checkpoints key its state by these positions
+        self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         low = sorted({str(p.dtype) for p in self.params if p.dtype != torch.float32})
         if low:  # AdamW on low-precision weights loses nearly every update at RL learning rates
@@ -210,50 +178,54 @@ class GRPOLearner:
         return out
 
     # -- the update --------------------------------------------------------------------------
-    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """One GRPO update on a rollout batch; returns scalar metrics."""
-        if not trajectories:
+    def step(self, trajectories: list[Trajectory], plan: list[list[str]] | None = None) -> dict[str, float]:
+        """One GRPO update on a rollout batch; returns scalar metrics.
+
+        `plan` is a learner rank's share of the batch (from `LearnerGroup`): the questions it
+        trains in each optimiser step of the whole batch, one list per step (possibly empty, and
+        `trajectories` possibly none). Without it the learner plans the batch itself
+        (`plan_mini_batches`). Counts that normalise the loss and the metrics are summed over ranks."""
+        if not trajectories and plan is None:
             raise ValueError("GRPOLearner.step got no trajectories")
         t0 = time.perf_counter()
         train = self.cfg.train
+        question_index = {q: i for i, q in enumerate(question_order(trajectories))}
         rewards = torch.tensor([t.reward.total if t.reward else 0.0 for t in trajectories])
-        question_index: dict[str, int] = {}
-        for t in trajectories:
-            question_index.setdefault(t.question_id, len(question_index))
-        groups = torch.tensor([question_index[t.question_id] for t in trajectories])
-        advantages = group_advantages(rewards, groups, scale_by_std=train.scale_by_std)
-        informative = informative_groups(rewards, groups).tolist()
-        informative_questions = {t.question_id for t, keep in zip(trajectories, informative) if keep}
-        group_metrics = {
-            "groups": float(len(question_index)),
-            "groups_informative": float(len(informative_questions)),
-            "informative_share": len(informative_questions) / len(question_index),
-        }
+        groups = torch.tensor([question_index[t.question_id] for t in trajectories], dtype=torch.long)
+        advantages = (group_advantages(rewards, groups, scale_by_std=train.scale_by_std) if trajectories
+                      else torch.zeros(0))  # per group: a rank holds whole groups, so these are global
+        informative_questions = informative_question_ids(trajectories)
+        n_groups, n_informative = self.ranks.sum([len(question_index), len(informative_questions)])
+        group_metrics = {"groups": n_groups, "groups_informative": n_informative,
+                         "informative_share": n_informative / n_groups}
         prompt_lens = [len(t.prompt_ids) for t in trajectories]
         resp_lens = [len(t.token_ids) for t in trajectories]
-        max_len = max(self.cfg.agent.max_response_tokens, max(resp_lens))
+        (longest,) = self.ranks.max([max(resp_lens, default=0)])
+        max_len = max(self.cfg.agent.max_response_tokens, int(longest))
 
         # mini-batches of whole questions, then micro-batches of trajectories; with
         # drop_uniform_groups the groups of equal rewards (advantage 0 everywhere) are left out, so
         # they add neither KL nor tokens to the normalisation, and cost no forward pass
-        questions = list(question_index)
-        if train.drop_uniform_groups:
-            questions = [q for q in questions if q in informative_questions]
-            if not questions:
-                log.info("no group with unequal rewards in this batch: no update (train.drop_uniform_groups)")
-                metrics = rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap)
-                metrics.update(group_metrics)
-                metrics.update({"update_skipped": 1.0, "lr": self.optimizer.param_groups[0]["lr"],
-                                "step_time_s": time.perf_counter() - t0})
-                return metrics
-        kept_questions = set(questions)
+        if plan is None:
+            plan = plan_mini_batches(trajectories, train.mini_batch_questions, train.drop_uniform_groups)
+        if not plan:
+            log.info("no group with unequal rewards in this batch: no update (train.drop_uniform_groups)")
+            metrics = rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap)
+            metrics.update(group_metrics)
+            metrics.update({"update_skipped": 1.0, "lr": self.optimizer.param_groups[0]["lr"],
+                            "step_time_s": time.perf_counter() - t0})
+            return metrics
+        kept_questions = {q for mini in plan for q in mini}
         trained = [i for i, t in enumerate(trajectories) if t.question_id in kept_questions]
         mini_batches: list[list[MicroBatch]] = []
-        for q0 in range(0, len(questions), train.mini_batch_questions):
-            chosen = set(questions[q0:q0 + train.mini_batch_questions])
+        for questions in plan:
+            chosen = set(questions)
             idx = [i for i, t in enumerate(trajectories) if t.question_id in chosen]
             mini_batches.append([collate(trajectories, idx[m:m + train.micro_batch_size], self.pad_id, self.device)
                                  for m in range(0, len(idx), train.micro_batch_size)])
+        if self.ranks.matched_forwards:  # FSDP: a forward pass is a collective, so all ranks run as many
+            for mini, count in zip(mini_batches, self.ranks.max([len(mini) for mini in mini_batches])):
+                mini.extend(empty_micro_batch(self.pad_id, self.device) for _ in range(int(count) - len(mini)))
 
         # old-policy and reference log-probs with the current weights, before any update;
         # the first mini-batch's old log-probs come free from its first (identical) forward
@@ -278,11 +250,16 @@ class GRPOLearner:
         diff_sum, diff_tokens = 0.0, 0.0
         for _epoch in range(train.ppo_epochs):
             for mini in mini_batches:
-                mini_tokens = sum(b.loss_mask.sum().item() for b in mini)
-                mini_seqs = sum(len(b.indices) for b in mini)
+                # the whole mini-batch's counts, over all ranks: each rank's loss is its share of
+                # the one-learner loss, so the summed gradient is the one-learner gradient
+                mini_tokens, mini_seqs = self.ranks.sum([sum(b.loss_mask.sum().item() for b in mini),
+                                                         sum(len(b.indices) for b in mini)])
                 self.optimizer.zero_grad(set_to_none=True)
                 for batch in mini:
                     logprobs = self._logprobs(self.model, batch)
+                    if not batch.indices:  # padding (FSDP): the pass's collectives, no gradient
+                        (logprobs.sum() * 0.0).backward()
+                        continue
                     if old_lp[batch.indices[0]] is None:  # lazy: first and only pass, weights untouched
                         for i, v in zip(batch.indices, batch.split(logprobs, prompt_lens, resp_lens)):
                             old_lp[i] = v
@@ -305,15 +282,19 @@ class GRPOLearner:
                         diff = (batch.sampling_logprobs.cpu() - old.cpu()).abs() * mask_cpu
                         diff_sum += diff.sum().item()
                         diff_tokens += mask_cpu.sum().item()
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, train.max_grad_norm)))
+                self.ranks.reduce_gradients(self.params)
+                grad_norms.append(self.ranks.clip_grad_norm(self.params, train.max_grad_norm))
                 self.optimizer.step()
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
         self.model.eval()
 
         elapsed = time.perf_counter() - t0
-        metrics = {key: value / max(tokens_seen, 1.0) for key, value in totals.items()}
+        keys = sorted(totals)
         total_tokens = float(sum(prompt_lens[i] + resp_lens[i] for i in trained)) * train.ppo_epochs
+        *summed, tokens_seen, diff_sum, diff_tokens, total_tokens = self.ranks.sum(
+            [totals[k] for k in keys] + [tokens_seen, diff_sum, diff_tokens, total_tokens])
+        metrics = {key: value / max(tokens_seen, 1.0) for key, value in zip(keys, summed)}
         metrics.update(rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap))
         metrics.update(group_metrics)
         metrics.update({
@@ -329,10 +310,13 @@ class GRPOLearner:
     @torch.no_grad()
     def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
         """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched), on
-        CPU in the rollout dtype (`agent.dtype`): what the policies hold, at half the transfer for bf16."""
+        CPU in the rollout dtype (`agent.dtype`): what the policies hold, at half the transfer for bf16.
+        Under FSDP every rank must call it (the weights are gathered); rank 0 gets them, others `{}`."""
         dtype = torch_dtype(self.cfg.agent.dtype)
         if not self.use_lora:
-            return {k: v.detach().to("cpu", dtype, copy=True) for k, v in self.model.state_dict().items()}
+            full = self.ranks.full_state_dict(self.model)  # gathered under FSDP (rank 0; others get {})
+            weights = self.model.state_dict() if full is None else full
+            return {k: v.detach().to("cpu", dtype, copy=True) for k, v in weights.items()}
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()

@@ -7,7 +7,8 @@ stage as a task and send metrics to MLflow. Resuming loads the newest intact che
 (weights, optimiser, RNG, data position; a corrupted newer one is named in a warning and passed
 over) and drops warehouse rows of steps after it, so a resumed run reaches the same step count
 with no repeated or skipped data; it continues only the same run (same config and training
-pool, see `run_record`) unless forced.
+pool, see `run_record`) unless forced. The learner is this process or `train.world_size` Ray
+ranks, behind one interface (`learners.Learner`); checkpoints resume at any world size.
 
 Environment failures: trajectories ended by a failed environment call are recorded but left out
 of the update and of validation scores; a step (or a validation) whose share of failed calls
@@ -166,26 +167,31 @@ class TrainingSession:
 
     def _start(self) -> None:
         """Data, learner, environment server, rollout actors; each started piece is on `_stack`."""
-        from prompt_r1.training.checkpoint import load_checkpoint, resume_checkpoint
+        from prompt_r1.training.checkpoint import resume_checkpoint
         from prompt_r1.models.resolver import check_agent_spec, resolve_agent
         from prompt_r1.rollout.ray_pool import check_local_cpus
         from prompt_r1.training.run_record import open_run
-        from prompt_r1.training.learner import GRPOLearner
+        from prompt_r1.training.learners import open_learner
+        from prompt_r1.training.plan import preflight
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
         check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
-        check_local_cpus(self.cfg.rollout)  # and more rollout actors than a local Ray instance can start
+        train = self.cfg.train  # and more actors (rollout, learner ranks) than a local Ray instance can start
+        check_local_cpus(self.cfg.rollout, learner_ranks=train.world_size if train.world_size > 1 else 0,
+                         cpus_per_rank=train.cpus_per_rank)
+        preflight(self.cfg)  # and, when the run would use GPUs, a config that does not fit them (`prompt-r1 plan`)
         self.train_questions, self.val_questions = training_pool(self.warehouse, self.cfg)
         self.by_id = {q.question_id: q for q in self.train_questions}
         # Checked before any model loads, so a refused resume fails in a second.
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), questions_hash(self.train_questions, self.val_questions),
                  self.resume, self.force)
         self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
-        self.learner = GRPOLearner(self.cfg, self.model_path)
+        # in this process, or train.world_size ranks in Ray (then nothing here holds a model)
+        self.learner = self._stack.enter_context(open_learner(self.cfg, self.model_path))
         # the newest intact checkpoint: a damaged newer one is named in a warning and passed over
         latest = resume_checkpoint(self.ckpt_dir) if self.resume else None
-        if latest is not None:
-            self.step, data_position = load_checkpoint(self.learner, latest)
+        if latest is not None:  # saved at any world size
+            self.step, data_position = self.learner.load_checkpoint(latest)
             self.position = int(data_position.get("position", 0))
             log.info("resumed from %s: next step %d, data position %d", latest, self.step, self.position)
         if self.resume:  # rows of steps after the checkpoint (or of all steps, without one) are redone
@@ -273,9 +279,7 @@ class TrainingSession:
 
     def checkpoint(self) -> Path:
         """Save weights, optimiser, RNG and data position after `step` updates (`run` decides when)."""
-        from prompt_r1.training.checkpoint import save_checkpoint
-
-        return save_checkpoint(self.learner, self.ckpt_dir, self.step, {"position": self.position}, self.cfg)
+        return self.learner.save_checkpoint(self.ckpt_dir, self.step, {"position": self.position})
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts on held-out questions, scored over the questions the environment

@@ -1,0 +1,135 @@
+"""How one rollout batch becomes optimiser steps: the mini-batch plan, its split over learner
+ranks, and the padded micro-batches a forward pass takes.
+
+A GRPO update walks the batch's questions in order, `train.mini_batch_questions` questions per
+optimiser step (`plan_mini_batches`; with `train.drop_uniform_groups` the groups of equal
+rewards are left out first). A learner group of N ranks trains the same plan: every mini-batch
+is split by WHOLE questions over the ranks (`split_plan`), so a GRPO group never spans two
+ranks and its advantages (a function of its own rewards only) are those one learner computes.
+Each rank then cuts its share of a mini-batch into micro-batches of `train.micro_batch_size`
+trajectories (`collate`: right-padded prompt + response ids).
+
+Kept apart from the learner because both sides use it: `GRPOLearner` (one rank or each rank of
+a group) and `LearnerGroup` (the driver, which plans and splits but holds no model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from prompt_r1.core.grpo import informative_groups
+from prompt_r1.core.trajectory import Trajectory
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded prompt+response ids of a few trajectories; response tensors start at `start`.
+
+    An empty micro-batch (`indices == []`, see `empty_micro_batch`) holds one dummy row: ranks
+    whose forward passes are collectives (FSDP) run it so that every rank runs as many passes."""
+
+    indices: list[int]              # positions in the step's trajectory list
+    input_ids: torch.Tensor         # [b, L]
+    attention_mask: torch.Tensor    # [b, L]
+    start: int                      # first response column (min prompt length)
+    loss_mask: torch.Tensor         # [b, L - start], 1 = agent-sampled response token
+    sampling_logprobs: torch.Tensor  # [b, L - start]
+
+    def scatter(self, per_traj: list[torch.Tensor], prompt_lens: list[int]) -> torch.Tensor:
+        """Place per-trajectory response vectors into this batch's [b, L - start] layout."""
+        out = torch.zeros(self.loss_mask.shape, dtype=torch.float32)
+        for row, i in enumerate(self.indices):
+            offset = prompt_lens[i] - self.start
+            out[row, offset:offset + per_traj[i].numel()] = per_traj[i]
+        return out
+
+    def split(self, values: torch.Tensor, prompt_lens: list[int], resp_lens: list[int]) -> list[torch.Tensor]:
+        """Inverse of `scatter`: one response vector per trajectory."""
+        out = []
+        for row, i in enumerate(self.indices):
+            offset = prompt_lens[i] - self.start
+            out.append(values[row, offset:offset + resp_lens[i]].detach().float().cpu())
+        return out
+
+
+def collate(trajectories: list[Trajectory], indices: list[int], pad_id: int,
+            device: torch.device | str) -> MicroBatch:
+    """Right-pad `prompt_ids + token_ids` of the chosen trajectories."""
+    chosen = [trajectories[i] for i in indices]
+    length = max(len(t.prompt_ids) + len(t.token_ids) for t in chosen)
+    start = min(len(t.prompt_ids) for t in chosen)
+    ids = torch.full((len(chosen), length), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(chosen), length), dtype=torch.long)
+    mask = torch.zeros((len(chosen), length - start), dtype=torch.float32)
+    sampled = torch.zeros((len(chosen), length - start), dtype=torch.float32)
+    for row, t in enumerate(chosen):
+        n_prompt, n_resp = len(t.prompt_ids), len(t.token_ids)
+        ids[row, :n_prompt + n_resp] = torch.tensor(t.prompt_ids + t.token_ids, dtype=torch.long)
+        attn[row, :n_prompt + n_resp] = 1
+        offset = n_prompt - start
+        mask[row, offset:offset + n_resp] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        if t.logprobs:
+            sampled[row, offset:offset + n_resp] = torch.tensor(t.logprobs, dtype=torch.float32)
+    return MicroBatch(indices, ids.to(device), attn.to(device), start, mask.to(device), sampled.to(device))
+
+
+def empty_micro_batch(pad_id: int, device: torch.device | str) -> MicroBatch:
+    """A micro-batch of no trajectory: one two-token dummy row with loss mask 0.
+
+    >>> batch = empty_micro_batch(0, "cpu")
+    >>> batch.indices, tuple(batch.input_ids.shape), batch.loss_mask.sum().item()
+    ([], (1, 2), 0.0)
+    """
+    ids = torch.full((1, 2), pad_id, dtype=torch.long, device=device)
+    zeros = torch.zeros((1, 1), dtype=torch.float32, device=device)
+    return MicroBatch([], ids, torch.ones_like(ids), 1, zeros, zeros.clone())
+
+
+def question_order(trajectories: Sequence[Trajectory]) -> list[str]:
+    """Question ids in order of first appearance (the order GRPO groups are trained in).
+
+    >>> question_order([Trajectory("b", 0, []), Trajectory("a", 0, []), Trajectory("b", 1, [])])
+    ['b', 'a']
+    """
+    return list(dict.fromkeys(t.question_id for t in trajectories))
+
+
+def informative_question_ids(trajectories: Sequence[Trajectory]) -> set[str]:
+    """Questions whose group carries a learning signal (>= 2 members, rewards not all equal)."""
+    if not trajectories:
+        return set()
+    index = {q: i for i, q in enumerate(question_order(trajectories))}
+    rewards = torch.tensor([t.reward.total if t.reward else 0.0 for t in trajectories])
+    groups = torch.tensor([index[t.question_id] for t in trajectories])
+    keep = informative_groups(rewards, groups).tolist()
+    return {t.question_id for t, k in zip(trajectories, keep) if k}
+
+
+def plan_mini_batches(trajectories: Sequence[Trajectory], mini_batch_questions: int,
+                      drop_uniform_groups: bool) -> list[list[str]]:
+    """The questions of each optimiser step, in order: `mini_batch_questions` at a time, the
+    uniform groups left out first when `drop_uniform_groups` (then possibly no step at all)."""
+    questions = question_order(trajectories)
+    if drop_uniform_groups:
+        informative = informative_question_ids(trajectories)
+        questions = [q for q in questions if q in informative]
+    return [questions[i:i + mini_batch_questions] for i in range(0, len(questions), mini_batch_questions)]
+
+
+def split_plan(plan: list[list[str]], world_size: int) -> list[list[list[str]]]:
+    """Each rank's share of every mini-batch: whole questions, contiguous, sizes differing by at
+    most one; a rank may get none of a mini-batch (it still takes part in its optimiser step).
+
+    >>> split_plan([["a", "b", "c"], ["d"]], 2)
+    [[['a', 'b'], ['d']], [['c'], []]]
+    """
+    from prompt_r1.rollout.ray_pool import split_evenly  # the one contiguous split (rollout chunks too)
+
+    shares: list[list[list[str]]] = [[] for _ in range(world_size)]
+    for mini in plan:
+        for rank, part in enumerate(split_evenly(mini, world_size)):
+            shares[rank].append(part)
+    return shares

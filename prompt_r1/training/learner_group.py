@@ -1,0 +1,279 @@
+"""A learner of `train.world_size` ranks: Ray actors in one placement group, joined by torch.distributed.
+
+With `train.world_size` N > 1 the run's learner is N `LearnerRank` actors, each in its own
+bundle of a placement group (`reserve`: `train.cpus_per_rank` CPUs, and one GPU when the cluster
+has GPUs and `train.device` is not `cpu`). Rank 0 reports its node's address and a free port,
+every rank joins the process group there (`parallel.join_process_group`: nccl with CUDA, gloo
+otherwise) and builds the ordinary `GRPOLearner`, policy and reference included; the driver
+(`LearnerGroup`) holds no model. For each step the driver plans the batch's mini-batches, splits
+each one over the ranks by whole GRPO groups (`batches.split_plan`) and sends every rank its
+trajectories and its share; the ranks' losses are normalised by global counts, so N ranks make
+the update one learner makes on the whole batch (`parallel` says how, under ddp and fsdp).
+
+Every wait on the ranks has the `train.dist_timeout_s` deadline. A rank that dies, raises or
+passes the deadline fails the call with `LearnerRankError`, which names the rank (a dead rank
+before the ranks that failed because of it; a `UserError` a rank raises, such as a damaged
+checkpoint, is raised as itself); the group is then torn down at once (its actors killed, its
+placement group released), and the run continues with `--resume` from its last checkpoint, at
+any world size (`checkpoint`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from prompt_r1.config.base import ConfigError
+from prompt_r1.config.experiment import Config
+from prompt_r1.core.failures import UserError
+from prompt_r1.core.trajectory import Trajectory, rollout_stats
+from prompt_r1.rollout.placement import in_group, release, reserve
+from prompt_r1.rollout.ray_pool import SHUTDOWN_TIMEOUT_S, actor_env_vars
+from prompt_r1.training.batches import plan_mini_batches, split_plan
+
+log = logging.getLogger(__name__)
+
+FAILURE_GRACE_S = 5.0  # after one rank fails, how long to wait for the others' errors (to find the cause)
+
+
+class LearnerRankError(RuntimeError):
+    """A learner rank died, failed or passed `train.dist_timeout_s`; `ranks` are the ranks named."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+class LearnerRank:
+    """One rank, as a Ray actor: a `GRPOLearner` whose collectives span the group."""
+
+    def __init__(self, cfg: Config, model_path: str, rank: int, world_size: int, device: str):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        # as many compute threads as the bundle has CPUs: ranks sharing a node must not oversubscribe it
+        torch.set_num_threads(max(1, int(cfg.train.cpus_per_rank)))
+        self.cfg, self.model_path, self.rank, self.world_size, self.device = cfg, model_path, rank, world_size, device
+        self.learner: Any = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a free port (asked of rank 0: the process group's store listens there)."""
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, host: str, port: int) -> int:
+        """Join the process group, then build the learner (sharded under fsdp); returns the pid."""
+        from prompt_r1.training.learner import GRPOLearner
+        from prompt_r1.training.parallel import join_process_group
+
+        ranks = join_process_group(self.cfg.train.strategy, self.rank, self.world_size, host, port,
+                                   torch.device(self.device), self.cfg.train.dist_timeout_s)
+        self.learner = GRPOLearner(self.cfg, self.model_path, device=self.device, ranks=ranks)
+        return os.getpid()
+
+    def step(self, trajectories: list[Trajectory], plan: list[list[str]]) -> dict[str, float]:
+        return self.learner.step(trajectories, plan)
+
+    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor] | None:
+        state = self.learner.state_dict_for_broadcast()
+        return state if self.rank == 0 else None
+
+    def save_checkpoint(self, ckpt_dir: str, step: int, data_position: dict[str, Any]) -> str:
+        from prompt_r1.training.checkpoint import save_checkpoint
+
+        return str(save_checkpoint(self.learner, Path(ckpt_dir), step, data_position, self.cfg))
+
+    def load_checkpoint(self, path: str) -> tuple[int, dict[str, Any]]:
+        from prompt_r1.training.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.learner, Path(path))
+
+    def shutdown(self) -> None:
+        if self.learner is not None:
+            self.learner.ranks.close()
+
+
+def learner_device(train_device: str) -> str:
+    """`cuda:0` when every rank gets a GPU of its own (the cluster has GPUs and `train.device` is
+    not `cpu`), else `cpu`. Ray makes a rank's one GPU its device 0, so a `cuda:N` index in
+    `train.device` does not apply to ranks."""
+    if train_device == "cpu":
+        return "cpu"
+    if ray.cluster_resources().get("GPU", 0.0) > 0:
+        return "cuda:0"
+    if train_device == "auto":
+        return "cpu"
+    raise ConfigError(f"train.device is {train_device!r} but the Ray cluster has no GPU for the learner ranks "
+                      "(train.world_size > 1); use `auto` or `cpu`, or add GPU nodes")
+
+
+class LearnerGroup:
+    """The driver's handle on N learner ranks; the same interface as a learner in this process."""
+
+    def __init__(self, cfg: Config, model_path: str | Path):
+        """Place the ranks, start them and join their process group (within the deadlines of
+        `train.placement_timeout_s` and `train.dist_timeout_s`); needs `ray.init` first."""
+        train = cfg.train
+        self.cfg, self.world_size, self.timeout_s = cfg, train.world_size, train.dist_timeout_s
+        self.actors: list[Any] = []
+        self.group = None
+        self.closed = False
+        self.waiting = False  # inside a call on the ranks (left True when one is interrupted)
+        device = learner_device(train.device)
+        gpus = 1 if device.startswith("cuda") else 0
+        try:
+            self.group = reserve(
+                [{"CPU": train.cpus_per_rank, "GPU": gpus}] * self.world_size,
+                what=f"the learner group ({self.world_size} ranks)", timeout_s=train.placement_timeout_s,
+                field="train.placement_timeout_s",
+                fix="Lower train.world_size or train.cpus_per_rank, free the resources other Ray jobs hold, or add "
+                    "nodes" + ("" if gpus == 0 else " (train.device: cpu places the ranks without GPUs)"))
+            actor_class = ray.remote(LearnerRank)
+            self.actors = [
+                actor_class.options(num_cpus=train.cpus_per_rank, num_gpus=gpus,
+                                    scheduling_strategy=in_group(self.group, rank),
+                                    runtime_env={"env_vars": actor_env_vars()}).remote(
+                    cfg, str(model_path), rank, self.world_size, device)
+                for rank in range(self.world_size)]
+            ((host, port),) = self._gather([self.actors[0].rendezvous.remote()], "reporting rank 0's address", [0])
+            self._gather([a.setup.remote(host, port) for a in self.actors],
+                         "joining the process group and loading the model")
+        except BaseException:
+            self.close()
+            raise
+        log.info("learner group: %d ranks (%s, %s) joined at %s:%d", self.world_size, train.strategy, device,
+                 host, port)
+
+    # -- the learner interface ------------------------------------------------------------------
+    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """One GRPO update: each rank trains its whole groups of every mini-batch."""
+        train = self.cfg.train
+        plan = plan_mini_batches(trajectories, train.mini_batch_questions, train.drop_uniform_groups)
+        shares = split_plan(plan, self.world_size)
+        owner = {q: rank for rank, share in enumerate(shares) for mini in share for q in mini}
+        # groups left out of the plan (train.drop_uniform_groups) still count in the group
+        # metrics: rank 0 holds them
+        parts = [[t for t in trajectories if owner.get(t.question_id, 0) == rank] for rank in range(self.world_size)]
+        results = self._gather([a.step.remote(parts[r], shares[r]) for r, a in enumerate(self.actors)],
+                               "a GRPO step")
+        metrics = dict(results[0])  # the ranks summed the loss statistics and counts; rank 0 reports them
+        metrics.update(rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap))  # the whole batch's
+        return metrics
+
+    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
+        """Rank 0's full weights for the rollout workers (gathered by every rank under fsdp)."""
+        actors = self.actors if self.cfg.train.strategy == "fsdp" else self.actors[:1]
+        return self._gather([a.state_dict_for_broadcast.remote() for a in actors], "gathering the weights")[0]
+
+    def save_checkpoint(self, ckpt_dir: Path, step: int, data_position: dict[str, Any]) -> Path:
+        """Rank 0 writes the full state (every rank takes part in gathering it)."""
+        paths = self._gather([a.save_checkpoint.remote(str(ckpt_dir), step, dict(data_position)) for a in self.actors],
+                             f"saving the checkpoint of step {step}")
+        return Path(paths[0])
+
+    def load_checkpoint(self, path: Path) -> tuple[int, dict[str, Any]]:
+        """Every rank loads the checkpoint (saved at any world size)."""
+        return self._gather([a.load_checkpoint.remote(str(path)) for a in self.actors],
+                            f"loading the checkpoint {path}")[0]
+
+    def close(self) -> None:
+        """Leave the process group, kill the actors, release the placement group; safe to repeat."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.actors and not self.waiting:  # a rank still in an interrupted step would never get to it
+            try:
+                ray.get([a.shutdown.remote() for a in self.actors], timeout=SHUTDOWN_TIMEOUT_S)
+            except Exception as err:  # a rank that is stuck or gone: killed below all the same
+                log.debug("learner ranks' shutdown: %s", err)
+        self._kill()
+
+    def __enter__(self) -> "LearnerGroup":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- waiting on the ranks ---------------------------------------------------------------------
+    def _kill(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        if self.actors:
+            log.info("learner group: %d rank(s) stopped", len(self.actors))
+        self.actors = []
+        release(self.group)
+        self.group = None
+
+    def _gather(self, refs: list[Any], what: str, ranks: list[int] | None = None) -> list[Any]:
+        """The ranks' results in rank order, within `train.dist_timeout_s`; a failure tears the
+        group down and raises `LearnerRankError` naming the rank."""
+        if self.closed:
+            raise LearnerRankError(f"the learner group was torn down after an earlier failure; cannot do {what}. "
+                                   "Resume the run from its last checkpoint (--resume)", [])
+        ranks = list(range(len(refs))) if ranks is None else ranks
+        pending = dict(zip(refs, ranks))
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + self.timeout_s
+        self.waiting = True
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                stuck = sorted(pending.values())
+                self._fail(f"learner rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not finish "
+                           f"{what} within {self.timeout_s:g}s (train.dist_timeout_s)", stuck)
+            for ref in ready:
+                rank = pending.pop(ref)
+                try:
+                    results[rank] = ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    self._fail_after(what, {rank: err}, pending)
+        self.waiting = False
+        return [results[rank] for rank in ranks]
+
+    def _fail_after(self, what: str, failures: dict[int, BaseException], pending: dict[Any, int]) -> None:
+        """One rank failed: collect the others' errors for a moment (a rank that died makes its
+        peers' collectives fail too; the dead one is the cause), then tear down and raise."""
+        grace_end = time.monotonic() + min(FAILURE_GRACE_S, self.timeout_s)
+        while pending and time.monotonic() < grace_end:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, grace_end - time.monotonic()))
+            for ref in ready:
+                rank = pending.pop(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as err:
+                    failures[rank] = err
+        dead = sorted(r for r, e in failures.items() if isinstance(e, ray.exceptions.RayActorError))
+        failed = sorted(r for r in failures if r not in dead)
+        cause = getattr(failures[failed[0]], "cause", None) if failed and not dead else None
+        if isinstance(cause, UserError):  # a bad input (a checkpoint, a setting) is reported as itself
+            self.closed = True
+            self._kill()
+            raise cause from failures[failed[0]]
+        parts = [f"learner rank {r} died during {what} (its process exited: {_first_line(failures[r])})" for r in dead]
+        parts += [f"learner rank {r} failed during {what}: {_first_line(failures[r])}" for r in failed]
+        self._fail("; ".join(parts), dead + failed)
+
+    def _fail(self, message: str, ranks: list[int]) -> None:
+        self.closed = True
+        self._kill()
+        raise LearnerRankError(f"{message}. The learner group was torn down (placement group released); resume "
+                               "the run from its last checkpoint (--resume)", ranks)
+
+
+def _first_line(err: BaseException) -> str:
+    """The cause of a Ray error in one line (a remote traceback is long; its last line is the error)."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}"
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return " ".join(lines[-1].split())[:300] if lines else type(err).__name__

@@ -1,0 +1,93 @@
+"""The one interface a training run has to its learner, whether it lives in this process or in N ranks.
+
+`TrainingSession` talks to its learner only through `Learner`: `step` (one GRPO update on a
+rollout batch), `state_dict_for_broadcast` (the weights for the rollout workers),
+`save_checkpoint` / `load_checkpoint` (the world-size-independent format of `checkpoint`) and
+`close`. `open_learner` gives the right one for `train.world_size`:
+
+- 1: `LocalLearner`, the `GRPOLearner` in this process, exactly as before learner groups;
+- N > 1: `LearnerGroup`, N Ray actors joined by torch.distributed; this process holds no model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from prompt_r1.config.experiment import Config
+from prompt_r1.core.trajectory import Trajectory
+
+
+class Learner(Protocol):
+    """What a training run needs of a learner."""
+
+    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """One GRPO update; returns its metrics."""
+        ...
+
+    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
+        """Plain HF weights (LoRA merged) on CPU in `agent.dtype`, for the rollout workers."""
+        ...
+
+    def save_checkpoint(self, ckpt_dir: Path, step: int, data_position: dict[str, Any]) -> Path:
+        """Write `ckpt_dir/step-N/` (see `checkpoint.save_checkpoint`); returns the folder."""
+        ...
+
+    def load_checkpoint(self, path: Path) -> tuple[int, dict[str, Any]]:
+        """Restore a checkpoint saved at any world size; returns (step, data_position)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the learner holds (processes, placement groups); safe to repeat."""
+        ...
+
+
+class LocalLearner:
+    """World size 1: the `GRPOLearner` in this process."""
+
+    def __init__(self, cfg: Config, model_path: str | Path):
+        from prompt_r1.training.learner import GRPOLearner  # looked up at call time (tests replace it)
+
+        self.cfg = cfg
+        self.learner = GRPOLearner(cfg, model_path)
+
+    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        return self.learner.step(trajectories)
+
+    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
+        return self.learner.state_dict_for_broadcast()
+
+    def save_checkpoint(self, ckpt_dir: Path, step: int, data_position: dict[str, Any]) -> Path:
+        from prompt_r1.training.checkpoint import save_checkpoint
+
+        return save_checkpoint(self.learner, ckpt_dir, step, data_position, self.cfg)
+
+    def load_checkpoint(self, path: Path) -> tuple[int, dict[str, Any]]:
+        from prompt_r1.training.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.learner, path)
+
+    def close(self) -> None:
+        """Nothing to release: the model goes with this object."""
+
+
+@contextmanager
+def open_learner(cfg: Config, model_path: str | Path) -> Iterator[Learner]:
+    """The learner `train.world_size` asks for, closed when the block ends (a group starts Ray
+    with `rollout`'s settings if it is not running yet)."""
+    if cfg.train.world_size == 1:
+        yield LocalLearner(cfg, model_path)
+        return
+    from prompt_r1.rollout.ray_pool import init_ray
+    from prompt_r1.training.learner_group import LearnerGroup
+
+    init_ray(cfg.rollout)
+    group = LearnerGroup(cfg, model_path)
+    try:
+        yield group
+    finally:
+        group.close()

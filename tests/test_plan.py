@@ -1,0 +1,317 @@
+"""`prompt-r1 plan`: the parameter count, the memory rule, the placement and the command's exits.
+
+Nothing here loads a model: counts are checked against models transformers builds on the meta
+device (no weights) and against SmolLM2's weights file header when that folder is built; the
+rule is checked against a second, independent statement of it over seeded random configs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import struct
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from prompt_r1.config.experiment import load_config
+from prompt_r1.models.architecture import Architecture, folder_architecture, known_architecture
+from prompt_r1.training.memory import GIB, Machine, learner_parts
+from prompt_r1.training.plan import PlanError, make_plan, preflight
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = ROOT / "configs" / "paper.yaml"
+QWEN3_4B = known_architecture("Qwen/Qwen3-4B")
+NODE_8X80 = Machine(nodes=1, gpus_per_node=8, gpu_memory_gib=80, host_memory_gib=512)
+
+
+def _shape(arch: Architecture) -> tuple:
+    return (arch.vocab, arch.hidden, arch.layers, arch.intermediate, arch.heads, arch.kv_heads, arch.head_dim,
+            arch.tied, arch.counted_params)
+
+
+# -- the parameter count -------------------------------------------------------------------------
+@pytest.mark.parametrize("kind, extra", [
+    ("llama", {"tie_word_embeddings": True}),
+    ("llama", {"tie_word_embeddings": False, "attention_bias": True}),
+    ("qwen2", {"tie_word_embeddings": False}),
+    ("qwen3", {"tie_word_embeddings": True, "head_dim": 32}),
+    ("gemma3_text", {"tie_word_embeddings": True, "head_dim": 32}),
+])
+def test_the_count_matches_a_model_transformers_builds(kind, extra):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(kind, vocab_size=1000, hidden_size=128, intermediate_size=352,
+                                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, **extra)
+    with torch.device("meta"):  # shapes only: no memory, no weights
+        model = AutoModelForCausalLM.from_config(config)
+    real = sum(p.numel() for p in model.parameters())
+    counted = Architecture.from_config(config.to_dict(), kind, "test").counted_params
+    assert abs(counted - real) / real < 0.02, (counted, real)
+
+
+def test_the_count_of_smollm2_matches_its_weights_file():
+    from prompt_r1.models.bundled import SMOLLM2, bundled_folder
+
+    folder = bundled_folder(SMOLLM2)
+    if not (folder / "model.safetensors").is_file():
+        pytest.skip(f"SmolLM2 is not built under {folder} (PROMPT_R1_MODELS)")
+    with open(folder / "model.safetensors", "rb") as f:  # the header lists every tensor's shape
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    real = sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    arch = folder_architecture(folder, SMOLLM2)
+    assert abs(arch.counted_params - real) / real < 0.02 and real == 134_515_008
+    assert _shape(arch) == _shape(known_architecture(SMOLLM2))  # the shipped numbers are this folder's
+
+
+def test_the_known_tiny_architecture_is_what_the_tiny_builder_makes(tmp_path):
+    from prompt_r1.models.bundled import build_tiny_model
+
+    built = folder_architecture(build_tiny_model(tmp_path / "tiny"), "tiny")
+    assert _shape(built) == _shape(known_architecture("tiny")) == _shape(known_architecture("tiny-protocol"))
+
+
+def test_paper_agent_is_about_4b_and_a_count_from_the_user_wins():
+    assert 4.0e9 < QWEN3_4B.params < 4.05e9
+    assert QWEN3_4B.with_params(5e9).params == 5_000_000_000
+    guessed = Architecture.guess(4e9, "org/model")
+    assert guessed.params == 4_000_000_000 and "guessed" in guessed.source
+
+
+# -- the memory rule -----------------------------------------------------------------------------
+def _paper(**overrides):
+    return load_config(PAPER, overrides)
+
+
+def _by_kind(parts: dict[str, float]) -> dict[str, float]:
+    keys = ("policy weights", "gradients", "AdamW", "reference", "activations", "logits", "DDP", "FSDP")
+    return {k: sum(v for name, v in parts.items() if name.startswith(k)) for k in keys}
+
+
+def test_fsdp_divides_weights_gradients_optimizer_and_reference_by_the_world_size():
+    one = _by_kind(learner_parts(_paper(**{"train.world_size": 1, "train.strategy": "ddp"}), QWEN3_4B, 512))
+    four = _by_kind(learner_parts(_paper(**{"train.world_size": 4, "train.strategy": "fsdp"}), QWEN3_4B, 512))
+    for kind in ("policy weights", "gradients", "AdamW", "reference"):
+        assert four[kind] == pytest.approx(one[kind] / 4), kind
+    for kind in ("activations", "logits"):  # a rank's own micro-batch: not shared
+        assert four[kind] == one[kind]
+    assert four["FSDP"] > 0 and one["FSDP"] == 0
+
+
+def test_ddp_keeps_every_weight_on_every_rank():
+    one = _by_kind(learner_parts(_paper(**{"train.world_size": 1, "train.strategy": "ddp"}), QWEN3_4B, 512))
+    two = _by_kind(learner_parts(_paper(**{"train.world_size": 2, "train.strategy": "ddp"}), QWEN3_4B, 512))
+    assert two["policy weights"] == one["policy weights"] and two["DDP"] == two["gradients"] > 0 == one["DDP"]
+
+
+def test_kl_coef_0_and_lora_keep_no_reference_copy():
+    assert _by_kind(learner_parts(_paper(), QWEN3_4B, 512))["reference"] > 0
+    assert _by_kind(learner_parts(_paper(**{"train.kl_coef": 0.0}), QWEN3_4B, 512))["reference"] == 0
+    assert _by_kind(learner_parts(_paper(**{"agent.lora.enabled": True}), QWEN3_4B, 512))["reference"] == 0
+
+
+def test_lora_shrinks_gradients_and_optimizer_to_the_adapter():
+    full = _by_kind(learner_parts(_paper(), QWEN3_4B, 512))
+    lora = _by_kind(learner_parts(_paper(**{"agent.lora.enabled": True}), QWEN3_4B, 512))
+    assert lora["gradients"] < full["gradients"] / 100 and lora["AdamW"] < full["AdamW"] / 100
+    assert lora["policy weights"] >= full["policy weights"]  # the frozen base stays, plus the adapter
+
+
+def _expected_rank_gib(cfg, arch: Architecture, prompt: int) -> float:
+    """The memory rule stated a second time, from the architecture's numbers (see training.memory)."""
+    t = cfg.train
+    shapes = {"q_proj": arch.hidden + arch.heads * arch.head_dim, "k_proj": arch.hidden + arch.kv_heads * arch.head_dim,
+              "v_proj": arch.hidden + arch.kv_heads * arch.head_dim, "o_proj": arch.heads * arch.head_dim + arch.hidden,
+              "gate_proj": arch.hidden + arch.intermediate, "up_proj": arch.hidden + arch.intermediate,
+              "down_proj": arch.intermediate + arch.hidden}
+    lora = cfg.agent.lora
+    targets = list(shapes) if lora.target_modules == "all-linear" else lora.target_modules
+    trainable = arch.layers * lora.r * sum(shapes[n] for n in targets) if lora.enabled else arch.params
+    s = t.world_size if t.strategy == "fsdp" else 1
+    total = (4 * arch.params + (4 * trainable if lora.enabled else 0) + 12 * trainable) / s  # weights, grads, AdamW
+    total += 4 * trainable if t.strategy == "ddp" and t.world_size > 1 else 0
+    total += 4 * arch.params / s if t.kl_coef > 0 and not lora.enabled else 0
+    total += 4 * max(2 * arch.layer_params(), arch.embedding_params()) if s > 1 else 0
+    c = 2 if cfg.agent.dtype == "bfloat16" and t.autocast else 4
+    tokens = t.micro_batch_size * (prompt + cfg.agent.max_response_tokens)
+    a = 4 * arch.hidden + 3 * arch.heads * arch.head_dim + 3 * arch.kv_heads * arch.head_dim + 4 * arch.intermediate
+    kept = arch.layers * arch.hidden + 2 * a if t.gradient_checkpointing else arch.layers * a
+    total += tokens * kept * c
+    m = t.micro_batch_size
+    total += cfg.agent.max_response_tokens * arch.vocab * (2 * m * (c + 4) + 4 * min(m, 4))
+    return total / GIB + 1.0
+
+
+def _random_config(rng: random.Random):
+    return _paper(**{
+        "train.world_size": rng.randint(1, 16), "train.strategy": rng.choice(["ddp", "fsdp"]),
+        "train.micro_batch_size": rng.randint(1, 16), "train.gradient_checkpointing": rng.random() < 0.5,
+        "train.kl_coef": rng.choice([0.0, 0.001]), "train.autocast": rng.random() < 0.8,
+        "agent.dtype": rng.choice(["float32", "bfloat16"]), "agent.max_response_tokens": rng.choice([256, 1024, 4096]),
+        "agent.lora.enabled": rng.random() < 0.4, "agent.lora.r": rng.choice([8, 16, 64]),
+        "agent.lora.target_modules": rng.choice([["q_proj", "v_proj"], "all-linear"]),
+    })
+
+
+def test_the_rule_stated_twice_agrees_and_scales_with_the_world_size():
+    rng = random.Random(0)
+    archs = [QWEN3_4B, known_architecture("smollm2-135m-instruct"), known_architecture("gemma3-270m"),
+             Architecture.guess(14e9, "guess")]
+    for _ in range(150):
+        cfg, arch, prompt = _random_config(rng), rng.choice(archs), rng.choice([64, 512, 2048])
+        parts = learner_parts(cfg, arch, prompt)
+        assert sum(parts.values()) == pytest.approx(_expected_rank_gib(cfg, arch, prompt), rel=1e-9)
+        per_rank = [sum(learner_parts(cfg.model_copy(update={"train": cfg.train.model_copy(
+            update={"world_size": n})}), arch, prompt).values()) for n in range(1, 9)]
+        if cfg.train.strategy == "fsdp":  # a rank's share shrinks as ranks are added, from 2 ranks on
+            # (going from 1 rank to 2 adds the unit FSDP gathers, more than sharding saves for a small
+            # model or an adapter: the plan says so rather than hide it)
+            assert all(b <= a + 1e-9 for a, b in zip(per_rank[1:], per_rank[2:]))
+        else:  # every rank holds everything: the group's total grows with each rank
+            group = [n * gib for n, gib in enumerate(per_rank, start=1)]
+            assert all(b > a for a, b in zip(group, group[1:]))
+
+
+# -- the placement and the verdict ---------------------------------------------------------------
+def test_paper_fits_one_node_of_8_gpus_of_80_gib():
+    plan = make_plan(_paper(), QWEN3_4B, NODE_8X80)
+    assert plan.fits, plan.problems
+    where = {c.name: (c.node, c.devices) for c in plan.components}
+    assert [where[f"learner rank {r}"] for r in range(4)] == [(0, [r]) for r in range(4)]
+    assert [where[f"rollout engine {e}"] for e in range(4)] == [(0, [4 + e]) for e in range(4)]
+    assert all(c.gib <= NODE_8X80.gpu_limit for c in plan.components)
+    assert json.loads(json.dumps(plan.to_dict()))["fits"] is True
+
+
+def test_paper_does_not_fit_one_24_gib_gpu_and_says_what_to_change():
+    plan = make_plan(_paper(), QWEN3_4B, Machine(1, 1, 24, 64))
+    assert not plan.fits
+    text = plan.error()
+    assert "needs" in text and "21.6 GiB" in text and "agent.lora.enabled=true" in text
+    assert "the run needs 8 GPUs" in text and "train.world_size" in text and "rollout.num_workers" in text
+
+
+def test_a_suggested_world_size_is_one_that_fits():
+    cfg = _paper(**{"train.world_size": 1, "train.strategy": "ddp"})
+    plan = make_plan(cfg, QWEN3_4B, NODE_8X80)
+    wanted = [p for p in plan.problems if "train.strategy=fsdp with train.world_size>=" in p]
+    assert wanted, plan.problems
+    ranks = int(wanted[0].split("train.world_size>=")[1].split(",")[0])
+    fixed = make_plan(_paper(**{"train.world_size": ranks, "train.strategy": "fsdp"}), QWEN3_4B, NODE_8X80)
+    smaller = make_plan(_paper(**{"train.world_size": ranks - 1, "train.strategy": "fsdp"}), QWEN3_4B, NODE_8X80)
+    assert fixed.fits, fixed.problems
+    assert any("a learner rank needs" in p for p in smaller.problems)
+
+
+def test_engines_need_their_gpus_on_one_node():
+    # 4 learner ranks + one engine of 4 GPUs = 8 GPUs: it fits 2 nodes x 4, not 4 nodes x 2
+    cfg = _paper(**{"agent.tensor_parallel_size": 4, "rollout.num_workers": 1})
+    assert make_plan(cfg, QWEN3_4B, Machine(2, 4, 80, 512)).fits
+    plan = make_plan(cfg, QWEN3_4B, Machine(4, 2, 80, 512))
+    assert not plan.fits and "4 GPUs on one node" in plan.error()
+
+
+def test_on_cpu_every_process_shares_the_host_memory_of_a_node():
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    arch = known_architecture(cfg.agent.model)
+    roomy = make_plan(cfg, arch, Machine(1, 0, host_memory_gib=64))
+    assert roomy.fits and {c.where() for c in roomy.components} == {"node 0 host memory"}
+    assert {c.role for c in roomy.components} == {"learner", "engine", "environment"}
+    tight = make_plan(cfg, arch, Machine(1, 0, host_memory_gib=8))
+    assert not tight.fits and "host memory" in tight.error()
+
+
+def test_a_managed_environment_server_shares_the_first_gpu():
+    cfg = load_config(ROOT / "configs" / "demo.yaml")  # environment.kind vllm, started by the driver
+    arch = known_architecture(cfg.agent.model)
+    plan = make_plan(cfg, arch, Machine(1, 1, 24, 64))
+    server = next(c for c in plan.components if c.role == "environment")
+    assert plan.fits and server.where() == "node 0 GPU 0 (shared)" and "1 of 1 GPUs used" in plan.verdict()
+    small = make_plan(cfg, arch, Machine(1, 1, 12, 64))
+    assert not small.fits and "environment.gpu_memory_utilization" in small.error()
+
+
+def test_a_vllm_engine_on_cpu_is_sized_as_the_engine_sizes_its_kv_cache():
+    from prompt_r1.models.kv_cache import kv_cache_bytes
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"agent.backend": "vllm"})
+    arch = known_architecture(cfg.agent.model)
+    engine = next(c for c in make_plan(cfg, arch, Machine(1, 0, host_memory_gib=64)).components if c.role == "engine")
+    assert engine.parts["KV cache"] * GIB == kv_cache_bytes(arch.kv_config(), cfg.agent.vllm_max_model_len,
+                                                            cfg.agent.vllm_max_num_seqs, 4)
+
+
+def test_a_vllm_engine_must_take_a_whole_trajectory():
+    short = make_plan(_paper(**{"agent.vllm_max_model_len": 4096}), QWEN3_4B, NODE_8X80)
+    assert not short.fits and "agent.vllm_max_model_len>=4608" in short.error()
+
+
+# -- train's check -------------------------------------------------------------------------------
+def test_preflight_leaves_a_machine_without_gpus_alone(monkeypatch):
+    import prompt_r1.training.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "local_gpus", lambda: (0, 0.0))
+    assert preflight(_paper()) is None
+    monkeypatch.setattr(plan_module, "local_gpus", lambda: pytest.fail("a CPU-only run needs no GPU lookup"))
+    assert preflight(load_config(ROOT / "configs" / "smoke.yaml", {"train.device": "cpu"})) is None
+
+
+def test_preflight_refuses_before_any_model_loads_when_the_gpus_are_too_small(monkeypatch):
+    import prompt_r1.training.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "local_gpus", lambda: (8, 80.0))
+    assert preflight(_paper()).fits
+    monkeypatch.setattr(plan_module, "local_gpus", lambda: (1, 24.0))
+    with pytest.raises(PlanError, match=r"does not fit.*agent\.lora\.enabled=true.*prompt-r1 plan"):
+        preflight(_paper())
+
+
+# -- the command ---------------------------------------------------------------------------------
+def _plan(*args: str):
+    return CliRunner().invoke(app, ["plan", *args])
+
+
+def test_plan_prints_the_table_and_exits_0_when_it_fits(home):
+    result = _plan("-c", "configs/paper.yaml", "--gpus-per-node", "8", "--gpu-memory-gib", "80")
+    assert result.exit_code == 0, result.output
+    assert "learner rank 3" in result.output and "node 0 GPU 7" in result.output
+    assert "fits: 8 of 8 GPUs used" in result.output and "error:" not in result.output
+
+
+def test_plan_json_is_json_alone(home):
+    result = _plan("-c", "configs/paper.yaml", "--gpus-per-node", "8", "--gpu-memory-gib", "80", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["fits"] is True and data["model"]["name"] == "Qwen/Qwen3-4B" and len(data["components"]) == 8
+
+
+def test_plan_exits_2_with_one_error_line_when_it_does_not_fit(home):
+    result = _plan("-c", "configs/paper.yaml", "--gpus-per-node", "1", "--gpu-memory-gib", "24")
+    assert result.exit_code == 2
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "agent.lora.enabled=true" in errors[0] and "Traceback" not in result.output
+    as_json = _plan("-c", "configs/paper.yaml", "--gpus-per-node", "1", "--gpu-memory-gib", "24", "--json")
+    data = json.loads(as_json.stdout)
+    assert as_json.exit_code == 2 and data["exit_code"] == 2 and data["plan"]["fits"] is False
+    assert "agent.lora.enabled=true" in data["error"]
+
+
+def test_plan_without_gpus_plans_host_memory_and_builds_no_model(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("PROMPT_R1_MODELS", str(tmp_path / "models"))
+    result = _plan("-c", "configs/smoke.yaml", "--gpus-per-node", "0", "--host-memory-gib", "64")
+    assert result.exit_code == 0, result.output
+    assert "planned for host memory" in result.output and "node 0 host memory" in result.output
+    assert not (tmp_path / "models").exists()  # tiny-protocol's shape came from the known architectures
+
+
+def test_a_model_without_a_shape_needs_params(home):
+    unknown = ["-c", "configs/paper.yaml", "--set", "agent.model=some-org/some-model", "--gpus-per-node", "8"]
+    result = _plan(*unknown)
+    assert result.exit_code == 2 and "--params" in result.output
+    guessed = _plan(*unknown, "--params", "1.5e9")
+    assert guessed.exit_code == 0, guessed.output
+    assert "1.50B parameters" in guessed.output and "guessed from --params" in guessed.output
