@@ -26,9 +26,14 @@ ray = pytest.importorskip("ray")
 def fake_gpu_ray():
     if ray.is_initialized():
         ray.shutdown()
-    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":  # Ray refuses fake GPUs when none are visible
-        pytest.skip("CUDA_VISIBLE_DEVICES is empty: Ray cannot start with fake GPUs")
-    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False)
+    # Ray refuses fake GPUs when CUDA_VISIBLE_DEVICES is empty (an earlier test in the same
+    # process may leave it so): unset it while this module's instance starts, then put it back
+    hidden = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    try:
+        ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False)
+    finally:
+        if hidden is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
     yield
     ray.shutdown()
 
