@@ -1,4 +1,4 @@
-"""Rollouts on a two-node Ray cluster simulated on one machine (`ray.cluster_utils.Cluster`).
+"""Rollouts and training on a two-node Ray cluster simulated on one machine (`ray.cluster_utils.Cluster`).
 
 Each rollout actor has its own placement group, so two actors of one CPU each on two nodes of one
 CPU each must land one per node; the trajectories must equal those of a single-node run with the
@@ -6,6 +6,10 @@ same seed (the transformers backend draws each row from seeds of (run seed, step
 sample, turn), so where a question runs never matters). The local reference run is started while
 the cluster runs, which `ray.init()` without an address would have joined (Cluster records its
 address as the machine's latest), and a pool too big for the cluster fails by its deadline.
+
+A smoke training with a learner group of two ranks spread over both nodes (`train.placement_strategy:
+SPREAD`, gloo between the nodes' processes) exports the agent a one-rank run on a local instance
+exports.
 """
 
 from __future__ import annotations
@@ -110,3 +114,41 @@ def test_a_pool_bigger_than_the_cluster_fails_by_its_deadline_and_frees_what_it_
     while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == 2
+
+
+def test_a_learner_group_over_both_nodes_trains_the_agent_of_one_rank(two_nodes, home, warehouse, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.training import learner_group
+    from prompt_r1.training.session import TrainingSession
+
+    groups = []
+    opened = learner_group.LearnerGroup.__init__
+
+    def recording(self, *args, **kwargs):  # keeps each group, to read where its ranks ran
+        opened(self, *args, **kwargs)
+        groups.append(self)
+
+    monkeypatch.setattr(learner_group.LearnerGroup, "__init__", recording)
+    ingest(warehouse, ["data/sample"])
+    agents = {}
+    # four questions a step (two groups per rank), no validation rollouts; half a CPU per actor and
+    # per rank, so the cluster's 2 CPUs hold the rollout actor beside the ranks
+    settings = {"rollout.batch_questions": 4, "data.validation_fraction": 0, "train.dist_timeout_s": 120,
+                "rollout.cpus_per_worker": 0.5, "train.cpus_per_rank": 0.5, "rollout.ray_num_cpus": 2}
+    for name, layout in [("one-rank-local", {"train.world_size": 1}),
+                         ("two-nodes", {"train.world_size": 2, "train.placement_strategy": "SPREAD",
+                                        "rollout.ray_address": two_nodes.address})]:
+        if ray.is_initialized():
+            ray.shutdown()
+        cfg = load_config("configs/smoke.yaml", {**settings, **layout})
+        with TrainingSession(cfg, warehouse, name, home / "smoke" / name) as session:
+            outcome = session.run()
+        agents[name] = AutoModelForCausalLM.from_pretrained(outcome.agent).state_dict()
+    [group] = groups
+    nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert len(nodes) == 2 and {p["node_id"] for p in group.placements} == nodes  # one rank on each node
+    assert group.placements[0]["pid"] != group.placements[1]["pid"]
+    diff = max((agents["two-nodes"][k] - agents["one-rank-local"][k]).abs().max().item() for k in agents["two-nodes"])
+    assert diff < 1e-5, diff

@@ -247,6 +247,13 @@ class TrainConfig(StrictModel):
         "sharded, for full fine-tuning that does not fit one device; not with LoRA).",
     )
     cpus_per_rank: float = Field(1.0, gt=0, description="CPUs in each learner rank's placement bundle.")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK",
+        description="Ray placement strategy of the learner ranks' bundles: PACK keeps them on as few nodes as "
+        "possible (collectives stay inside a node), SPREAD puts them on different nodes where it can (one rank "
+        "per node), STRICT_* refuse anything else (a STRICT placement that cannot be met fails at "
+        "train.placement_timeout_s).",
+    )
     placement_timeout_s: float = Field(
         300.0, gt=0,
         description="Deadline for the learner ranks' placement group to be placed; past it the error names "
@@ -322,7 +329,8 @@ class EvalConfig(StrictModel):
 
 # `train` keys that say how the learner is laid out (ranks, placement, deadlines), not what it
 # computes: left out of `Config.hash`, the run's identity
-LAYOUT_KEYS = ("world_size", "strategy", "cpus_per_rank", "placement_timeout_s", "dist_timeout_s")
+LAYOUT_KEYS = ("world_size", "strategy", "cpus_per_rank", "placement_strategy", "placement_timeout_s",
+               "dist_timeout_s")
 
 
 class Config(StrictModel):

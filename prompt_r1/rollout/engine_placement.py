@@ -100,12 +100,12 @@ def actor_location() -> dict[str, Any]:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-def describe_location(index: int, where: dict[str, Any]) -> str:
-    """One log line per actor.
+def describe_location(index: int, where: dict[str, Any], role: str = "rollout actor") -> str:
+    """One log line per actor (rollout actors, learner ranks).
 
     >>> describe_location(0, {"node_id": "abcdef0123", "node_ip": "10.0.0.5", "gpu_ids": ["1"], "pid": 7})
     'rollout actor 0: node abcdef01 (10.0.0.5), GPUs [1], pid 7'
     """
     gpus = f"[{','.join(where['gpu_ids'])}]" if where["gpu_ids"] else "none"
-    return f"rollout actor {index}: node {where['node_id'][:8]} ({where['node_ip']}), GPUs {gpus}, pid {where['pid']}"
+    return f"{role} {index}: node {where['node_id'][:8]} ({where['node_ip']}), GPUs {gpus}, pid {where['pid']}"
 

@@ -2,7 +2,9 @@
 
 With `train.world_size` N > 1 the run's learner is N `LearnerRank` actors, each in its own
 bundle of a placement group (`reserve`: `train.cpus_per_rank` CPUs, and one GPU when the cluster
-has GPUs and `train.device` is not `cpu`). Rank 0 reports its node's address and a free port,
+has GPUs and `train.device` is not `cpu`; `train.placement_strategy` says whether the bundles pack
+onto few nodes or spread over many). Each rank reports where it landed (node, GPUs, pid:
+`LearnerGroup.placements`, logged at start). Rank 0 reports its node's address and a free port,
 every rank joins the process group there (`parallel.join_process_group`: nccl with CUDA, gloo
 otherwise) and builds the ordinary `GRPOLearner`, policy and reference included; the driver
 (`LearnerGroup`) holds no model. For each step the driver plans the batch's mini-batches, splits
@@ -21,7 +23,6 @@ any world size (`checkpoint`).
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
+from prompt_r1.rollout.engine_placement import describe_location
 from prompt_r1.rollout.placement import in_group, release, reserve
 from prompt_r1.rollout.ray_pool import SHUTDOWN_TIMEOUT_S, actor_env_vars
 from prompt_r1.training.batches import plan_mini_batches, split_plan
@@ -43,8 +45,11 @@ log = logging.getLogger(__name__)
 FAILURE_GRACE_S = 5.0  # after one rank fails, how long to wait for the others' errors (to find the cause)
 
 
-class LearnerRankError(RuntimeError):
-    """A learner rank died, failed or passed `train.dist_timeout_s`; `ranks` are the ranks named."""
+class LearnerRankError(UserError, RuntimeError):
+    """A learner rank died, failed or passed `train.dist_timeout_s`; `ranks` are the ranks named.
+
+    A `UserError`: the CLI ends on its message (exit 2) rather than a traceback, because what to do
+    next is the user's (look at the rank's node, then `--resume`)."""
 
     def __init__(self, message: str, ranks: list[int]):
         super().__init__(message)
@@ -71,15 +76,17 @@ class LearnerRank:
             port = probe.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def setup(self, host: str, port: int) -> int:
-        """Join the process group, then build the learner (sharded under fsdp); returns the pid."""
+    def setup(self, host: str, port: int) -> dict[str, Any]:
+        """Join the process group, then build the learner (sharded under fsdp); returns where this
+        rank runs (`engine_placement.actor_location`: node, GPU ids, pid)."""
+        from prompt_r1.rollout.engine_placement import actor_location
         from prompt_r1.training.learner import GRPOLearner
         from prompt_r1.training.parallel import join_process_group
 
         ranks = join_process_group(self.cfg.train.strategy, self.rank, self.world_size, host, port,
                                    torch.device(self.device), self.cfg.train.dist_timeout_s)
         self.learner = GRPOLearner(self.cfg, self.model_path, device=self.device, ranks=ranks)
-        return os.getpid()
+        return actor_location()
 
     def step(self, trajectories: list[Trajectory], plan: list[list[str]]) -> dict[str, float]:
         return self.learner.step(trajectories, plan)
@@ -126,6 +133,7 @@ class LearnerGroup:
         train = cfg.train
         self.cfg, self.world_size, self.timeout_s = cfg, train.world_size, train.dist_timeout_s
         self.actors: list[Any] = []
+        self.placements: list[dict[str, Any]] = []  # per rank: node_id, node_ip, gpu_ids, pid
         self.group = None
         self.closed = False
         self.waiting = False  # inside a call on the ranks (left True when one is interrupted)
@@ -135,9 +143,11 @@ class LearnerGroup:
             self.group = reserve(
                 [{"CPU": train.cpus_per_rank, "GPU": gpus}] * self.world_size,
                 what=f"the learner group ({self.world_size} ranks)", timeout_s=train.placement_timeout_s,
-                field="train.placement_timeout_s",
+                field="train.placement_timeout_s", strategy=train.placement_strategy,
                 fix="Lower train.world_size or train.cpus_per_rank, free the resources other Ray jobs hold, or add "
-                    "nodes" + ("" if gpus == 0 else " (train.device: cpu places the ranks without GPUs)"))
+                    "nodes" + ("" if gpus == 0 else " (train.device: cpu places the ranks without GPUs)")
+                    + ("" if not train.placement_strategy.startswith("STRICT") else
+                       f"; train.placement_strategy {train.placement_strategy} may be more than the cluster allows"))
             actor_class = ray.remote(LearnerRank)
             self.actors = [
                 actor_class.options(num_cpus=train.cpus_per_rank, num_gpus=gpus,
@@ -146,13 +156,15 @@ class LearnerGroup:
                     cfg, str(model_path), rank, self.world_size, device)
                 for rank in range(self.world_size)]
             ((host, port),) = self._gather([self.actors[0].rendezvous.remote()], "reporting rank 0's address", [0])
-            self._gather([a.setup.remote(host, port) for a in self.actors],
-                         "joining the process group and loading the model")
+            self.placements = self._gather([a.setup.remote(host, port) for a in self.actors],
+                                           "joining the process group and loading the model")
         except BaseException:
             self.close()
             raise
         log.info("learner group: %d ranks (%s, %s) joined at %s:%d", self.world_size, train.strategy, device,
                  host, port)
+        for rank, where in enumerate(self.placements):
+            log.info("%s", describe_location(rank, where, role="learner rank"))
 
     # -- the learner interface ------------------------------------------------------------------
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
