@@ -140,8 +140,11 @@ def test_pool_of_two_actors_and_weight_broadcast(local_ray, tiny_model_path, hom
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(0)
-        state = {k: v + 0.5 * torch.randn_like(v)
-                 for k, v in AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict().items()}
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+        with torch.no_grad():  # per parameter, so tied copies (lm_head = embeddings) stay equal, as a learner's do
+            for param in model.parameters():
+                param.add_(0.5 * torch.randn_like(param))
+        state = model.state_dict()
         from prompt_r1.core.weights import WeightUpdate
 
         update = WeightUpdate.make(1, "full", state)
