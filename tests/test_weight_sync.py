@@ -326,3 +326,21 @@ def test_a_lora_training_run_records_the_version_of_every_trajectory(home, wareh
                            "GROUP BY ALL ORDER BY step")
     per_step = cfg.rollout.batch_questions * cfg.rollout.group_size
     assert rows == [(step, step, per_step) for step in range(cfg.train.steps)]  # step s sampled by version s
+
+
+def test_a_warehouse_made_before_versions_gains_the_column(tmp_path):
+    import duckdb
+
+    from prompt_r1.core.trajectory import Trajectory
+    from prompt_r1.training.session import trajectory_rows
+    from warehouse.store import Warehouse
+
+    path = tmp_path / "old.duckdb"
+    with Warehouse(path):
+        pass
+    with duckdb.connect(str(path)) as con:  # the file as it was before policy versions
+        con.execute("ALTER TABLE trajectories DROP COLUMN policy_version")
+    with Warehouse(path) as wh:
+        rows, calls = trajectory_rows([Trajectory("q1", 0, [1], [2], [1], [0.0], ["a"], policy_version=3)])
+        wh.replace_step("r", 0, rows, calls)
+        assert wh.query("SELECT policy_version FROM trajectories WHERE run_id = 'r'") == [(3,)]
