@@ -9,8 +9,8 @@ the one-process learner, in the same process, on the same batch:
   `--ranks`: one warm-up step, then `--steps` timed steps on the same batch;
 - step time and tokens/s (prompt + response tokens of the batch per second of the driver's wall
   clock), each as a ratio to the baseline;
-- the weight broadcast the session does after every step: `state_dict_for_broadcast()` (for a
-  group: gathered on rank 0 and sent to the driver) plus the one `ray.put` the rollout pool makes,
+- the weight broadcast the session does after every step: `weights_for_sync()` (for a
+  group: gathered on rank 0 and sent to the driver; the checksum included) plus the one `ray.put` the rollout pool makes,
   against the model's size in MiB, again as a ratio to the baseline.
 
 On this project's CPU machines more ranks share the same few cores, so expect ratios below 1 for
@@ -97,10 +97,10 @@ def measure(learner, batch: list, steps: int) -> dict[str, float]:
         times.append(time.perf_counter() - start)
     step_s = sorted(times)[len(times) // 2]
     start = time.perf_counter()
-    state = learner.state_dict_for_broadcast()
-    ray.put(state)  # what RolloutPool.broadcast adds before the workers load it
+    update = learner.weights_for_sync(1)
+    ray.put(update)  # what RolloutPool.broadcast adds before the workers load it
     broadcast_s = time.perf_counter() - start
-    mib = sum(v.numel() * v.element_size() for v in state.values()) / 2**20
+    mib = update.nbytes / 2**20
     return {"step_s": step_s, "tokens_per_s": tokens / step_s, "broadcast_s": broadcast_s, "weights_mib": mib}
 
 

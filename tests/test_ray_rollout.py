@@ -140,11 +140,18 @@ def test_pool_of_two_actors_and_weight_broadcast(local_ray, tiny_model_path, hom
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(0)
-        state = {k: v + 0.5 * torch.randn_like(v)
-                 for k, v in AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict().items()}
-        pool.broadcast(state)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+        with torch.no_grad():  # per parameter, so tied copies (lm_head = embeddings) stay equal, as a learner's do
+            for param in model.parameters():
+                param.add_(0.5 * torch.randn_like(param))
+        state = model.state_dict()
+        from prompt_r1.core.weights import WeightUpdate
+
+        update = WeightUpdate.make(1, "full", state)
+        assert pool.broadcast(update) == [{"version": 1, "checksum": update.checksum}] * 2
         after = pool.rollout(batch, step=0)
         assert len(after) == len(first)
+        assert {t.policy_version for t in first} == {0} and {t.policy_version for t in after} == {1}
         changed = [a.token_ids != b.token_ids for a, b in zip(after, first)]
         assert changed[0] and changed[-1]  # both actors took the new weights
 

@@ -168,9 +168,10 @@ def test_a_real_pool_reports_its_place_and_the_driver_never_calls_cuda(fake_gpu_
     from transformers import AutoModelForCausalLM
 
     from prompt_r1.core.questions import QuestionRow
+    from prompt_r1.core.weights import WeightUpdate
     from prompt_r1.rollout.ray_pool import RolloutPool
 
-    state = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
+    state = WeightUpdate.make(1, "full", AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict())
     touched: list[str] = []
     for name in ("is_available", "device_count", "current_device", "set_device", "init", "_lazy_init",
                  "synchronize", "empty_cache", "mem_get_info", "get_device_properties"):

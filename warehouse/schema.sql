@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS trajectories (
     stop_reason     VARCHAR NOT NULL,
     created_at      TIMESTAMP NOT NULL,
     error           VARCHAR,               -- a failed environment call ended it (stop_reason env_error)
+    policy_version  INTEGER,               -- GRPO updates in the weights that sampled it (NULL: recorded before versions)
     PRIMARY KEY (run_id, step, question_id, group_index)
 );
 
@@ -145,3 +146,6 @@ ALTER TABLE eval_results ALTER COLUMN ssim DROP NOT NULL;
 -- Warehouses made before results carried intervals.
 ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS ci_low DOUBLE;
 ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS ci_high DOUBLE;
+
+-- Warehouses made before weight syncs were versioned: trajectories of those runs keep NULL.
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS policy_version INTEGER;

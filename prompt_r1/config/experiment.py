@@ -155,7 +155,11 @@ class RolloutConfig(StrictModel):
         "to start and load the policy (a cluster without the free CPUs or GPUs for `num_workers` actors fails "
         "with a message naming what is missing instead of waiting).")
     rollout_timeout_s: float = Field(
-        3600.0, gt=0, description="Deadline for the actors to finish one rollout batch or load new weights.")
+        3600.0, gt=0, description="Deadline for the actors to finish one rollout batch.")
+    sync_timeout_s: float = Field(
+        600.0, gt=0, description="Deadline for every rollout engine to load a weight sync and answer with its "
+        "policy version and weights checksum; an engine that has not answered by then, or answers with another "
+        "version or checksum, stops the run with an error naming it.")
 
 
 class RewardConfig(StrictModel):

@@ -3,7 +3,9 @@
 A `Trajectory` is one sampled multi-turn episode for one question: the response token ids
 exactly as sampled (agent tokens) or inserted (environment/template tokens), a loss mask that
 is 1 only on agent-sampled tokens, the sampling log-probs, the texts of each side, the final
-answer (from the agent's text only) and its reward. `EnvCall` records one environment call.
+answer (from the agent's text only), its reward, and the policy version that sampled it (the
+number of GRPO updates in the weights the rollout engine held, see `core.weights`). `EnvCall`
+records one environment call.
 
 Trajectories travel as these objects everywhere in the library (Ray pickles them); they become
 rows only at the edges: `to_record` / `env_call_records` for the warehouse and JSON lines, and
@@ -51,6 +53,7 @@ class Trajectory:
     env_calls: list[EnvCall] = field(default_factory=list)
     stop_reason: str = ""                 # answered / max_turns / token_budget / invalid_turn / env_error
     error: str | None = None              # why an environment call ended it (stop_reason env_error): no reward
+    policy_version: int = 0               # GRPO updates applied to the weights that sampled it (stamped by the engine)
 
     def to_record(self) -> dict[str, Any]:
         """JSON-able dict (the `rollout --out` line and the warehouse row)."""

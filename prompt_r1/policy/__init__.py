@@ -36,5 +36,6 @@ def make_policy(agent_cfg: AgentConfig, model_path: str | Path, seed: int = 0) -
         return VLLMPolicy(model_path, temperature=agent_cfg.temperature, top_p=agent_cfg.top_p,
                           dtype=agent_cfg.dtype, seed=seed, max_num_seqs=agent_cfg.vllm_max_num_seqs,
                           max_model_len=agent_cfg.vllm_max_model_len,
-                          tensor_parallel_size=agent_cfg.tensor_parallel_size)
+                          tensor_parallel_size=agent_cfg.tensor_parallel_size,
+                          lora_rank=agent_cfg.lora.r if agent_cfg.lora.enabled else None)
     raise ValueError(f"agent.backend must be `transformers` or `vllm`, got {agent_cfg.backend!r}")

@@ -32,7 +32,13 @@ from typing import Any
 
 import torch
 
+from prompt_r1.core.failures import UserError
 from prompt_r1.core.protocol import STOP_STRINGS
+from prompt_r1.core.weights import WeightUpdate, weights_checksum
+
+
+class UnsupportedUpdate(UserError, ValueError):
+    """A policy backend cannot take this kind of weight update (the message names the setting to change)."""
 
 
 @dataclass
@@ -71,6 +77,16 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replace the model weights (HF parameter names) without rebuilding the policy."""
+
+    def apply_update(self, update: WeightUpdate) -> str:
+        """Take one weight sync (`core.weights`) and return the checksum of what the policy now
+        uses. Default: full weights through `load_weights`, checksummed as received (a backend
+        that can read its weights back overrides this); adapters need a backend that has them."""
+        if update.kind != "full":
+            raise UnsupportedUpdate(f"{type(self).__name__} cannot take a LoRA adapter (agent.lora.enabled); "
+                                    "use agent.backend transformers or vllm")
+        self.load_weights(update.tensors)
+        return weights_checksum(update.tensors)
 
     def close(self) -> None:
         """Release the backend's resources (engines, memory); default: nothing to do."""

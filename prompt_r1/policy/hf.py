@@ -17,6 +17,10 @@ large groups, exact only up to that noise).
 Stopping: a row stops when the decoded tail of its sampled ids contains a stop string (works
 whether `</answer>` is one token, as in the tiny test tokenizer, or several, as in SmolLM2's), when
 it samples EOS / `<|im_end|>` (kept in `token_ids`, see `policy/base.py`), or at its own limit.
+
+LoRA: the first adapter sync (`apply_update`, kind `adapter`) wraps the model in PEFT with the
+LoraConfig that came with it (the learner's), and every sync then loads only the adapter tensors;
+generation runs base + adapter, unmerged, as the learner computes it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds
 from prompt_r1.core.protocol import STOP_STRINGS
 from prompt_r1.core.tokens import left_pad, pad_token_id, stop_token_ids, torch_dtype
+from prompt_r1.core.weights import WeightUpdate, weights_checksum
 from prompt_r1.models.bundled import model_load_errors
 
 log = logging.getLogger(__name__)
@@ -62,6 +67,7 @@ class TransformersPolicy(Policy):
         self.tail_tokens = max(len(s) for s in self.stop_strings)
         self.batch_invariant = batch_invariant
         self.deterministic = batch_invariant
+        self.adapter_config: dict[str, Any] | None = None  # set when the first LoRA adapter arrives
 
     # -- sampling ---------------------------------------------------------------------------
     def _sample_next(self, logits: torch.Tensor, generators: list[torch.Generator],
@@ -150,6 +156,8 @@ class TransformersPolicy(Policy):
     # -- weights ----------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy new weights in place (cast to this model's dtype); tied copies may be omitted."""
+        if self.adapter_config is not None:
+            raise ValueError("load_weights: this policy runs a LoRA adapter; sync adapters with apply_update")
         own = self.model.state_dict()
         unexpected = sorted(set(state_dict) - set(own))
         if unexpected:
@@ -164,6 +172,43 @@ class TransformersPolicy(Policy):
             raise ValueError(f"load_weights: {len(missing)} parameters missing, e.g. {missing[:3]}")
         with self._lock:
             self.model.load_state_dict(state_dict, strict=False)
+
+    def apply_update(self, update: WeightUpdate) -> str:
+        """Take one weight sync; the checksum is read back from the model after loading: for full
+        weights its own tensors under the sent names (held in `agent.dtype`, the dtype they are
+        sent in), for an adapter the PEFT adapter tensors (`get_peft_model_state_dict`)."""
+        if update.kind == "full":
+            if self.adapter_config is not None:
+                raise ValueError("this policy runs a LoRA adapter: full weights cannot replace it (a run syncs one "
+                                 "kind: agent.lora.enabled decides)")
+            self.load_weights(update.tensors)
+            own = self.model.state_dict()
+            return weights_checksum({name: own[name] for name in update.tensors})
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+        assert update.adapter_config is not None  # WeightUpdate.make checks it
+        with self._lock:
+            self._wrap_in_adapter(update.adapter_config)
+            expected = set(get_peft_model_state_dict(self.model))
+            if set(update.tensors) != expected:
+                raise ValueError(f"adapter tensors do not fit this policy's adapter: missing "
+                                 f"{sorted(expected - set(update.tensors))[:3]}, unknown "
+                                 f"{sorted(set(update.tensors) - expected)[:3]} (same agent.model and agent.lora?)")
+            set_peft_model_state_dict(self.model, update.tensors)
+            return weights_checksum(get_peft_model_state_dict(self.model))
+
+    def _wrap_in_adapter(self, adapter_config: dict[str, Any]) -> None:
+        """Wrap the model in PEFT with the learner's LoraConfig, once (later syncs only load tensors)."""
+        if self.adapter_config is not None:
+            if adapter_config != self.adapter_config:
+                raise ValueError("the adapter's LoraConfig changed between syncs; a run keeps one agent.lora")
+            return
+        from peft import PeftConfig, get_peft_model
+
+        config = PeftConfig.from_peft_type(**adapter_config)
+        config.inference_mode = True
+        self.model = get_peft_model(self.model, config).eval()
+        self.adapter_config = dict(adapter_config)
 
     def state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()

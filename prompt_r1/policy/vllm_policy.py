@@ -21,6 +21,12 @@ ranks as local processes (`distributed_executor_backend="mp"`); left to itself i
 placement group it would pick its Ray executor and look for one bundle per GPU. Not yet run on
 GPUs here; weight reload then goes to the rank processes through `collective_rpc`.
 
+LoRA (`lora_rank`, from `agent.lora.r` when `agent.lora.enabled`): the engine starts with
+`enable_lora` and each adapter sync is written to a temporary folder (safetensors +
+adapter_config.json) and loaded as `LoRARequest("v<version>", version + 1, folder)`; generation
+uses the newest one, and the previous version is removed from the engine once the new one is
+loaded (the schedule is synchronous: no rollout still uses it).
+
 Memory: on GPU the engine takes `gpu_memory_utilization` of the device. On CPU it gets an absolute
 KV cache sized for `max_num_seqs` sequences of `max_model_len` tokens (`models.kv_cache`) and runs
 at most that many sequences at once: vLLM's CPU default (that share of RAM minus what the process
@@ -29,8 +35,11 @@ already holds) refuses to start in a process that already holds a few GB.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,7 +47,8 @@ import torch
 
 from prompt_r1.core.protocol import STOP_STRINGS
 from prompt_r1.models.kv_cache import model_kv_cache_bytes
-from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds
+from prompt_r1.core.weights import WeightUpdate, weights_checksum
+from prompt_r1.policy.base import Policy, Sample, UnsupportedUpdate, per_row_limits, per_row_seeds
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +70,7 @@ class VLLMPolicy(Policy):
         max_model_len: int = 4096,
         max_num_seqs: int = 16,
         tensor_parallel_size: int = 1,
+        lora_rank: int | None = None,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
@@ -79,13 +90,19 @@ class VLLMPolicy(Policy):
             memory = {"kv_cache_memory_bytes": kv_bytes, "max_num_seqs": max_num_seqs}
             log.info("vLLM agent engine on CPU: KV cache %.2f GiB for %d sequences of %d tokens",
                      kv_bytes / 2**30, max_num_seqs, max_model_len)
+        lora: dict[str, int | bool] = {}
+        if lora_rank is not None:  # adapters are synced as LoRA requests (`apply_update`)
+            lora = {"enable_lora": True, "max_lora_rank": vllm_lora_rank(lora_rank), "max_loras": 1}
+        self.lora_enabled = lora_rank is not None
+        self._adapter_dir: tempfile.TemporaryDirectory | None = None
+        self._lora_request = None  # the adapter version generation uses (None: base weights)
         parallel: dict[str, int | str] = {}
         if tensor_parallel_size > 1:  # ranks as local processes on the GPUs Ray gave this actor (one bundle)
             parallel = {"tensor_parallel_size": tensor_parallel_size, "distributed_executor_backend": "mp"}
         self.llm = LLM(
             # vLLM seeds numpy with it, which takes 32 bits; the project's seeds are 63-bit
             model=self.model_path, dtype=dtype, seed=seed % 2**32, enforce_eager=True, max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs", enable_prefix_caching=True, **memory, **parallel,
+            logprobs_mode="processed_logprobs", enable_prefix_caching=True, **memory, **parallel, **lora,
         )
         self.tokenizer = self.llm.get_tokenizer()
 
@@ -115,7 +132,7 @@ class VLLMPolicy(Policy):
             params = [self._params(limit, seed if self.per_request_seeds else None)
                       for seed, limit in zip(row_seeds, limits)]
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                        params, use_tqdm=False)
+                                        params, use_tqdm=False, lora_request=self._lora_request)
         samples = []
         for output in outputs:
             completion = output.outputs[0]
@@ -134,7 +151,58 @@ class VLLMPolicy(Policy):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
             self.llm.reset_prefix_cache()
 
+    def apply_update(self, update: WeightUpdate) -> str:
+        """Take one weight sync. vLLM cannot hand its weights back (they are fused, e.g. q/k/v into
+        one matrix, and sharded under tensor parallelism), so the checksum is of what this process
+        gave the engine: for full weights the tensors received from the learner (it shows the
+        transfer intact, not the engine's copy); for an adapter the tensors read back from the
+        safetensors file the engine loaded the adapter from."""
+        if update.kind == "full":
+            if self._lora_request is not None:
+                raise ValueError("this engine runs a LoRA adapter: full weights cannot replace it (a run syncs "
+                                 "one kind: agent.lora.enabled decides)")
+            self.load_weights(update.tensors)
+            return weights_checksum(update.tensors)
+        if not self.lora_enabled:
+            raise UnsupportedUpdate("this vLLM engine was started without LoRA: set agent.lora.enabled before the "
+                                    "rollout actors start")
+        from safetensors.torch import load_file, save_file
+        from vllm.lora.request import LoRARequest
+
+        if self._adapter_dir is None:
+            self._adapter_dir = tempfile.TemporaryDirectory(prefix="prompt-r1-lora-")
+        folder = Path(self._adapter_dir.name) / f"v{update.version}"
+        folder.mkdir(exist_ok=True)
+        save_file({k: v.contiguous() for k, v in update.tensors.items()}, str(folder / "adapter_model.safetensors"))
+        (folder / "adapter_config.json").write_text(json.dumps(update.adapter_config, indent=1))
+        # a fresh id per version (vLLM caches adapters by id); reloaded in place if it is resent
+        request = LoRARequest(f"v{update.version}", update.version + 1, str(folder), load_inplace=True)
+        with self._lock:
+            previous, self._lora_request = self._lora_request, request
+            self.llm.llm_engine.add_lora(request)  # now, so a bad adapter fails the sync, not a rollout
+            if previous is not None and previous.lora_int_id != request.lora_int_id:
+                self.llm.llm_engine.remove_lora(previous.lora_int_id)  # no rollout uses it any more
+                shutil.rmtree(previous.lora_path, ignore_errors=True)
+            self.llm.reset_prefix_cache()
+        return weights_checksum(load_file(str(folder / "adapter_model.safetensors")))
+
     def close(self) -> None:
         engine = getattr(self, "llm", None)
         if engine is not None:
             del self.llm
+        if getattr(self, "_adapter_dir", None) is not None:
+            self._adapter_dir.cleanup()
+            self._adapter_dir = None
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds an adapter of rank `rank`.
+
+    >>> vllm_lora_rank(16), vllm_lora_rank(4), vllm_lora_rank(17)
+    (16, 8, 32)
+    """
+    allowed = (8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks (1 too, but no adapter here is rank 1)
+    for value in allowed:
+        if value >= rank:
+            return value
+    raise UnsupportedUpdate(f"agent.lora.r={rank}: vLLM takes LoRA ranks up to {allowed[-1]}")

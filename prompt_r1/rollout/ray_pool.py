@@ -2,9 +2,12 @@
 
 The driver (trainer or CLI) owns a `RolloutPool`. A batch of questions is split into contiguous
 chunks (whole GRPO groups stay in one actor), each `RolloutWorker` runs `rollout_batch` on its
-chunk and returns the `Trajectory` objects (Ray pickles them, as it does the questions and the
+chunk and returns the `Trajectory` objects, each stamped with the policy version the actor holds (Ray pickles them, as it does the questions and the
 config); the driver alone writes them to DuckDB and MLflow, so actors never open the warehouse (and therefore keep no environment reply cache). After a GRPO
-step `broadcast` puts the new weights in the object store once and every actor loads them.
+step `broadcast` puts the new weights (a versioned, checksummed `core.weights.WeightUpdate`: full
+weights, or the LoRA adapter alone) in the object store once, every actor loads them and answers
+with its version and checksum, and any answer that differs, fails or comes late is an error
+naming the actor (`WeightSyncError`).
 
 Environment clients: `inprocess` and `openai` environments are built inside each actor. A
 `vllm` environment is a server the driver starts (`actor_environment`); actors reach it as
@@ -39,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 
 from prompt_r1.config.experiment import Config, RolloutConfig
 from prompt_r1.config.env import EnvConfig
@@ -48,6 +50,7 @@ from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.signals import sigterm_kept
 from prompt_r1.core.trajectory import Trajectory
+from prompt_r1.core.weights import WeightUpdate
 from prompt_r1.rollout.engine_placement import (actor_location, actor_options, describe_location, place_engines,
                                                 release_all)
 from prompt_r1.rollout.placement import describe
@@ -69,6 +72,11 @@ def actor_env_vars() -> dict[str, str]:
 
 class RayWaitError(UserError, RuntimeError):
     """A Ray wait passed its deadline, or Ray could not be reached; the message says what to change."""
+
+
+class WeightSyncError(RayWaitError):
+    """A rollout engine did not take a weight sync: no answer within `rollout.sync_timeout_s`, a
+    failed load, or another version or checksum than the learner sent; the message names it."""
 
 
 def address_host_port(address: str) -> tuple[str, int] | None:
@@ -209,6 +217,7 @@ class RolloutWorker:
             raise ValueError("a rollout actor cannot start a vLLM server; start it in the driver with "
                              "prompt_r1.rollout.ray_pool.actor_environment() and pass kind=openai")
         self.policy = make_policy(self.cfg.agent, model_path, seed=seed)
+        self.version = 0  # updates applied to the weights it samples with (`load_weights` advances it)
         self._loop = asyncio.new_event_loop()
         self._stack = contextlib.ExitStack()
         self.env = self._open_environment(env_factory)
@@ -228,13 +237,19 @@ class RolloutWorker:
         from prompt_r1.rollout.episode import rollout_batch
 
         with _temperature(self.policy, 0.0 if greedy else None):
-            return self._loop.run_until_complete(rollout_batch(
+            trajectories = self._loop.run_until_complete(rollout_batch(
                 self.policy, self.env, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
                 group_size=group_size, seed=seed, step=step, score=score))
+        for trajectory in trajectories:  # the engine's own version, not the driver's idea of it
+            trajectory.policy_version = self.version
+        return trajectories
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> bool:
-        self.policy.load_weights(state_dict)
-        return True
+    def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
+        """Apply one weight sync; answers with the version now held and the checksum of what the
+        engine now uses (`Policy.apply_update` says what each backend can read back)."""
+        checksum = self.policy.apply_update(update)
+        self.version = update.version
+        return {"version": self.version, "checksum": checksum}
 
     def ping(self) -> int:
         return os.getpid()
@@ -322,12 +337,48 @@ class RolloutPool:
                             "answering is retried for up to environment.call_deadline_s per call)")
         return [t for trajectories in results for t in trajectories]
 
-    def broadcast(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load new weights in every actor (one copy in the object store)."""
-        ref = ray.put({name: tensor.detach().cpu() for name, tensor in state_dict.items()})
-        self._get([w.load_weights.remote(ref) for w in self.workers], self.cfg.rollout.rollout_timeout_s,
-                  "rollout_timeout_s", f"loading new weights in {len(self.workers)} actors",
-                  "an actor is stuck or out of memory (see the Ray logs)")
+    def broadcast(self, update: WeightUpdate) -> list[dict[str, Any]]:
+        """Load a weight sync in every actor (one copy in the object store) and verify each one's
+        answer: the sent version and checksum, within `rollout.sync_timeout_s` from the send. An
+        actor that fails, does not answer in time, or answers otherwise raises `WeightSyncError`
+        naming it; returns the answers (one per actor, in order)."""
+        timeout_s = self.cfg.rollout.sync_timeout_s
+        ref = ray.put(update)
+        refs = [w.load_weights.remote(ref) for w in self.workers]
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        late = [index for index, r in enumerate(refs) if r in pending]
+        if late:
+            self._stuck = True  # their queues are blocked: shutdown kills them without waiting
+            raise WeightSyncError(
+                f"weight sync of policy version {update.version}: {self._engines(late)} did not answer within "
+                f"{timeout_s:g}s (rollout.sync_timeout_s); raise it for big models or slow networks, or see the "
+                "Ray logs of that actor's node (stuck or out of memory)")
+        replies = []
+        for index, r in enumerate(refs):
+            try:
+                replies.append(ray.get(r, timeout=0))
+            except ray.exceptions.RayError as err:
+                cause = getattr(err, "cause", None) or err  # the actor's own exception, without Ray's frame dump
+                raise WeightSyncError(f"weight sync of policy version {update.version}: {self._engines([index])} "
+                                      f"failed to load it: {type(cause).__name__}: {cause}; see that actor's log "
+                                      "for the traceback") from err
+        wrong = [index for index, reply in enumerate(replies) if reply != update.reply()]
+        if wrong:
+            got = "; ".join(f"engine {i} answered version {replies[i]['version']} checksum {replies[i]['checksum']}"
+                            for i in wrong)
+            raise WeightSyncError(
+                f"weight sync of policy version {update.version} (checksum {update.checksum}): {self._engines(wrong)} "
+                f"now use other weights ({got}); its rollouts would not come from the learner's policy. Check that "
+                "the actors run the same agent.model, agent.dtype and agent.lora as the learner, then resume the run")
+        log.info("weight sync: policy version %d (%s, %.1f MB, checksum %s) verified on %d engine(s)",
+                 update.version, update.kind, update.nbytes / 1e6, update.checksum[:12], len(replies))
+        return replies
+
+    def _engines(self, indices: Sequence[int]) -> str:
+        """Rollout engines by index, node and pid (`placements`), for error messages."""
+        where = [f"rollout engine {i} (node {self.placements[i]['node_ip']}, pid {self.placements[i]['pid']})"
+                 if i < len(self.placements) else f"rollout engine {i}" for i in indices]
+        return ", ".join(where)
 
     def shutdown(self) -> None:
         """Each actor's own clean-up, then `ray.kill`; stuck actors (a deadline passed: their queue

@@ -40,6 +40,7 @@ from prompt_r1.core.grpo import group_advantages, policy_loss, token_logprobs
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import torch_dtype
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
+from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
 from prompt_r1.training.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids,
                                         plan_mini_batches, question_order)
@@ -308,9 +309,25 @@ class GRPOLearner:
 
     # -- weights out ---------------------------------------------------------------------------
     @torch.no_grad()
+    def weights_for_sync(self, version: int) -> WeightUpdate | None:
+        """The weight sync for the rollout engines, as policy `version` (updates applied): under
+        LoRA the adapter alone (PEFT's `get_peft_model_state_dict`, float32, a few MB) with its
+        LoraConfig, else the full weights of `state_dict_for_broadcast`. Checksummed here (see
+        `core.weights`). Under FSDP every rank must call it; rank 0 gets the update, others None."""
+        if not self.use_lora:
+            full = self.state_dict_for_broadcast()
+            return WeightUpdate.make(version, "full", full) if full else None
+        from peft import get_peft_model_state_dict
+
+        adapter = {k: v.detach().to("cpu", torch.float32, copy=True)
+                   for k, v in get_peft_model_state_dict(self.model).items()}
+        return WeightUpdate.make(version, "adapter", adapter, peft_config_dict(self.model.peft_config["default"]))
+
+    @torch.no_grad()
     def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
         """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched), on
-        CPU in the rollout dtype (`agent.dtype`): what the policies hold, at half the transfer for bf16.
+        CPU in the rollout dtype (`agent.dtype`): the full-weight sync (`weights_for_sync`), and
+        under LoRA the merged model that engines running the adapter must match.
         Under FSDP every rank must call it (the weights are gathered); rank 0 gets them, others `{}`."""
         dtype = torch_dtype(self.cfg.agent.dtype)
         if not self.use_lora:

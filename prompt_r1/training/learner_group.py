@@ -35,6 +35,7 @@ from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
+from prompt_r1.core.weights import WeightUpdate
 from prompt_r1.rollout.engine_placement import describe_location
 from prompt_r1.rollout.placement import in_group, release, reserve
 from prompt_r1.rollout.ray_pool import SHUTDOWN_TIMEOUT_S, actor_env_vars
@@ -90,6 +91,10 @@ class LearnerRank:
 
     def step(self, trajectories: list[Trajectory], plan: list[list[str]]) -> dict[str, float]:
         return self.learner.step(trajectories, plan)
+
+    def weights_for_sync(self, version: int) -> WeightUpdate | None:
+        update = self.learner.weights_for_sync(version)
+        return update if self.rank == 0 else None
 
     def state_dict_for_broadcast(self) -> dict[str, torch.Tensor] | None:
         state = self.learner.state_dict_for_broadcast()
@@ -182,8 +187,13 @@ class LearnerGroup:
         metrics.update(rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap))  # the whole batch's
         return metrics
 
+    def weights_for_sync(self, version: int) -> WeightUpdate:
+        """Rank 0's weight sync for the rollout workers (gathered by every rank under fsdp)."""
+        actors = self.actors if self.cfg.train.strategy == "fsdp" else self.actors[:1]
+        return self._gather([a.weights_for_sync.remote(version) for a in actors], "gathering the weights")[0]
+
     def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
-        """Rank 0's full weights for the rollout workers (gathered by every rank under fsdp)."""
+        """Rank 0's full (merged) weights (gathered by every rank under fsdp)."""
         actors = self.actors if self.cfg.train.strategy == "fsdp" else self.actors[:1]
         return self._gather([a.state_dict_for_broadcast.remote() for a in actors], "gathering the weights")[0]
 

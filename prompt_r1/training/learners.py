@@ -1,7 +1,7 @@
 """The one interface a training run has to its learner, whether it lives in this process or in N ranks.
 
 `TrainingSession` talks to its learner only through `Learner`: `step` (one GRPO update on a
-rollout batch), `state_dict_for_broadcast` (the weights for the rollout workers),
+rollout batch), `weights_for_sync` (the versioned weights for the rollout workers),
 `save_checkpoint` / `load_checkpoint` (the world-size-independent format of `checkpoint`) and
 `close`. `open_learner` gives the right one for `train.world_size`:
 
@@ -16,10 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.trajectory import Trajectory
+from prompt_r1.core.weights import WeightUpdate
 
 
 class Learner(Protocol):
@@ -29,8 +28,8 @@ class Learner(Protocol):
         """One GRPO update; returns its metrics."""
         ...
 
-    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
-        """Plain HF weights (LoRA merged) on CPU in `agent.dtype`, for the rollout workers."""
+    def weights_for_sync(self, version: int) -> WeightUpdate:
+        """The rollout engines' weight sync as policy `version`: full weights, or the LoRA adapter alone."""
         ...
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, data_position: dict[str, Any]) -> Path:
@@ -58,8 +57,10 @@ class LocalLearner:
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
         return self.learner.step(trajectories)
 
-    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
-        return self.learner.state_dict_for_broadcast()
+    def weights_for_sync(self, version: int) -> WeightUpdate:
+        update = self.learner.weights_for_sync(version)
+        assert update is not None  # a learner alone is rank 0
+        return update
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, data_position: dict[str, Any]) -> Path:
         from prompt_r1.training.checkpoint import save_checkpoint

@@ -10,6 +10,11 @@ with no repeated or skipped data; it continues only the same run (same config an
 pool, see `run_record`) unless forced. The learner is this process or `train.world_size` Ray
 ranks, behind one interface (`learners.Learner`); checkpoints resume at any world size.
 
+Policy versions: the weights after `step` updates are policy version `step`; every sync
+(`broadcast`) sends that version and each trajectory comes back stamped with the version that
+sampled it, so a step's metrics carry `policy_age_mean` / `policy_age_max` (updates between the
+sampling weights and the learner's; 0 in this synchronous schedule).
+
 Environment failures: trajectories ended by a failed environment call are recorded but left out
 of the update and of validation scores; a step (or a validation) whose share of failed calls
 passes `environment.max_error_rate` stops the run with `EnvironmentFailure` before its update
@@ -135,6 +140,17 @@ def usable_for_update(trajectories: list[Trajectory]) -> list[Trajectory]:
     for t in ok:
         sizes[t.question_id] = sizes.get(t.question_id, 0) + 1
     return [t for t in ok if sizes[t.question_id] >= 2]
+
+
+def policy_age(trajectories: list[Trajectory], version: int) -> dict[str, float]:
+    """How many updates behind the learner's `version` the sampling weights were (mean, max).
+
+    >>> ts = [Trajectory("q", 0, [], policy_version=3), Trajectory("q", 1, [], policy_version=1)]
+    >>> policy_age(ts, 3)
+    {'policy_age_mean': 1.0, 'policy_age_max': 2.0}
+    """
+    ages = [version - t.policy_version for t in trajectories] or [0]
+    return {"policy_age_mean": sum(ages) / len(ages), "policy_age_max": float(max(ages))}
 
 
 def trajectory_rows(trajectories: list[Trajectory]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -266,6 +282,7 @@ class TrainingSession:
             metrics = {"update_skipped": 1.0, "groups": 0.0, "groups_informative": 0.0, "informative_share": 0.0}
         metrics.update({"env_error_rate": rate, "trajectories_used": float(len(kept)),
                         "env_error_trajectories": float(sum(1 for t in trajectories if t.error is not None))})
+        metrics.update(policy_age(trajectories, self.step))
         return metrics
 
     def finish_step(self, trajectories: list[Trajectory]) -> None:
@@ -275,7 +292,9 @@ class TrainingSession:
         self.step += 1
 
     def broadcast(self) -> None:
-        self.pool.broadcast(self.learner.state_dict_for_broadcast())
+        """Sync the rollout engines to the learner's weights as policy version `step` (updates
+        applied so far), verified on every engine (`RolloutPool.broadcast`)."""
+        self.pool.broadcast(self.learner.weights_for_sync(self.step))
 
     def checkpoint(self) -> Path:
         """Save weights, optimiser, RNG and data position after `step` updates (`run` decides when)."""

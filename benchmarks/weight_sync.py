@@ -1,0 +1,136 @@
+"""Weight sync: bytes and seconds of a full-weight sync against a LoRA adapter sync, through the real pool.
+
+Why it exists: after every GRPO update the learner syncs the rollout engines
+(`TrainingSession.broadcast`: `weights_for_sync` -> `RolloutPool.broadcast`, verified by version
+and checksum on every engine). Under full fine-tuning that is every weight in `agent.dtype`; under
+`agent.lora.enabled` only the adapter. This measures both for the demo agent
+(`smollm2-135m-protocol`, float32 as `configs/demo.yaml` runs it) with a LoRA adapter of rank
+`--r` on `--targets`, through a real `RolloutPool` of one transformers actor:
+- bytes sent (the tensors of the `WeightUpdate`);
+- `build s`: the learner making the update (merging or extracting, the copy to CPU, the checksum);
+- `checksum s`: the checksum alone, on the same tensors;
+- `sync s`: `RolloutPool.broadcast` (one `ray.put`, the actor loading it and reading its checksum
+  back, the driver's check of the answer), the median of `--repeats`;
+and projects the bytes to the paper's 4B agent (`Qwen/Qwen3-4B` from `architectures.json`:
+full weights in bfloat16, the adapter in float32) and its seconds at the throughput measured here
+(bytes / sync s of the demo agent: a CPU machine's figure, not a GPU cluster's).
+
+    .venv/bin/python benchmarks/weight_sync.py
+    .venv/bin/python benchmarks/weight_sync.py --model tiny --repeats 1   # seconds: checks that it runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m-protocol", help="agent.model (bundled name or folder)")
+    p.add_argument("--r", type=int, default=16, help="agent.lora.r")
+    p.add_argument("--targets", default="all-linear", help="agent.lora.target_modules: all-linear or comma-separated")
+    p.add_argument("--repeats", type=int, default=3, help="timed syncs of each kind (median reported)")
+    p.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    return p.parse_args(argv)
+
+
+def config(args: argparse.Namespace, lora: bool):
+    from prompt_r1.config.experiment import parse_config
+
+    targets = args.targets if args.targets == "all-linear" else args.targets.split(",")
+    return parse_config({
+        "agent": {"model": args.model, "dtype": "float32",
+                  "lora": {"enabled": lora, "r": args.r, "alpha": 2 * args.r, "target_modules": targets}},
+        "train": {"device": "cpu", "kl_coef": 0.0},
+        "environment": {"kind": "inprocess", "model": "tiny"},
+        "rollout": {"num_workers": 1, "ray_num_cpus": 2},
+    })
+
+
+def measure(learner, pool, version: int, repeats: int) -> dict[str, float]:
+    from prompt_r1.core.weights import weights_checksum
+
+    start = time.perf_counter()
+    update = learner.weights_for_sync(version)
+    build_s = time.perf_counter() - start
+    start = time.perf_counter()
+    weights_checksum(update.tensors)
+    checksum_s = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        pool.broadcast(update)
+        times.append(time.perf_counter() - start)
+    return {"kind": update.kind, "tensors": len(update.tensors), "bytes": update.nbytes, "build_s": build_s,
+            "checksum_s": checksum_s, "sync_s": statistics.median(times)}
+
+
+def projection(args: argparse.Namespace, full_bytes_per_s: float, adapter_bytes_per_s: float) -> list[dict]:
+    """The 4B agent's sync: bytes from its parameter counts, seconds at this machine's throughput."""
+    from prompt_r1.models.architecture import known_architecture
+
+    arch = known_architecture("Qwen/Qwen3-4B")
+    assert arch is not None
+    targets = args.targets if args.targets == "all-linear" else args.targets.split(",")
+    full, adapter = 2 * arch.params, 4 * arch.lora_params(args.r, targets)  # bf16 weights, float32 adapter
+    return [{"kind": "full", "bytes": full, "sync_s": full / full_bytes_per_s},
+            {"kind": "adapter", "bytes": adapter, "sync_s": adapter / adapter_bytes_per_s}]
+
+
+def run(args: argparse.Namespace) -> dict:
+    from prompt_r1.models.resolver import resolve_agent
+    from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+    from prompt_r1.training.learner import GRPOLearner
+
+    path = resolve_agent(args.model)
+    init_ray(config(args, False).rollout)
+    rows = []
+    # one actor for both: it takes full weights, then wraps its model in PEFT at the first adapter
+    with RolloutPool(config(args, False), path, 1) as pool:
+        learner = GRPOLearner(config(args, False), path)
+        rows.append(measure(learner, pool, 1, args.repeats))
+        del learner
+        learner = GRPOLearner(config(args, True), path)
+        rows.append(measure(learner, pool, 2, args.repeats))
+    full, adapter = rows
+    projected = projection(args, full["bytes"] / full["sync_s"], adapter["bytes"] / adapter["sync_s"])
+    return {"model": args.model, "r": args.r, "targets": args.targets, "measured": rows,
+            "projected_qwen3_4b": projected}
+
+
+def report(out: dict) -> str:
+    lines = [f"{out['model']}, LoRA r={out['r']} on {out['targets']}, 1 transformers actor:", "",
+             "| sync | tensors | MB sent | build s | checksum s | sync s |", "|---|---|---|---|---|---|"]
+    for r in out["measured"]:
+        lines.append(f"| {r['kind']} | {r['tensors']} | {r['bytes'] / 1e6:.2f} | {r['build_s']:.3f} "
+                     f"| {r['checksum_s']:.3f} | {r['sync_s']:.3f} |")
+    full, adapter = out["measured"]
+    lines += ["", f"adapter / full: {adapter['bytes'] / full['bytes']:.4f} of the bytes, "
+              f"{adapter['sync_s'] / full['sync_s']:.3f} of the sync time", "",
+              "Projected for Qwen/Qwen3-4B (full in bfloat16, adapter in float32, at the throughput above):", "",
+              "| sync | MB sent | sync s |", "|---|---|---|"]
+    for r in out["projected_qwen3_4b"]:
+        lines.append(f"| {r['kind']} | {r['bytes'] / 1e6:.1f} | {r['sync_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    args = parse_args(argv)
+    out = run(args)
+    print(report(out))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

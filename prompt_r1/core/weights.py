@@ -1,0 +1,99 @@
+"""One weight sync from the learner to the rollout engines: versioned and checksummed.
+
+After every GRPO update the learner hands the rollout engines a `WeightUpdate`: the policy
+`version` it carries (the number of updates applied; the initial agent is version 0), its `kind`
+(`full`: every weight, HF names, in `agent.dtype`; `adapter`: only the LoRA tensors, in PEFT's
+`get_peft_model_state_dict` names, with the `LoraConfig` that shapes them), and a `checksum`
+computed by the sender. Each engine answers with the version it now holds and the checksum of
+the tensors it now uses (see each policy's `apply_update` for what it can read back), and the
+pool refuses any engine whose answer differs (`RolloutPool.broadcast`). Every trajectory then
+carries the version that sampled it (`Trajectory.policy_version`).
+
+The checksum (`weights_checksum`) is BLAKE2b (16-byte digest) over the tensors in sorted name
+order, each contributing its name, dtype, shape and raw bytes (little-endian, as the CPU holds
+them). Same name -> tensor mapping, same checksum, whatever the dict order; any changed element,
+dtype, shape or name changes it. It reads every byte once: about 1 GB/s on one core, so ~0.5 s
+for the 135M demo agent in float32 and a few milliseconds for its LoRA adapter.
+
+Imports: torch only (the library's core).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+WeightKind = Literal["full", "adapter"]
+
+
+def weights_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
+    """Hex digest of `tensors` (see the module docstring for the rule).
+
+    >>> a = {"w": torch.zeros(2), "b": torch.ones(1)}
+    >>> weights_checksum(a) == weights_checksum({"b": torch.ones(1), "w": torch.zeros(2)})
+    True
+    >>> weights_checksum(a) == weights_checksum({"w": torch.zeros(2), "b": torch.ones(1, dtype=torch.float64)})
+    False
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().to("cpu").contiguous()
+        header = f"{name}\0{str(tensor.dtype).removeprefix('torch.')}\0{tuple(tensor.shape)}\0"
+        digest.update(header.encode())
+        # the raw bytes whatever the dtype (numpy has no bfloat16): a uint8 view copies nothing
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
+def tensor_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    """Bytes the tensors hold (what one sync moves through the object store)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """The weights of policy `version`, as the learner sends them (build with `make`)."""
+
+    version: int
+    kind: WeightKind
+    tensors: dict[str, torch.Tensor] = field(repr=False)
+    checksum: str
+    adapter_config: dict[str, Any] | None = None  # PEFT LoraConfig as a dict (sets as sorted lists); adapters only
+
+    @classmethod
+    def make(cls, version: int, kind: WeightKind, tensors: Mapping[str, torch.Tensor],
+             adapter_config: dict[str, Any] | None = None) -> "WeightUpdate":
+        """Detached CPU tensors and their checksum, computed here by the sender."""
+        if kind not in ("full", "adapter"):
+            raise ValueError(f"a weight update is `full` or `adapter`, got {kind!r}")
+        if (kind == "adapter") != (adapter_config is not None):
+            raise ValueError("an adapter update needs its adapter_config, and only an adapter update has one")
+        if version < 0:
+            raise ValueError(f"policy versions count updates from 0, got {version}")
+        cpu = {name: t.detach().to("cpu") for name, t in tensors.items()}
+        return cls(version, kind, cpu, weights_checksum(cpu), adapter_config)
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_bytes(self.tensors)
+
+    def reply(self, checksum: str | None = None) -> dict[str, Any]:
+        """An engine's answer after applying it: this version and the checksum of what it now uses."""
+        return {"version": self.version, "checksum": checksum if checksum is not None else self.checksum}
+
+
+def peft_config_dict(peft_config: Any) -> dict[str, Any]:
+    """A PEFT config as plain data that travels with an adapter (sets, e.g. the resolved
+    `target_modules` of `all-linear`, become sorted lists; enums their values)."""
+    out: dict[str, Any] = {}
+    for key, value in peft_config.to_dict().items():
+        if isinstance(value, set):
+            value = sorted(value)
+        elif hasattr(value, "value") and not isinstance(value, (str, int, float, bool)):
+            value = value.value  # PeftType / TaskType enums
+        out[key] = value
+    return out
