@@ -51,6 +51,7 @@ class Trajectory:
     env_calls: list[EnvCall] = field(default_factory=list)
     stop_reason: str = ""                 # answered / max_turns / token_budget / invalid_turn / env_error
     error: str | None = None              # why an environment call ended it (stop_reason env_error): no reward
+    policy_version: int = 0               # GRPO updates applied to the weights that sampled it (initial agent: 0)
 
     def to_record(self) -> dict[str, Any]:
         """JSON-able dict (the `rollout --out` line and the warehouse row)."""

@@ -6,6 +6,12 @@ chunk and returns the `Trajectory` objects (Ray pickles them, as it does the que
 config); the driver alone writes them to DuckDB and MLflow, so actors never open the warehouse (and therefore keep no environment reply cache). After a GRPO
 step `broadcast` puts the new weights in the object store once and every actor loads them.
 
+Asynchronous rollouts (`rollout.max_staleness` >= 1): `submit` queues a batch on the actors and
+returns at once, `collect` waits for it. Ray runs one caller's calls to an actor in the order
+they were made, so a broadcast queued behind a running batch lands after it and before every
+batch submitted later: a batch samples with the newest weights broadcast before its `submit`.
+Each actor stamps the trajectories it returns with the version of the weights it holds.
+
 Environment clients: `inprocess` and `openai` environments are built inside each actor. A
 `vllm` environment is a server the driver starts (`actor_environment`); actors reach it as
 `openai` at its base URL. One laptop = a local Ray instance this process starts itself
@@ -35,6 +41,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +219,7 @@ class RolloutWorker:
         self._loop = asyncio.new_event_loop()
         self._stack = contextlib.ExitStack()
         self.env = self._open_environment(env_factory)
+        self.version = 0  # GRPO updates in the weights held (set by `load_weights`), stamped on trajectories
 
     def _open_environment(self, env_factory: Callable[[EnvConfig], Any] | None):
         env_cfg = self.cfg.environment.model_copy(update={"cache": False})
@@ -228,12 +236,17 @@ class RolloutWorker:
         from prompt_r1.rollout.episode import rollout_batch
 
         with _temperature(self.policy, 0.0 if greedy else None):
-            return self._loop.run_until_complete(rollout_batch(
+            trajectories = self._loop.run_until_complete(rollout_batch(
                 self.policy, self.env, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
                 group_size=group_size, seed=seed, step=step, score=score))
+        for t in trajectories:
+            t.policy_version = self.version
+        return trajectories
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> bool:
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> bool:
         self.policy.load_weights(state_dict)
+        if version is not None:
+            self.version = version
         return True
 
     def ping(self) -> int:
@@ -249,6 +262,15 @@ class RolloutWorker:
             self._loop.run_until_complete(aclose())
         self._stack.close()
         self.policy.close()
+
+
+@dataclass(eq=False)  # compared by identity: the pool finds its own entries in its queue
+class PendingRollout:
+    """A batch submitted to the actors (`RolloutPool.submit`), not yet collected."""
+
+    refs: list[Any]              # one per actor with a share of the batch
+    questions: int
+    loads: list[Any] = field(default_factory=list)  # weight loads queued before it, checked with it
 
 
 class RolloutPool:
@@ -270,6 +292,8 @@ class RolloutPool:
         env_vars = actor_env_vars()
         check_local_cpus(cfg.rollout, self.num_workers)  # a local instance never grows
         self._stuck = False
+        self._loads: list[Any] = []  # weight loads broadcast without waiting, not yet checked
+        self._queued: list[PendingRollout] = []  # submitted, not collected
         self.workers: list[Any] = []
         self.groups: list[Any] = []
         self.placements: list[dict[str, Any]] = []
@@ -311,22 +335,58 @@ class RolloutPool:
         """Trajectories for `questions` in order (question, then group index), split over the actors;
         scored unless `score=False` (then the caller runs
         `prompt_r1.rollout.episode.score_trajectories`)."""
+        return self.collect(self.submit(questions, step, greedy, group_size, score))
+
+    def submit(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
+               group_size: int | None = None, score: bool = True) -> PendingRollout:
+        """Queue a batch on the actors (as `rollout`) and return at once; `collect` waits for it.
+        It runs after everything queued before it, weight loads included."""
         chunks = split_evenly(list(questions), len(self.workers))
-        futures = [
-            worker.rollout.remote(chunk, self.cfg.seed, step, greedy, group_size, score)
-            for worker, chunk in zip(self.workers, chunks) if chunk
-        ]
-        results = self._get(futures, self.cfg.rollout.rollout_timeout_s, "rollout_timeout_s",
-                            f"rolling out {len(questions)} questions on {len(futures)} actors",
+        refs = [worker.rollout.remote(chunk, self.cfg.seed, step, greedy, group_size, score)
+                for worker, chunk in zip(self.workers, chunks) if chunk]
+        pending = PendingRollout(refs, len(questions), self._loads)
+        self._loads = []
+        self._queued.append(pending)
+        return pending
+
+    def collect(self, pending: PendingRollout) -> list[Trajectory]:
+        """The trajectories of a submitted batch, in order. The deadline is `rollout_timeout_s` for
+        it and again for each batch that was queued ahead of it and is still uncollected."""
+        ahead = self._queued.index(pending) if pending in self._queued else 0
+        if pending in self._queued:
+            self._queued.remove(pending)
+        timeout_s = self.cfg.rollout.rollout_timeout_s * (1 + ahead)
+        if pending.loads:
+            self._wait_loads(pending.loads, timeout_s)
+        results = self._get(pending.refs, timeout_s, "rollout_timeout_s",
+                            f"rolling out {pending.questions} questions on {len(pending.refs)} actors"
+                            + (f" (queued behind {ahead} other batch(es))" if ahead else ""),
                             "raise it for big batches, or check the environment (a server that stopped "
                             "answering is retried for up to environment.call_deadline_s per call)")
         return [t for trajectories in results for t in trajectories]
 
-    def broadcast(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load new weights in every actor (one copy in the object store)."""
+    def cancel(self, pending: PendingRollout) -> None:
+        """Drop a submitted batch: one still queued never runs (one already running finishes first;
+        Ray does not interrupt a running call of a regular actor)."""
+        with contextlib.suppress(ValueError):
+            self._queued.remove(pending)
+        for ref in pending.refs:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+
+    def broadcast(self, state_dict: dict[str, torch.Tensor], version: int | None = None, wait: bool = True) -> None:
+        """Load new weights in every actor (one copy in the object store); they report `version`
+        on the trajectories they sample next. `wait=False` returns at once: the loads run after the
+        batches queued before them and are checked by the next `collect` (or the next waiting
+        broadcast)."""
         ref = ray.put({name: tensor.detach().cpu() for name, tensor in state_dict.items()})
-        self._get([w.load_weights.remote(ref) for w in self.workers], self.cfg.rollout.rollout_timeout_s,
-                  "rollout_timeout_s", f"loading new weights in {len(self.workers)} actors",
+        self._loads += [w.load_weights.remote(ref, version) for w in self.workers]
+        if wait:
+            loads, self._loads = self._loads, []
+            self._wait_loads(loads, self.cfg.rollout.rollout_timeout_s * (1 + len(self._queued)))
+
+    def _wait_loads(self, loads: list[Any], timeout_s: float) -> None:
+        self._get(loads, timeout_s, "rollout_timeout_s", f"loading new weights in {len(self.workers)} actors",
                   "an actor is stuck or out of memory (see the Ray logs)")
 
     def shutdown(self) -> None:
