@@ -7,7 +7,8 @@ is forwarded unchanged, except that a seeded share of them (`rate`) gets a fault
 - `hang`: no answer for `hang_s` seconds (set it past the client's `timeout_s`), then a 504;
 - `malformed`: status 200 with a truncated JSON body.
 Every fault body contains `MARKER`, so a test can look for any trace of a fault in what the agent
-saw or what was scored.
+saw or what was scored. `latency_s=(low, high)` delays every chat request by a seeded uniform
+draw from that range before it is answered (a hosted API's latency, for benchmarks/staleness.py).
 
 Which requests fail is a pure function of (seed, request body, how many times that body was seen),
 not of arrival order, so concurrent clients get the same faults on every run. Every request is
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 import threading
 from collections import Counter
 from typing import Any
@@ -50,9 +52,11 @@ class ChaosProxy:
     """`with ChaosProxy(upstream, rate) as proxy:` serves at `proxy.base_url` (…/v1)."""
 
     def __init__(self, upstream: str, rate: float, seed: int = 0, hang_s: float = 10.0,
-                 faults: tuple[str, ...] = FAULTS):
+                 faults: tuple[str, ...] = FAULTS, latency_s: tuple[float, float] = (0.0, 0.0)):
         self.upstream = upstream.rstrip("/").removesuffix("/v1")
         self.rate, self.seed, self.hang_s, self.faults = rate, seed, hang_s, faults
+        self.latency_s = latency_s
+        self._latency = random.Random(seed)
         self.log: list[dict[str, Any]] = []
         self._seen: Counter[str] = Counter()
         self._loop = asyncio.new_event_loop()
@@ -118,6 +122,8 @@ class ChaosProxy:
         is_chat = request.path.endswith("/chat/completions")
         fault = fault_for(self.seed, body, occurrence, self.rate, self.faults) if is_chat else None
         self.log.append({"path": request.path, "body_sha": key, "occurrence": occurrence, "fault": fault})
+        if is_chat and self.latency_s[1] > 0:
+            await asyncio.sleep(self._latency.uniform(*self.latency_s))
         error = {"error": {"message": f"{MARKER}: injected {fault}", "type": "chaos"}}
         if fault == "429":
             return web.json_response(error, status=429, headers={"Retry-After": "1"})

@@ -160,6 +160,12 @@ class RolloutConfig(StrictModel):
         600.0, gt=0, description="Deadline for every rollout engine to load a weight sync and answer with its "
         "policy version and weights checksum; an engine that has not answered by then, or answers with another "
         "version or checksum, stops the run with an error naming it.")
+    max_staleness: int = Field(
+        0, ge=0, description="Asynchronous rollouts: how many policy versions (GRPO updates) the weights that "
+        "sample a batch may be behind the learner that trains on it. 0 = on-policy, the synchronous schedule "
+        "(rollout, then update, then broadcast; bit-for-bit reproducible). k >= 1: the next k steps' batches "
+        "roll out while the learner updates, and the loss corrects for the older sampler with truncated "
+        "importance sampling (`train.tis_cap`); see docs/training.md, Staleness.")
 
 
 class RewardConfig(StrictModel):
@@ -204,6 +210,13 @@ class TrainConfig(StrictModel):
         None, gt=1.0,
         description="Dual-clip bound for negative advantages: the per-token loss is capped at "
         "-clip_ratio_c * A (the reference uses 3.0); None = plain PPO clipping.",
+    )
+    tis_cap: float = Field(
+        2.0, ge=1.0,
+        description="With `rollout.max_staleness` >= 1: cap C of the truncated importance weight per agent token, "
+        "min(exp(old - behaviour), C), where old is the learner's log-prob under the weights before the update "
+        "and behaviour the log-prob the sampling engine recorded (`Trajectory.logprobs`); it multiplies the "
+        "clipped PPO term. Unused at max_staleness 0.",
     )
     kl_coef: float = Field(
         0.001, ge=0,

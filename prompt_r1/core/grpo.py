@@ -12,7 +12,14 @@ below, as in the Prompt-R1 reference) can be checked against hand-computed value
   for A < 0: the policy term is capped at -c*A (as in verl's `clip_ratio_c`);
 - aggregation "token-mean" over all mask-1 tokens, or "seq-mean-token-sum-norm" (Dr.GRPO);
 - log-probs are those of the sampling distribution, softmax(logits / temperature), so the
-  ratio compares the policy that sampled with the one being optimised.
+  ratio compares the policy that sampled with the one being optimised;
+- asynchronous rollouts (`rollout.max_staleness` >= 1): the batch was sampled by older weights
+  (the behaviour policy, log-probs b recorded by the engine). The ratio rho = exp(logp - old) stays
+  against the learner's own log-probs before the update (old: the trust region is around the
+  current weights), and each token's policy term is multiplied by the truncated importance weight
+  w = min(exp(old - b), tis_cap), a constant (no gradient). Untruncated, w * rho = pi / behaviour:
+  the ratio to the policy that sampled; the cap bounds the variance when the engine gave a token
+  far less probability than the learner does (stale weights, or engine-vs-learner numerics).
 """
 
 from __future__ import annotations
@@ -78,10 +85,24 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-KL_CLAMP, KL_CLAMP)
 
 
+def truncated_is_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+    """Per-token w = min(exp(old - behaviour), cap): how much likelier the learner's weights before
+    the update make a token than the (older, or other-engine) weights that sampled it, truncated.
+
+    >>> [round(w, 4) for w in truncated_is_weights(torch.tensor([-1.0, -1.0, -0.1]),
+    ...                                            torch.tensor([-1.0, -0.5, -3.0]), cap=2.0).tolist()]
+    [1.0, 0.6065, 2.0]
+    """
+    if cap < 1.0:
+        raise ValueError(f"tis_cap must be >= 1 (a cap below 1 would down-weight on-policy tokens), got {cap}")
+    return torch.exp(old_logprobs.float() - behaviour_logprobs.float()).clamp(max=cap).detach()
+
+
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
                 advantages: torch.Tensor, mask: torch.Tensor, clip_low: float = 0.2,
                 clip_high: float = 0.2, kl_coef: float = 0.001, agg: LossAgg = "token-mean",
                 max_len: int | None = None, clip_ratio_c: float | None = None,
+                is_weights: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped GRPO loss with a k3 KL penalty; per-token tensors are [B, T], advantages [B].
 
@@ -89,6 +110,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs
     clip_fraction (share of mask-1 tokens taking the clipped branch), dual_clip_fraction
     (share capped by `clip_ratio_c`), ratio_mean, tokens.
     `ref_logprobs=None` (or kl_coef 0 with None) leaves the KL term out.
+    `is_weights` ([B, T], from `truncated_is_weights`) multiply each token's policy term after
+    clipping (the KL term is not weighted); None = 1 everywhere, the on-policy loss.
 
     >>> lp = torch.log(torch.tensor([[0.5, 0.5]]))
     >>> loss, stats = policy_loss(lp, lp, lp, torch.tensor([2.0]), torch.tensor([[1.0, 0.0]]))
@@ -114,6 +137,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs
         cap = -adv * clip_ratio_c
         dual_clipped = (adv < 0) & (pg > cap)
         pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
+    if is_weights is not None:
+        pg = pg * is_weights.to(pg.dtype)
     kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None else torch.zeros_like(pg)
     n_tokens = mask.sum()
     safe_tokens = n_tokens.clamp(min=1.0)

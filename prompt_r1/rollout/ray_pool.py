@@ -9,6 +9,12 @@ weights, or the LoRA adapter alone) in the object store once, every actor loads 
 with its version and checksum, and any answer that differs, fails or comes late is an error
 naming the actor (`WeightSyncError`).
 
+Asynchronous rollouts (`rollout.max_staleness` >= 1): `submit` queues a batch on the actors and
+returns at once, `collect` waits for it. Ray runs one caller's calls to an actor in the order
+they were made, so a broadcast queued behind a running batch lands after it and before every
+batch submitted later: a batch samples with the newest weights broadcast before its `submit`.
+Each actor stamps the trajectories it returns with the version of the weights it holds.
+
 Environment clients: `inprocess` and `openai` environments are built inside each actor. A
 `vllm` environment is a server the driver starts (`actor_environment`); actors reach it as
 `openai` at its base URL. One laptop = a local Ray instance this process starts itself
@@ -38,6 +44,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +228,7 @@ class RolloutWorker:
         self._loop = asyncio.new_event_loop()
         self._stack = contextlib.ExitStack()
         self.env = self._open_environment(env_factory)
+        self.version = 0  # GRPO updates in the weights held (set by `load_weights`), stamped on trajectories
 
     def _open_environment(self, env_factory: Callable[[EnvConfig], Any] | None):
         env_cfg = self.cfg.environment.model_copy(update={"cache": False})
@@ -266,6 +274,23 @@ class RolloutWorker:
         self.policy.close()
 
 
+@dataclass(eq=False)  # compared by identity: the pool finds its own entries in its queue
+class PendingRollout:
+    """A batch submitted to the actors (`RolloutPool.submit`), not yet collected."""
+
+    refs: list[Any]              # one per actor with a share of the batch
+    questions: int
+    loads: list["PendingSync"] = field(default_factory=list)  # weight syncs queued before it, verified with it
+
+
+@dataclass(eq=False)
+class PendingSync:
+    """A weight sync sent to every actor (`RolloutPool.broadcast`), its answers not yet verified."""
+
+    update: WeightUpdate
+    refs: list[Any]              # one `load_weights` call per actor
+
+
 class RolloutPool:
     """`num_workers` rollout actors sharing one batch; the driver-side handle."""
 
@@ -285,6 +310,8 @@ class RolloutPool:
         env_vars = actor_env_vars()
         check_local_cpus(cfg.rollout, self.num_workers)  # a local instance never grows
         self._stuck = False
+        self._loads: list[PendingSync] = []  # weight syncs broadcast without waiting, not yet verified
+        self._queued: list[PendingRollout] = []  # submitted, not collected
         self.workers: list[Any] = []
         self.groups: list[Any] = []
         self.placements: list[dict[str, Any]] = []
@@ -326,33 +353,72 @@ class RolloutPool:
         """Trajectories for `questions` in order (question, then group index), split over the actors;
         scored unless `score=False` (then the caller runs
         `prompt_r1.rollout.episode.score_trajectories`)."""
+        return self.collect(self.submit(questions, step, greedy, group_size, score))
+
+    def submit(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
+               group_size: int | None = None, score: bool = True) -> PendingRollout:
+        """Queue a batch on the actors (as `rollout`) and return at once; `collect` waits for it.
+        It runs after everything queued before it, weight loads included."""
         chunks = split_evenly(list(questions), len(self.workers))
-        futures = [
-            worker.rollout.remote(chunk, self.cfg.seed, step, greedy, group_size, score)
-            for worker, chunk in zip(self.workers, chunks) if chunk
-        ]
-        results = self._get(futures, self.cfg.rollout.rollout_timeout_s, "rollout_timeout_s",
-                            f"rolling out {len(questions)} questions on {len(futures)} actors",
+        refs = [worker.rollout.remote(chunk, self.cfg.seed, step, greedy, group_size, score)
+                for worker, chunk in zip(self.workers, chunks) if chunk]
+        pending = PendingRollout(refs, len(questions), self._loads)
+        self._loads = []
+        self._queued.append(pending)
+        return pending
+
+    def collect(self, pending: PendingRollout) -> list[Trajectory]:
+        """The trajectories of a submitted batch, in order. The deadline is `rollout_timeout_s` for
+        it and again for each batch that was queued ahead of it and is still uncollected."""
+        ahead = self._queued.index(pending) if pending in self._queued else 0
+        if pending in self._queued:
+            self._queued.remove(pending)
+        timeout_s = self.cfg.rollout.rollout_timeout_s * (1 + ahead)
+        for sync in pending.loads:  # queued before the batch: answered before it runs
+            self._verify(sync, timeout_s + self.cfg.rollout.sync_timeout_s)
+        results = self._get(pending.refs, timeout_s, "rollout_timeout_s",
+                            f"rolling out {pending.questions} questions on {len(pending.refs)} actors"
+                            + (f" (queued behind {ahead} other batch(es))" if ahead else ""),
                             "raise it for big batches, or check the environment (a server that stopped "
                             "answering is retried for up to environment.call_deadline_s per call)")
         return [t for trajectories in results for t in trajectories]
 
-    def broadcast(self, update: WeightUpdate) -> list[dict[str, Any]]:
+    def cancel(self, pending: PendingRollout) -> None:
+        """Drop a submitted batch: one still queued never runs (one already running finishes first;
+        Ray does not interrupt a running call of a regular actor)."""
+        with contextlib.suppress(ValueError):
+            self._queued.remove(pending)
+        for ref in pending.refs:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+
+    def broadcast(self, update: WeightUpdate, wait: bool = True) -> list[dict[str, Any]] | None:
         """Load a weight sync in every actor (one copy in the object store) and verify each one's
-        answer: the sent version and checksum, within `rollout.sync_timeout_s` from the send. An
-        actor that fails, does not answer in time, or answers otherwise raises `WeightSyncError`
-        naming it; returns the answers (one per actor, in order)."""
-        timeout_s = self.cfg.rollout.sync_timeout_s
+        answer: the sent version and checksum, within `rollout.sync_timeout_s` (plus
+        `rollout.rollout_timeout_s` for each batch queued ahead of it). An actor that fails, does not
+        answer in time, or answers otherwise raises `WeightSyncError` naming it; returns the answers
+        (one per actor, in order). `wait=False` returns None at once: the loads run after the batches
+        queued before them and are verified by the next `collect` (or the next waiting broadcast)."""
         ref = ray.put(update)
-        refs = [w.load_weights.remote(ref) for w in self.workers]
+        self._loads.append(PendingSync(update, [w.load_weights.remote(ref) for w in self.workers]))
+        if not wait:
+            return None
+        syncs, self._loads = self._loads, []
+        timeout_s = self.cfg.rollout.sync_timeout_s + self.cfg.rollout.rollout_timeout_s * len(self._queued)
+        return [self._verify(sync, timeout_s) for sync in syncs][-1]
+
+    def _verify(self, sync: "PendingSync", timeout_s: float) -> list[dict[str, Any]]:
+        """Every actor's answer to one sync, checked against what was sent (see `broadcast`)."""
+        update, refs = sync.update, sync.refs
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         late = [index for index, r in enumerate(refs) if r in pending]
         if late:
             self._stuck = True  # their queues are blocked: shutdown kills them without waiting
             raise WeightSyncError(
                 f"weight sync of policy version {update.version}: {self._engines(late)} did not answer within "
-                f"{timeout_s:g}s (rollout.sync_timeout_s); raise it for big models or slow networks, or see the "
-                "Ray logs of that actor's node (stuck or out of memory)")
+                f"{timeout_s:g}s (rollout.sync_timeout_s, plus rollout.rollout_timeout_s per batch queued ahead); "
+                "raise it for big models or slow networks, or see the Ray logs of that actor's node (stuck or out "
+                "of memory)")
         replies = []
         for index, r in enumerate(refs):
             try:

@@ -16,6 +16,11 @@ updating bfloat16 weights directly would leave almost every weight unchanged.
 Log-probs (old, new and reference) are those of the sampling distribution, softmax(logits / T)
 at `agent.temperature`, which is what the policy backends report for each sampled token.
 
+Asynchronous rollouts (`rollout.max_staleness` >= 1): a batch may come from weights up to k updates
+older than the learner's. The ratio keeps the recomputed old log-probs; the sampling log-probs the
+engine recorded (`Trajectory.logprobs`, the behaviour policy) enter as a truncated importance
+weight per token (`core.grpo.truncated_is_weights`, cap `train.tis_cap`). At k = 0 nothing changes.
+
 The same class is one rank of a learner group (`train.world_size` > 1, `learner_group`): it then
 holds a `Ranks` from `parallel` (the collectives: global token counts, gradient sums, sharding)
 and trains its share of every mini-batch; alone it holds the identity `Ranks` and computes
@@ -36,7 +41,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import Config
-from prompt_r1.core.grpo import group_advantages, policy_loss, token_logprobs
+from prompt_r1.core.grpo import group_advantages, policy_loss, token_logprobs, truncated_is_weights
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import torch_dtype
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
@@ -190,6 +195,11 @@ class GRPOLearner:
             raise ValueError("GRPOLearner.step got no trajectories")
         t0 = time.perf_counter()
         train = self.cfg.train
+        stale = self.cfg.rollout.max_staleness > 0  # off-policy batches: truncated importance weights
+        if stale and any(len(t.logprobs) != len(t.token_ids) for t in trajectories):
+            raise ValueError("rollout.max_staleness >= 1 needs the sampling log-prob of every response token "
+                             "(Trajectory.logprobs, recorded by the rollout engine) for the importance weight; "
+                             "a trajectory has none: roll out with the rollout pool, or set max_staleness 0")
         question_index = {q: i for i, q in enumerate(question_order(trajectories))}
         rewards = torch.tensor([t.reward.total if t.reward else 0.0 for t in trajectories])
         groups = torch.tensor([question_index[t.question_id] for t in trajectories], dtype=torch.long)
@@ -249,6 +259,7 @@ class GRPOLearner:
         grad_norms: list[float] = []
         tokens_seen = 0.0
         diff_sum, diff_tokens = 0.0, 0.0
+        tis_sum, tis_capped = 0.0, 0.0
         for _epoch in range(train.ppo_epochs):
             for mini in mini_batches:
                 # the whole mini-batch's counts, over all ranks: each rank's loss is its share of
@@ -267,9 +278,11 @@ class GRPOLearner:
                     old = batch.scatter(old_lp, prompt_lens).to(self.device)
                     ref = batch.scatter(ref_lp, prompt_lens).to(self.device) if train.kl_coef > 0 else None
                     adv = advantages[batch.indices].to(self.device)
+                    tis = (truncated_is_weights(old, batch.sampling_logprobs.to(self.device), train.tis_cap)
+                           if stale else None)
                     loss, stats = policy_loss(logprobs, old, ref, adv, batch.loss_mask, train.clip_low,
                                               train.clip_high, train.kl_coef, train.loss_agg, max_len,
-                                              clip_ratio_c=train.clip_ratio_c)
+                                              clip_ratio_c=train.clip_ratio_c, is_weights=tis)
                     if train.loss_agg == "token-mean":
                         weight = stats["tokens"] / max(mini_tokens, 1.0)
                     else:
@@ -283,6 +296,10 @@ class GRPOLearner:
                         diff = (batch.sampling_logprobs.cpu() - old.cpu()).abs() * mask_cpu
                         diff_sum += diff.sum().item()
                         diff_tokens += mask_cpu.sum().item()
+                        if tis is not None:
+                            tis_cpu = tis.cpu()
+                            tis_sum += (tis_cpu * mask_cpu).sum().item()
+                            tis_capped += ((tis_cpu >= train.tis_cap).float() * mask_cpu).sum().item()
                 self.ranks.reduce_gradients(self.params)
                 grad_norms.append(self.ranks.clip_grad_norm(self.params, train.max_grad_norm))
                 self.optimizer.step()
@@ -305,6 +322,10 @@ class GRPOLearner:
             "step_time_s": elapsed,
             "tokens_per_s": total_tokens / elapsed if elapsed > 0 else math.inf,
         })
+        if stale:  # one more collective, on every rank alike (they share the config)
+            tis_sum, tis_capped = self.ranks.sum([tis_sum, tis_capped])
+            metrics.update({"tis_mean": tis_sum / max(diff_tokens, 1.0),
+                            "tis_capped_fraction": tis_capped / max(diff_tokens, 1.0)})
         return metrics
 
     # -- weights out ---------------------------------------------------------------------------

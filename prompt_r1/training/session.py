@@ -20,6 +20,16 @@ of the update and of validation scores; a step (or a validation) whose share of 
 passes `environment.max_error_rate` stops the run with `EnvironmentFailure` before its update
 (before its checkpoint), so no agent is exported from it. A validation in which failures left no
 question scored stops the run the same way.
+
+Asynchronous rollouts (`rollout.max_staleness` = k >= 1): after a step's batch is scored, the
+batches of the next steps are submitted to the rollout actors before the step's update, so the
+actors generate while the learner trains; a batch is admitted only while the newest weights
+queued to the actors are at most k versions behind the update that will train on it
+(`admissible`), and the weight broadcast does not wait (it runs on each actor after the batches
+queued before it). Data order, seeds, records and checkpoints are per step as at k = 0; a
+checkpoint saves the data position of the first batch not yet trained, so a resume discards the
+batches in flight and rolls them out again (with the resumed weights: a resumed run at k >= 1 is
+not bit-identical to an uninterrupted one). At k = 0 the schedule is the synchronous one.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stat
 from prompt_r1.core.questions import QuestionRow
 
 if TYPE_CHECKING:  # the caller opens the warehouse; the library only reads and writes through it
+    from prompt_r1.rollout.ray_pool import PendingRollout
     from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -63,6 +74,25 @@ class TrainingOutcome:
     validation: dict[str, float]
 
 
+@dataclass(eq=False)  # identity: the session finds a handle in its own queue
+class InFlight:
+    """A batch rolled out ahead of its update (`rollout.max_staleness` >= 1)."""
+
+    step: int                        # the update that trains on it (its rollouts are seeded with it)
+    questions: list[QuestionRow]
+    pending: PendingRollout | None   # None once collected (or its collection failed: a retry redoes it)
+
+
+def admissible(step: int, weights_version: int, max_staleness: int) -> bool:
+    """May the batch of update `step` start on weights of `weights_version` (GRPO updates in them)?
+    Trained at `step`, the learner then holds version `step`: the gap is its staleness.
+
+    >>> admissible(3, 2, 1), admissible(3, 1, 1), admissible(3, 3, 0), admissible(4, 3, 0)
+    (True, False, True, False)
+    """
+    return step - weights_version <= max_staleness
+
+
 T = TypeVar("T")
 
 
@@ -78,7 +108,9 @@ class TrainingHooks:
 
     def stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         """Run one stage of the schedule (`next-batch`, `rollout`, `reward`, `grpo-update`,
-        `record`, `broadcast-weights`, `validate`, `checkpoint`)."""
+        `record`, `broadcast-weights`, `validate`, `checkpoint`; with `rollout.max_staleness` >= 1
+        also `rollout-submit`, which queues a later step's batch and returns its `InFlight` handle
+        at once, and `rollout` then collects that handle)."""
         if name in ("rollout", "grpo-update", "validate", "checkpoint"):
             log.info("%s ...", name)  # minutes-long stages on CPU: say what is running
         return fn(*args)
@@ -171,6 +203,8 @@ class TrainingSession:
         self._stack = ExitStack()
         self.step = 0
         self.position = 0
+        self.in_flight: list[InFlight] = []  # batches of the next steps, oldest first (max_staleness >= 1)
+        self.sent_version = 0  # GRPO updates in the newest weights queued to the actors
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> "TrainingSession":
@@ -214,6 +248,8 @@ class TrainingSession:
             self.warehouse.delete_steps_after(self.run_id, self.step - 1)
         self.env_cfg = self._start_environment()
         self.pool = self._start_pool()
+        self._stack.callback(self._drop_in_flight)  # runs before the pool stops (the stack is LIFO)
+        self.sent_version = self.step
         if latest is not None:
             self.broadcast()
 
@@ -251,6 +287,43 @@ class TrainingSession:
     def rollout(self, questions: list[QuestionRow]) -> list[Trajectory]:
         """The group's multi-turn trajectories, not yet scored (`score` is its own stage)."""
         return self.pool.rollout(questions, self.step, score=False)
+
+    def submit_rollout(self, questions: list[QuestionRow]) -> InFlight:
+        """Queue the batch of the next step not yet in flight on the actors; returns at once."""
+        batch = InFlight(self.step + 1 + len(self.in_flight), questions, None)
+        batch.pending = self.pool.submit(questions, batch.step, score=False)
+        self.in_flight.append(batch)
+        return batch
+
+    def collect_rollout(self, batch: InFlight) -> list[Trajectory]:
+        """The trajectories of a batch submitted earlier (the oldest in flight), not yet scored.
+        If an earlier collection of it failed (the flow retries the stage) it is rolled out again."""
+        if batch in self.in_flight:
+            self.in_flight.remove(batch)
+        pending, batch.pending = batch.pending, None
+        if pending is None:
+            return self.pool.rollout(batch.questions, batch.step, score=False)
+        return self.pool.collect(pending)
+
+    def run_ahead(self, hooks: TrainingHooks) -> None:
+        """Submit the batches of the next steps that may start now: each while the newest weights
+        queued to the actors are at most `rollout.max_staleness` versions behind its update, and
+        none past `train.steps`. At max_staleness 0 nothing is submitted."""
+        k = self.cfg.rollout.max_staleness
+        while k:
+            step = self.step + 1 + len(self.in_flight)
+            if step >= self.cfg.train.steps or not admissible(step, self.sent_version, k):
+                return
+            questions = hooks.stage("next-batch", self.next_batch)
+            hooks.stage("rollout-submit", self.submit_rollout, questions)
+
+    def _drop_in_flight(self) -> None:
+        """Leaving the session with batches in flight (an error, or Ctrl-C): cancel them, so the
+        actors' clean-up does not queue behind them."""
+        for batch in self.in_flight:
+            if batch.pending is not None:
+                self.pool.cancel(batch.pending)
+        self.in_flight = []
 
     def score(self, trajectories: list[Trajectory]) -> None:
         """The dual-constrained reward of each trajectory no environment failure ended."""
@@ -293,12 +366,17 @@ class TrainingSession:
 
     def broadcast(self) -> None:
         """Sync the rollout engines to the learner's weights as policy version `step` (updates
-        applied so far), verified on every engine (`RolloutPool.broadcast`)."""
-        self.pool.broadcast(self.learner.weights_for_sync(self.step))
+        applied so far), verified on every engine (`RolloutPool.broadcast`). With batches in flight
+        it does not wait: each engine loads the update after those batches, and the next collection
+        verifies the engines' answers."""
+        self.pool.broadcast(self.learner.weights_for_sync(self.step), wait=not self.in_flight)
+        self.sent_version = self.step
 
     def checkpoint(self) -> Path:
-        """Save weights, optimiser, RNG and data position after `step` updates (`run` decides when)."""
-        return self.learner.save_checkpoint(self.ckpt_dir, self.step, {"position": self.position})
+        """Save weights, optimiser, RNG and data position after `step` updates (`run` decides when).
+        The position is that of the first batch not trained yet: batches in flight are redone on resume."""
+        position = self.position - len(self.in_flight)
+        return self.learner.save_checkpoint(self.ckpt_dir, self.step, {"position": position})
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts on held-out questions, scored over the questions the environment
@@ -345,6 +423,8 @@ class TrainingSession:
         A fresh run first validates the untrained agent. Each step runs batch -> rollout ->
         reward -> update -> record -> broadcast, validates every `train.validate_every` steps and
         after the last, and checkpoints every `train.checkpoint_every` steps and after the last.
+        With `rollout.max_staleness` >= 1 the batches of the next steps are submitted (`run_ahead`)
+        between reward and update, and a step's rollout is the collection of its batch.
         The final checkpoint is exported as a plain HF folder. `hooks` observe (metrics, progress)
         and may wrap each stage (the flow runs each one as a Prefect task)."""
         hooks = hooks or TrainingHooks(self.cfg.train.steps)
@@ -357,10 +437,14 @@ class TrainingSession:
         while self.step < cfg.steps:
             index = self.step
             t0 = time.perf_counter()
-            questions = hooks.stage("next-batch", self.next_batch)
-            trajectories = hooks.stage("rollout", self.rollout, questions)
+            if self.in_flight:  # submitted during an earlier step (max_staleness >= 1)
+                trajectories = hooks.stage("rollout", self.collect_rollout, self.in_flight[0])
+            else:
+                questions = hooks.stage("next-batch", self.next_batch)
+                trajectories = hooks.stage("rollout", self.rollout, questions)
             rollout_s = time.perf_counter() - t0
             hooks.stage("reward", self.score, trajectories)
+            self.run_ahead(hooks)  # the next steps' batches generate while this update runs
             metrics = hooks.stage("grpo-update", self.update, trajectories)
             metrics["rollout_time_s"] = rollout_s
             hooks.stage("record", self.finish_step, trajectories)
