@@ -122,7 +122,7 @@ def stand_in_pool(modes: list[str], sync_timeout_s: float):
     pool = RolloutPool.__new__(RolloutPool)
     pool.cfg = parse_config({"rollout": {"sync_timeout_s": sync_timeout_s}})
     pool.workers = [ray.remote(num_cpus=0)(StandInEngine).remote(mode) for mode in modes]
-    pool.groups, pool._stuck = [], False
+    pool.groups, pool._stuck, pool._loads, pool._queued = [], False, [], []
     pool.placements = ray.get([w.placement.remote() for w in pool.workers], timeout=60)
     return pool
 
