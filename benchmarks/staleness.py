@@ -11,7 +11,7 @@ Steps per hour = steps / (time from the run's first stage to its last step's end
 (b) `benchmarks/rollout.py`'s comparison (same `rollout_batch`, same agent and questions; the
 baseline serialises environment calls and makes every turn wait for all replies), on the proxy.
 
-    .venv/bin/python benchmarks/staleness.py                 # both parts, about 10 minutes on 2 CPU cores
+    .venv/bin/python benchmarks/staleness.py                 # both parts: 24 min on a shared 2-core CPU
     .venv/bin/python benchmarks/staleness.py --part loop     # (b) only
 
 Ratios are against the baseline measured in the same process; nothing here asserts a time.
