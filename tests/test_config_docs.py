@@ -17,7 +17,7 @@ PAGE = ROOT / "docs" / "config.md"
 def test_docs_config_md_is_up_to_date():
     assert PAGE.is_file(), "docs/config.md is missing: run `.venv/bin/python scripts/config_docs.py`"
     assert PAGE.read_text() == render_config_docs(), (
-        "docs/config.md is out of date with prompt_r1/config/experiment.py and prompt_r1/config/env.py: "
+        "docs/config.md is out of date with the models in prompt_r1/config/: "
         "run `.venv/bin/python scripts/config_docs.py` and commit docs/config.md")
 
 

@@ -1,8 +1,9 @@
 """Typed configuration: one pydantic model tree per experiment, validated once at the edge.
 
-Owns the shared strict base and the config error (`base`), one environment's settings (`env`)
-and the whole experiment (`experiment`: every section, YAML loading with `--set` overrides, run
-folders and ids). `docs/config.md` lists every key, generated from these models.
+Owns the shared strict base and the config error (`base`), the sections (`sampling`: data,
+agent, rollout, reward; `training`: train; `evaluation`: eval; `env`: one environment) and the
+whole experiment (`experiment`: the tree, YAML loading with `--set` overrides, run folders and
+ids; every section is importable from it). `docs/config.md` lists every key, generated from these models.
 
 Imports: `prompt_r1.core` only.
 """

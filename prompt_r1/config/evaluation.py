@@ -1,0 +1,68 @@
+"""How a run is evaluated: the `eval` section and its prompt-optimisation `baselines`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from prompt_r1.config.base import StrictModel
+from prompt_r1.config.env import EnvConfig
+
+
+class BaselinesConfig(StrictModel):
+    """Prompt-optimisation baselines (`opro`, `gepa`, `textgrad`): each optimises one instruction on
+    training questions within this budget, then is evaluated like `cot` with that instruction."""
+
+    max_env_calls: int = Field(
+        200, ge=1, description="Environment calls one optimisation may make (scoring and optimiser calls together)."
+    )
+    max_usd: float | None = Field(
+        None, gt=0, description="Dollars one optimisation may spend (where prices are configured; None = no cap)."
+    )
+    train_questions: int = Field(16, ge=1, description="Train-split questions each candidate is scored on.")
+    train_datasets: list[str] = Field(
+        default_factory=list, description="Datasets the training questions come from (empty = data.train_datasets or all)."
+    )
+    steps: int = Field(10, ge=1, description="OPRO and TextGrad: optimisation steps (the budget may end them sooner).")
+    candidates_per_step: int = Field(2, ge=1, description="OPRO: instructions proposed per step.")
+    history: int = Field(20, ge=1, description="OPRO: best earlier instructions shown to the optimiser.")
+    minibatch: int = Field(4, ge=1, description="GEPA: questions per reflection minibatch; TextGrad: questions per step.")
+    optimizer: "EnvConfig | None" = Field(
+        None, description="The optimiser / reflection LLM (None = the evaluated environment)."
+    )
+
+
+class EvalConfig(StrictModel):
+    methods: list[Literal["direct", "cot", "agent", "agent_only", "opro", "gepa", "textgrad"]] = Field(
+        default_factory=lambda: ["direct", "cot", "agent", "agent_only"],
+        description="`opro`, `gepa` and `textgrad` optimise an instruction first (see `baselines`).",
+    )
+    baselines: BaselinesConfig = Field(
+        default_factory=BaselinesConfig,
+        description="Prompt-optimisation baselines (`opro`, `gepa`, `textgrad`): the budget and settings of "
+        "the instruction each one optimises before it is evaluated like `cot`.",
+    )
+    suites: list[str] = Field(
+        default_factory=lambda: ["in_domain", "ood"],
+        description="`in_domain`, `ood`, `sample`, or dataset names.",
+    )
+    limit_per_dataset: int | None = Field(8, ge=1, description="Questions per dataset (None = all).")
+    environments: list[EnvConfig] = Field(
+        default_factory=list, description="Environment LLMs to evaluate against (empty = the training one)."
+    )
+    agent_checkpoints: list[str] = Field(
+        default_factory=lambda: ["base", "trained"],
+        description="`base` (agent.model), `trained` (this run's final checkpoint), `champion` (the registry's), "
+        "or any agent spec: a bundled model, a folder, a training run id or a models:/ URI.",
+    )
+    examples_per_dataset: int = Field(2, ge=0, description="Trajectories kept for reading.")
+    temperature: float = Field(
+        0.0, ge=0.0, description="Agent sampling temperature in evaluation (0 = greedy; the reference uses 0.7)."
+    )
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Agent nucleus sampling in evaluation (the reference uses 0.8).")
+    max_turns: int | None = Field(
+        None, ge=1, le=100,
+        description="Agent generations per question in evaluation (None = rollout.max_turns; the reference uses 10).",
+    )

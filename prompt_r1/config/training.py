@@ -1,0 +1,121 @@
+"""How a run trains: the `train` section (GRPO, optimiser, precision, the learner's layout, checkpoints).
+
+`LAYOUT_KEYS` are the keys that say how the learner is laid out rather than what it computes;
+`Config.hash` leaves them out, so a run resumes at another world size as the same run.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from prompt_r1.config.base import StrictModel
+
+
+class TrainConfig(StrictModel):
+    steps: int = Field(2, ge=0, description="GRPO steps (each = one rollout batch).")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay (the reference uses 0.01).")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps, then constant.")
+    mini_batch_questions: int = Field(
+        64, ge=1, description="Questions per optimiser step (a rollout batch may give several)."
+    )
+    micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
+    ppo_epochs: int = Field(
+        1, ge=1,
+        description="Optimiser passes over each rollout batch (TRL's num_iterations). The old log-probs "
+        "are fixed before the first pass, so later passes see ratios away from 1 and the clip bounds them.",
+    )
+    clip_low: float = Field(0.2, ge=0, description="PPO clip range below 1: ratio clipped at 1 - clip_low.")
+    clip_high: float = Field(
+        0.2, ge=0,
+        description="PPO clip range above 1: ratio clipped at 1 + clip_high. Equal to clip_low (the default) "
+        "is the symmetric clip; DAPO's clip-higher uses 0.28, so a token's probability may rise further "
+        "than it may fall.",
+    )
+    clip_ratio_c: float | None = Field(
+        None, gt=1.0,
+        description="Dual-clip bound for negative advantages: the per-token loss is capped at "
+        "-clip_ratio_c * A (the reference uses 3.0); None = plain PPO clipping.",
+    )
+    tis_cap: float = Field(
+        2.0, ge=1.0,
+        description="With `rollout.max_staleness` >= 1: cap C of the truncated importance weight per agent token, "
+        "min(exp(old - behaviour), C), where old is the learner's log-prob under the weights before the update "
+        "and behaviour the log-prob the sampling engine recorded (`Trajectory.logprobs`); it multiplies the "
+        "clipped PPO term. Unused at max_staleness 0.",
+    )
+    kl_coef: float = Field(
+        0.001, ge=0,
+        description="Weight of the k3 KL to the reference policy. 0 = no KL term: no frozen reference copy "
+        "is kept (full fine-tuning), no reference forward pass runs, and the `kl` metric reads 0.",
+    )
+    loss_agg: Literal["token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean",
+        description="`token-mean`: mean over all agent tokens of the mini-batch; `seq-mean-token-sum-norm` "
+        "(Dr.GRPO): per-sequence token sum / max response length, mean over sequences.",
+    )
+    scale_by_std: bool = Field(True, description="Divide advantages by the group std (False = Dr.GRPO).")
+    drop_uniform_groups: bool = Field(
+        False,
+        description="Leave groups whose rewards are all equal (advantage 0 for every trajectory) out of "
+        "the update, as DAPO's dynamic sampling does: they then add no KL, no tokens to the loss "
+        "normalisation and no forward pass; a batch with none left makes no update (`update_skipped`). "
+        "Every step logs `groups`, `groups_informative` and `informative_share` either way.",
+    )
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm, per optimiser step.")
+    device: str = Field(
+        "auto", pattern=r"^(auto|cpu|cuda|cuda:\d+)$",
+        description="Where the learner (policy and reference) runs: `auto` (first CUDA GPU if there is "
+        "one, else CPU), `cpu`, `cuda` or `cuda:N`.",
+    )
+    autocast: bool = Field(
+        True,
+        description="With agent.dtype bfloat16, run the learner's forward/backward under torch autocast "
+        "to bfloat16 where the device supports it (CPU, CUDA with bf16); weights and optimiser "
+        "state stay float32 either way. False = float32 compute.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory, about a third more compute."
+    )
+    world_size: int = Field(
+        1, ge=1,
+        description="Learner ranks. 1 = one learner; N > 1 = N Ray actors in a placement group joined by "
+        "torch.distributed (nccl where CUDA and NCCL are available, gloo otherwise), each taking whole GRPO "
+        "groups of the batch, the loss normalised by the global token count so N ranks give the gradient of one.",
+    )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="How learner ranks share the model: `ddp` (every rank holds all weights, gradients are "
+        "all-reduced) or `fsdp` (FSDP2 `fully_shard` over a device mesh: weights, gradients and AdamW state "
+        "sharded, for full fine-tuning that does not fit one device; not with LoRA).",
+    )
+    cpus_per_rank: float = Field(1.0, gt=0, description="CPUs in each learner rank's placement bundle.")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK",
+        description="Ray placement strategy of the learner ranks' bundles: PACK keeps them on as few nodes as "
+        "possible (collectives stay inside a node), SPREAD puts them on different nodes where it can (one rank "
+        "per node), STRICT_* refuse anything else (a STRICT placement that cannot be met fails at "
+        "train.placement_timeout_s).",
+    )
+    placement_timeout_s: float = Field(
+        300.0, gt=0,
+        description="Deadline for the learner ranks' placement group to be placed; past it the error names "
+        "the resources missing and what to change.",
+    )
+    dist_timeout_s: float = Field(
+        600.0, gt=0,
+        description="Deadline for torch.distributed set-up and each collective, and for a learner rank's "
+        "step: a rank that dies or hangs fails the step within it, naming the rank.",
+    )
+    checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N steps (and at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
+    validate_every: int = Field(0, ge=0, description="Validation every N steps (0 = only at the end).")
+    validation_questions: int = Field(8, ge=1, description="Validation questions per check.")
+
+
+# `train` keys that say how the learner is laid out (ranks, placement, deadlines), not what it
+# computes: left out of `Config.hash`, the run's identity
+LAYOUT_KEYS = ("world_size", "strategy", "cpus_per_rank", "placement_strategy", "placement_timeout_s",
+               "dist_timeout_s")
