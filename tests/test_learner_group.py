@@ -280,3 +280,34 @@ def test_ranks_take_a_gpu_each_when_the_cluster_has_gpus(monkeypatch) -> None:
     monkeypatch.setattr(learner_group.ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
     assert learner_group.learner_device("auto") == learner_group.learner_device("cuda:1") == "cuda:0"
     assert learner_group.learner_device("cpu") == "cpu"  # train.device: cpu places the ranks without GPUs
+
+
+def test_one_rank_is_a_ray_actor_when_it_would_train_on_a_gpu(monkeypatch) -> None:
+    """A one-rank learner on a GPU runs in Ray (a placed GPU, none in the driver); on CPU it stays
+    in this process."""
+    from prompt_r1.training import learners
+
+    monkeypatch.setattr(learners, "LocalLearner", lambda cfg, path: ("local", cfg.train.world_size))
+    monkeypatch.setattr("prompt_r1.rollout.ray_pool.init_ray", lambda rollout_cfg: None)
+    opened = []
+
+    class Group:
+        def __init__(self, cfg, path):
+            opened.append(cfg.train.world_size)
+
+        def close(self):
+            opened.append("closed")
+
+    monkeypatch.setattr("prompt_r1.training.learner_group.LearnerGroup", Group)
+    for gpus, device, expected in [(2.0, "auto", "ray"), (2.0, "cuda", "ray"), (2.0, "cpu", "local"),
+                                   (0.0, "auto", "local")]:
+        monkeypatch.setattr(ray, "cluster_resources", lambda gpus=gpus: {"CPU": 8.0, "GPU": gpus})
+        cfg = make_config(device=device)
+        assert learners.learner_in_ray(cfg) is (expected == "ray")
+        with learners.open_learner(cfg, "unused") as learner:
+            if expected == "local":
+                assert learner == ("local", 1)
+            else:
+                assert isinstance(learner, Group)
+    assert opened == [1, "closed", 1, "closed"]
+    assert learners.learner_in_ray(make_config(world_size=2)) is True

@@ -5,8 +5,12 @@ rollout batch), `weights_for_sync` (the versioned weights for the rollout worker
 `save_checkpoint` / `load_checkpoint` (the world-size-independent format of `checkpoint`) and
 `close`. `open_learner` gives the right one for `train.world_size`:
 
-- 1: `LocalLearner`, the `GRPOLearner` in this process, exactly as before learner groups;
-- N > 1: `LearnerGroup`, N Ray actors joined by torch.distributed; this process holds no model.
+- N > 1: `LearnerGroup`, N Ray actors joined by torch.distributed; this process holds no model;
+- 1 with GPUs in reach (`train.device` not `cpu` and the Ray cluster has GPUs): a `LearnerGroup`
+  of one rank, so the learner's GPU is one Ray placed and hands to no rollout engine, and the
+  driver still holds no model and never touches CUDA;
+- 1 otherwise (CPU): `LocalLearner`, the `GRPOLearner` in this process (no actor to start, and
+  the one-process path that tests and CPU runs rely on).
 """
 
 from __future__ import annotations
@@ -76,11 +80,27 @@ class LocalLearner:
         """Nothing to release: the model goes with this object."""
 
 
+def learner_in_ray(cfg: Config) -> bool:
+    """Whether the learner runs as Ray actors: always for N > 1 ranks, and for one rank when it
+    would train on a GPU (`train.device` not `cpu` and the Ray cluster, started here if need be,
+    has GPUs: counted by Ray, so this process never touches CUDA)."""
+    if cfg.train.world_size > 1:
+        return True
+    if cfg.train.device == "cpu":
+        return False
+    import ray
+
+    from prompt_r1.rollout.ray_pool import init_ray
+
+    init_ray(cfg.rollout)
+    return ray.cluster_resources().get("GPU", 0.0) > 0
+
+
 @contextmanager
 def open_learner(cfg: Config, model_path: str | Path) -> Iterator[Learner]:
-    """The learner `train.world_size` asks for, closed when the block ends (a group starts Ray
-    with `rollout`'s settings if it is not running yet)."""
-    if cfg.train.world_size == 1:
+    """The learner `train.world_size` asks for (see the module docstring), closed when the block
+    ends (a group starts Ray with `rollout`'s settings if it is not running yet)."""
+    if not learner_in_ray(cfg):
         yield LocalLearner(cfg, model_path)
         return
     from prompt_r1.rollout.ray_pool import init_ray

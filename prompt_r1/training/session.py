@@ -221,13 +221,13 @@ class TrainingSession:
         from prompt_r1.models.resolver import check_agent_spec, resolve_agent
         from prompt_r1.rollout.ray_pool import check_local_cpus
         from prompt_r1.training.run_record import open_run
-        from prompt_r1.training.learners import open_learner
+        from prompt_r1.training.learners import learner_in_ray, open_learner
         from prompt_r1.training.plan import preflight
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
         check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
         train = self.cfg.train  # and more actors (rollout, learner ranks) than a local Ray instance can start
-        check_local_cpus(self.cfg.rollout, learner_ranks=train.world_size if train.world_size > 1 else 0,
+        check_local_cpus(self.cfg.rollout, learner_ranks=train.world_size if learner_in_ray(self.cfg) else 0,
                          cpus_per_rank=train.cpus_per_rank)
         preflight(self.cfg)  # and, when the run would use GPUs, a config that does not fit them (`prompt-r1 plan`)
         self.train_questions, self.val_questions = training_pool(self.warehouse, self.cfg)
