@@ -2,10 +2,10 @@
 
 Why it exists: `train.world_size` > 1 spreads the GRPO update over a `LearnerGroup` of Ray
 actors (`prompt_r1/training/learner_group.py`); this measures what that costs or gains against
-the one-process learner, in the same process, on the same batch:
+one rank, in the same process, on the same batch:
 - for each model shape (`--shapes`: randomly initialised models of published architectures,
   `benchmarks/gpu_learner.py`'s SHAPES: `tiny`, and `smollm2-135m`, the demo agent's shape),
-  the 1-rank baseline (`GRPOLearner` in this process) and a group for every `--strategies` x
+  the 1-rank baseline (a group of one rank: a `GRPOLearner` in one actor) and a group for every `--strategies` x
   `--ranks`: one warm-up step, then `--steps` timed steps on the same batch;
 - step time and tokens/s (prompt + response tokens of the batch per second of the driver's wall
   clock), each as a ratio to the baseline;
@@ -110,7 +110,6 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     from prompt_r1.rollout.ray_pool import init_ray
     from prompt_r1.training.learner_group import LearnerGroup
-    from prompt_r1.training.learners import LocalLearner
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="learner-scaling-") as scratch:
@@ -121,7 +120,10 @@ def run(args: argparse.Namespace) -> list[dict]:
             base_cfg = config(args, model_dir)
             if not ray.is_initialized():
                 init_ray(base_cfg.rollout)
-            base = measure(LocalLearner(base_cfg, model_dir), batch, args.steps)
+            # the baseline is one rank in its own actor too: same transport, and its memory goes
+            # with the actor (a learner in this process would keep its peak here beside the ranks)
+            with LearnerGroup(config(args, model_dir, 1, "ddp"), model_dir) as one:
+                base = measure(one, batch, args.steps)
             rows.append({"shape": shape, "ranks": 1, "strategy": "-", **base})
             for strategy in args.strategies:
                 for n in args.ranks:

@@ -294,6 +294,9 @@ class LearnerGroup:
 
 def _first_line(err: BaseException) -> str:
     """The cause of a Ray error in one line (a remote traceback is long; its last line is the error)."""
+    if isinstance(err, ray.exceptions.OutOfMemoryError):  # its message is a page of Ray's advice
+        return ("killed by Ray's memory monitor, the node ran low on memory (lower train.micro_batch_size or "
+                "train.world_size per node, or enable train.gradient_checkpointing)")
     cause = getattr(err, "cause", None)
     if isinstance(cause, BaseException):
         return f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}"
