@@ -25,7 +25,8 @@ LoRA (`lora_rank`, from `agent.lora.r` when `agent.lora.enabled`): the engine st
 `enable_lora` and each adapter sync is written to a temporary folder (safetensors +
 adapter_config.json) and loaded as `LoRARequest("v<version>", version + 1, folder)`; generation
 uses the newest one, and the previous version is removed from the engine once the new one is
-loaded (the schedule is synchronous: no rollout still uses it).
+loaded: an actor runs one call at a time, so no rollout still uses it, also with
+`rollout.max_staleness` >= 1 (a sync queued behind a batch is applied after that batch).
 
 Memory: on GPU the engine takes `gpu_memory_utilization` of the device. On CPU it gets an absolute
 KV cache sized for `max_num_seqs` sequences of `max_model_len` tokens (`models.kv_cache`) and runs
