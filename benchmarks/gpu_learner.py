@@ -20,7 +20,7 @@ What it does, through the library only (`GRPOLearner`, `Trajectory`, `Transforme
   (prompt + response tokens, and agent tokens alone), peak CUDA memory, and checks that the
   loss is finite and that the weights changed (the point of float32 master weights at lr 1e-6);
 - times the weight sync the training session does after each step
-  (`learner.state_dict_for_broadcast()`, then each rollout policy's `load_weights`) into a
+  (`learner.weights_for_sync()`, then each rollout policy's `apply_update`, checksum checked) into a
   `TransformersPolicy` on CPU (what a Ray rollout actor holds today) and one moved to the GPU,
   and into the in-process vLLM engine (`VLLMPolicy`) when vLLM is importable.
 
@@ -208,20 +208,21 @@ def timed(fn) -> tuple[float, object]:
 
 
 def weight_sync(learner, model_dir: Path, dtype: str, device: str) -> dict:
-    """Seconds of the session's broadcast path: export from the learner, load into each policy."""
+    """Seconds of the session's broadcast path: the learner's versioned update
+    (`weights_for_sync`), then each policy's `apply_update`, whose checksum must equal the sent one."""
     from prompt_r1.policy.hf import TransformersPolicy
 
     out: dict = {}
-    seconds, state = timed(learner.state_dict_for_broadcast)
+    seconds, update = timed(lambda: learner.weights_for_sync(1))
     out["export_s"] = seconds
-    out["export_gib"] = gib(sum(t.numel() * t.element_size() for t in state.values()))
+    out["export_kind"] = update.kind
+    out["export_gib"] = gib(update.nbytes)
     policy = TransformersPolicy(model_dir, dtype=dtype)
-    out["load_cpu_policy_s"], _ = timed(lambda: policy.load_weights(state))
+    out["load_cpu_policy_s"], checksum = timed(lambda: policy.apply_update(update))
+    out["synced_equal"] = checksum == update.checksum
     policy.model.to(device)
-    out["load_cuda_policy_s"], _ = timed(lambda: policy.load_weights(state))
-    name, param = next(iter(learner.model.named_parameters()))
-    synced = policy.model.state_dict()[name]
-    out["synced_equal"] = bool(torch.equal(synced.cpu(), param.detach().to("cpu", synced.dtype)))
+    out["load_cuda_policy_s"], checksum = timed(lambda: policy.apply_update(update))
+    out["synced_equal"] = out["synced_equal"] and checksum == update.checksum
     del policy
     empty_cache()
 
@@ -233,7 +234,7 @@ def weight_sync(learner, model_dir: Path, dtype: str, device: str) -> dict:
 
         seconds, engine = timed(lambda: VLLMPolicy(model_dir, dtype=dtype, gpu_memory_utilization=0.3))
         out["vllm_start_s"] = seconds
-        out["vllm_load_s"], _ = timed(lambda: engine.load_weights(state))
+        out["vllm_load_s"], _ = timed(lambda: engine.apply_update(update))
         engine.close()
         out["vllm"] = "measured"
     except Exception as err:  # report, keep the learner figures

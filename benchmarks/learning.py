@@ -44,7 +44,8 @@ from prompt_r1.core.reward import GATE_TOLERANCE  # noqa: E402
 from prompt_r1.core.seeding import derive_seed  # noqa: E402
 from prompt_r1.core.trajectory import rollout_stats  # noqa: E402
 from prompt_r1.evaluation.stats import paired_comparison  # noqa: E402
-from prompt_r1.training.session import StepResult, TrainingHooks, TrainingSession  # noqa: E402
+from prompt_r1.training.hooks import StepResult, TrainingHooks  # noqa: E402
+from prompt_r1.training.session import TrainingSession  # noqa: E402
 
 log = logging.getLogger("benchmarks.learning")
 

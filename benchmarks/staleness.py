@@ -53,7 +53,8 @@ def demo_like(args: argparse.Namespace) -> Config:
 
 def steps_per_hour(cfg: Config, env: EnvConfig, max_staleness: int, home: Path, name: str) -> dict[str, float]:
     """Train `cfg` against `env` at `max_staleness`; steps per hour of the schedule alone."""
-    from prompt_r1.training.session import TrainingHooks, TrainingSession
+    from prompt_r1.training.hooks import TrainingHooks
+    from prompt_r1.training.session import TrainingSession
     from warehouse.store import Warehouse
 
     cfg = cfg.model_copy(update={"environment": env,

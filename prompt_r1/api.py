@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from prompt_r1.config.env import EnvConfig
     from prompt_r1.core.trajectory import Trajectory
     from prompt_r1.evaluation.evaluate import EvalOutcome
-    from prompt_r1.training.session import TrainingHooks
+    from prompt_r1.training.hooks import TrainingHooks
     from warehouse.store import Warehouse
 
 
@@ -97,7 +97,8 @@ def train(cfg: Config, *, run_id: str | None = None, resume: bool = False, force
     the newest unfinished run of this config; `force` continues it under a changed config.
     `on_start(run_id, folder)` is called once the run is known."""
     from prompt_r1.training.run_record import ResumeError
-    from prompt_r1.training.session import TrainingHooks, TrainingSession
+    from prompt_r1.training.hooks import TrainingHooks
+    from prompt_r1.training.session import TrainingSession
 
     if force and not resume:
         raise ResumeError("--force only applies to --resume (it continues a run under a changed config)")

@@ -22,7 +22,7 @@ import mlflow
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from prompt_r1.training.session import StepResult, TrainingHooks
+from prompt_r1.training.hooks import StepResult, TrainingHooks
 from tasks.artifacts import training_progress
 from tasks.evaluate import retry_unless_environment_failure
 from tasks.tracking import MetricBuffer

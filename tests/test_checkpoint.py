@@ -213,7 +213,7 @@ class _FakeSession:
         return None
 
     def run(self, hooks=None):
-        from prompt_r1.training.session import TrainingOutcome
+        from prompt_r1.training.hooks import TrainingOutcome
 
         return TrainingOutcome(None, {}, {})
 

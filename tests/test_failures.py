@@ -209,7 +209,7 @@ def test_a_run_whose_final_validation_fails_stops_and_exports_no_agent(home, tmp
     from prompt_r1.config.experiment import load_config
     from prompt_r1.data.ingest import ingest
     from prompt_r1.training.checkpoint import step_dir_name
-    from prompt_r1.training.session import TrainingHooks
+    from prompt_r1.training.hooks import TrainingHooks
 
     cfg = load_config(ROOT / "configs" / "smoke.yaml")
     validations: list[tuple[int, dict]] = []

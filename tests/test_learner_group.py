@@ -72,7 +72,7 @@ def test_two_ranks_train_and_checkpoint_as_one(local_ray, tiny_model_path, tmp_p
     group_cfg = make_config(**SETTINGS, world_size=2, strategy=strategy, dist_timeout_s=120)
     with LearnerGroup(group_cfg, tiny_model_path) as group:
         group_metrics = [group.step(batch) for _ in range(3)]
-        trained = group.state_dict_for_broadcast()
+        trained = group.merged_state_dict()
         # (a) the same weights as one learner on the whole batch, which moved far more than that
         assert _max_diff(trained, _weights(one)) < TOLERANCE
         assert _max_diff(trained, initial) > 100 * TOLERANCE
@@ -119,7 +119,7 @@ def test_two_ranks_train_a_lora_adapter_as_one(local_ray, tiny_model_path, tmp_p
 
     cfg = make_config(lora=True, lr=1e-2, **SETTINGS)
     one = GRPOLearner(cfg, tiny_model_path)
-    initial = one.state_dict_for_broadcast()
+    initial = one.merged_state_dict()
     batch = hand_trajectories(one.tokenizer)
     for _ in range(3):
         one.step(batch)
@@ -127,7 +127,7 @@ def test_two_ranks_train_a_lora_adapter_as_one(local_ray, tiny_model_path, tmp_p
                       tiny_model_path) as group:
         for _ in range(3):
             group.step(batch)
-        trained = group.state_dict_for_broadcast()
+        trained = group.merged_state_dict()
         saved = group.save_checkpoint(tmp_path / "two", 3, {"position": 3})
         # a user mistake inside the ranks is reported as itself (and still tears the group down)
         full_cfg = make_config()
@@ -135,11 +135,11 @@ def test_two_ranks_train_a_lora_adapter_as_one(local_ray, tiny_model_path, tmp_p
         with pytest.raises(CheckpointError, match="is a full model but the config has agent.lora.enabled=True"):
             group.load_checkpoint(full_model)
         assert group.closed and group.actors == []
-    assert _max_diff(trained, one.state_dict_for_broadcast()) < TOLERANCE
+    assert _max_diff(trained, one.merged_state_dict()) < TOLERANCE
     assert _max_diff(trained, initial) > 100 * TOLERANCE
     resumed = GRPOLearner(cfg, tiny_model_path)
     assert load_checkpoint(resumed, saved) == (3, {"position": 3})  # an adapter checkpoint, as one learner writes
-    assert _max_diff(resumed.state_dict_for_broadcast(), trained) == 0.0
+    assert _max_diff(resumed.merged_state_dict(), trained) == 0.0
 
 
 def test_smoke_training_with_two_ranks_exports_the_agent_of_one(local_ray, home, warehouse) -> None:
@@ -148,7 +148,8 @@ def test_smoke_training_with_two_ranks_exports_the_agent_of_one(local_ray, home,
 
     from prompt_r1.data.ingest import ingest
     from prompt_r1.models.bundled import resolve_model
-    from prompt_r1.training.session import TrainingHooks, TrainingSession
+    from prompt_r1.training.hooks import TrainingHooks
+    from prompt_r1.training.session import TrainingSession
 
     class Recorder(TrainingHooks):
         def __init__(self):

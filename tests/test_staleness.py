@@ -142,7 +142,7 @@ def _synchronous_run(session, hooks) -> None:
     the outcome it returns): what max_staleness 0 must still do."""
     import time
 
-    from prompt_r1.training.session import StepResult
+    from prompt_r1.training.hooks import StepResult
 
     cfg = session.cfg.train
     if session.step == 0 and session.val_questions:
@@ -173,7 +173,8 @@ def _train(home, name: str, overrides: dict, synchronous: bool = False, resume: 
     """Train configs/smoke.yaml with `overrides`; what every stage, step and checkpoint left."""
     from prompt_r1.data.ingest import ingest
     from prompt_r1.training.checkpoint import _read_state
-    from prompt_r1.training.session import TrainingHooks, TrainingSession
+    from prompt_r1.training.hooks import TrainingHooks
+    from prompt_r1.training.session import TrainingSession
     from warehouse.store import Warehouse
 
     out: dict = {"stages": [], "metrics": [], "trajectories": [], "versions": [], "questions": [], "positions": [],

@@ -67,7 +67,7 @@ def test_lora_trains_only_the_adapter_and_reference_is_the_base(tiny_model_path)
     assert not torch.allclose(policy_logits, base_logits, atol=1e-4)
     # the broadcast state dict is a plain HF dict with the adapter merged in
     merged = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
-    merged.load_state_dict(learner.state_dict_for_broadcast())
+    merged.load_state_dict(learner.merged_state_dict())
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, policy_logits, atol=1e-5)
 
@@ -139,7 +139,7 @@ def test_paper_precision_one_step_at_lr_1e6_changes_nearly_all_weights(tiny_mode
     for state in learner.optimizer.state.values():
         assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
     # rollouts get the weights in their own dtype
-    sent = learner.state_dict_for_broadcast()
+    sent = learner.merged_state_dict()
     assert {v.dtype for v in sent.values()} == {torch.bfloat16}
     assert torch.equal(sent["lm_head.weight"], learner.model.lm_head.weight.detach().bfloat16())
 
@@ -185,7 +185,7 @@ def test_learner_and_reference_run_on_the_gpu(tiny_model_path) -> None:
     before = _params(learner.model)
     learner.step(hand_trajectories(learner.tokenizer))
     assert _changed_share(before, _params(learner.model)) > 0.99
-    assert {v.device.type for v in learner.state_dict_for_broadcast().values()} == {"cpu"}
+    assert {v.device.type for v in learner.merged_state_dict().values()} == {"cpu"}
 
 
 @pytest.mark.parametrize("setting,field", [
@@ -274,11 +274,11 @@ def test_lora_on_all_linear_layers_adapts_every_linear_but_the_output_head(tiny_
     # the broadcast weights carry every adapter's delta, the MLP's included
     ids = torch.tensor([learner.tokenizer.encode("<think>hello</think>")])
     merged = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
-    merged.load_state_dict(learner.state_dict_for_broadcast())
+    merged.load_state_dict(learner.merged_state_dict())
     learner.model.eval()
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, learner.model(input_ids=ids).logits, atol=1e-5)
-    sent = learner.state_dict_for_broadcast()
+    sent = learner.merged_state_dict()
     name = "model.layers.0.mlp.down_proj.weight"
     assert not torch.equal(sent[name], dict(base.named_parameters())[name].detach())
     # a list still names modules; any other single string is refused where the config is read

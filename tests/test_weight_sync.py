@@ -209,7 +209,7 @@ def test_a_transformers_worker_runs_the_adapter_as_the_learner_merges_it(tiny_mo
 
     learner = lora_learner("tiny", tiny_model_path)
     update = learner.weights_for_sync(1)
-    merged_weights = learner.state_dict_for_broadcast()
+    merged_weights = learner.merged_state_dict()
     # only the adapter travels: every tensor a LoRA matrix, r x (in + out) per adapted linear layer
     assert update.kind == "adapter" and update.tensors
     assert all(".lora_A." in k or ".lora_B." in k for k in update.tensors)
@@ -250,7 +250,7 @@ def test_full_fine_tuning_syncs_full_weights_read_back_from_the_model(tiny_model
             param.add_(0.01)
     update = learner.weights_for_sync(1)
     assert update.kind == "full" and update.adapter_config is None
-    assert set(update.tensors) == set(learner.state_dict_for_broadcast())
+    assert set(update.tensors) == set(learner.merged_state_dict())
     policy = TransformersPolicy(tiny_model_path)
     assert policy.apply_update(update) == update.checksum
     with torch.no_grad():  # what it reports is what it holds: change one weight, the checksum moves
@@ -305,7 +305,8 @@ def test_vllm_runs_the_adapter_as_transformers_and_peft_do(smollm2_path):
 def test_a_lora_training_run_records_the_version_of_every_trajectory(home, warehouse, tmp_path):
     from prompt_r1.config.experiment import load_config
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.training.session import TrainingHooks, TrainingSession
+    from prompt_r1.training.hooks import TrainingHooks
+    from prompt_r1.training.session import TrainingSession
 
     cfg = load_config("configs/smoke.yaml", {"agent.lora.enabled": True, "agent.lora.r": 4,
                                              "agent.lora.target_modules": "all-linear", "train.validate_every": 0})

@@ -333,10 +333,10 @@ class GRPOLearner:
     def weights_for_sync(self, version: int) -> WeightUpdate | None:
         """The weight sync for the rollout engines, as policy `version` (updates applied): under
         LoRA the adapter alone (PEFT's `get_peft_model_state_dict`, float32, a few MB) with its
-        LoraConfig, else the full weights of `state_dict_for_broadcast`. Checksummed here (see
+        LoraConfig, else the full weights of `merged_state_dict`. Checksummed here (see
         `core.weights`). Under FSDP every rank must call it; rank 0 gets the update, others None."""
         if not self.use_lora:
-            full = self.state_dict_for_broadcast()
+            full = self.merged_state_dict()
             return WeightUpdate.make(version, "full", full) if full else None
         from peft import get_peft_model_state_dict
 
@@ -345,7 +345,7 @@ class GRPOLearner:
         return WeightUpdate.make(version, "adapter", adapter, peft_config_dict(self.model.peft_config["default"]))
 
     @torch.no_grad()
-    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched), on
         CPU in the rollout dtype (`agent.dtype`): the full-weight sync (`weights_for_sync`), and
         under LoRA the merged model that engines running the adapter must match.

@@ -96,8 +96,8 @@ class LearnerRank:
         update = self.learner.weights_for_sync(version)
         return update if self.rank == 0 else None
 
-    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor] | None:
-        state = self.learner.state_dict_for_broadcast()
+    def merged_state_dict(self) -> dict[str, torch.Tensor] | None:
+        state = self.learner.merged_state_dict()
         return state if self.rank == 0 else None
 
     def save_checkpoint(self, ckpt_dir: str, step: int, data_position: dict[str, Any]) -> str:
@@ -192,10 +192,10 @@ class LearnerGroup:
         actors = self.actors if self.cfg.train.strategy == "fsdp" else self.actors[:1]
         return self._gather([a.weights_for_sync.remote(version) for a in actors], "gathering the weights")[0]
 
-    def state_dict_for_broadcast(self) -> dict[str, torch.Tensor]:
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """Rank 0's full (merged) weights (gathered by every rank under fsdp)."""
         actors = self.actors if self.cfg.train.strategy == "fsdp" else self.actors[:1]
-        return self._gather([a.state_dict_for_broadcast.remote() for a in actors], "gathering the weights")[0]
+        return self._gather([a.merged_state_dict.remote() for a in actors], "gathering the weights")[0]
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, data_position: dict[str, Any]) -> Path:
         """Rank 0 writes the full state (every rank takes part in gathering it)."""

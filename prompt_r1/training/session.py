@@ -21,15 +21,8 @@ passes `environment.max_error_rate` stops the run with `EnvironmentFailure` befo
 (before its checkpoint), so no agent is exported from it. A validation in which failures left no
 question scored stops the run the same way.
 
-Asynchronous rollouts (`rollout.max_staleness` = k >= 1): after a step's batch is scored, the
-batches of the next steps are submitted to the rollout actors before the step's update, so the
-actors generate while the learner trains; a batch is admitted only while the newest weights
-queued to the actors are at most k versions behind the update that will train on it
-(`admissible`), and the weight broadcast does not wait (it runs on each actor after the batches
-queued before it). Data order, seeds, records and checkpoints are per step as at k = 0; a
-checkpoint saves the data position of the first batch not yet trained, so a resume discards the
-batches in flight and rolls them out again (with the resumed weights: a resumed run at k >= 1 is
-not bit-identical to an uninterrupted one). At k = 0 the schedule is the synchronous one.
+Asynchronous rollouts (`rollout.max_staleness` = k >= 1): the batches of the next steps run on the
+rollout actors while the learner trains; `run_ahead` holds them and states the rules.
 """
 
 from __future__ import annotations
@@ -37,98 +30,22 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
 from prompt_r1.core.questions import QuestionRow
+from prompt_r1.training.hooks import StepResult, TrainingHooks, TrainingOutcome
+from prompt_r1.training.run_ahead import InFlight, RunAhead
 
 if TYPE_CHECKING:  # the caller opens the warehouse; the library only reads and writes through it
-    from prompt_r1.rollout.ray_pool import PendingRollout
     from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepResult:
-    """One finished update: `step` is its 0-based index (MLflow's step for training metrics)."""
-
-    step: int
-    metrics: dict[str, float]
-    trajectories: list[Trajectory]
-
-
-@dataclass
-class TrainingOutcome:
-    """What `TrainingSession.run` leaves: the exported agent and validation before/after training."""
-
-    agent: Path | None
-    validation_before: dict[str, float]
-    validation: dict[str, float]
-
-
-@dataclass(eq=False)  # identity: the session finds a handle in its own queue
-class InFlight:
-    """A batch rolled out ahead of its update (`rollout.max_staleness` >= 1)."""
-
-    step: int                        # the update that trains on it (its rollouts are seeded with it)
-    questions: list[QuestionRow]
-    pending: PendingRollout | None   # None once collected (or its collection failed: a retry redoes it)
-
-
-def admissible(step: int, weights_version: int, max_staleness: int) -> bool:
-    """May the batch of update `step` start on weights of `weights_version` (GRPO updates in them)?
-    Trained at `step`, the learner then holds version `step`: the gap is its staleness.
-
-    >>> admissible(3, 2, 1), admissible(3, 1, 1), admissible(3, 3, 0), admissible(4, 3, 0)
-    (True, False, True, False)
-    """
-    return step - weights_version <= max_staleness
-
-
-T = TypeVar("T")
-
-
-class TrainingHooks:
-    """Extension points of the training schedule; the defaults log progress.
-
-    Subclass to observe the run (metrics to a tracker, a progress bar) or to wrap each stage (the
-    Prefect flow runs every stage as a task). Validation metrics are reported with the number of
-    updates done (0 = the untrained agent); training metrics with their update's 0-based index."""
-
-    def __init__(self, total_steps: int | None = None):
-        self.total_steps = total_steps
-
-    def stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
-        """Run one stage of the schedule (`next-batch`, `rollout`, `reward`, `grpo-update`,
-        `record`, `broadcast-weights`, `validate`, `checkpoint`; with `rollout.max_staleness` >= 1
-        also `rollout-submit`, which queues a later step's batch and returns its `InFlight` handle
-        at once, and `rollout` then collects that handle)."""
-        if name in ("rollout", "grpo-update", "validate", "checkpoint"):
-            log.info("%s ...", name)  # minutes-long stages on CPU: say what is running
-        return fn(*args)
-
-    def on_step(self, result: StepResult) -> None:
-        shown = {k: round(v, 4) for k, v in result.metrics.items()
-                 if k in ("reward_mean", "reward_std", "format_mean", "answer_mean", "pg_loss", "kl",
-                          "informative_share", "env_error_rate", "step_time_s")}
-        log.info("step %d/%s done: %s", result.step + 1, self.total_steps or "?", shown)
-
-    def on_validation(self, updates_done: int, metrics: dict[str, float]) -> None:
-        log.info("validation after %d update(s): %s", updates_done, {k: round(v, 4) for k, v in metrics.items()})
-
-    def before_checkpoint(self, step: int) -> None:
-        """Called before the checkpoint of `step` completed updates is written."""
-
-    def after_checkpoint(self, step: int, path: Path) -> None:
-        """Called once the checkpoint of `step` completed updates is on disk."""
 
 
 def training_pool(warehouse: Warehouse, cfg: Config) -> tuple[list[QuestionRow], list[QuestionRow]]:
@@ -203,8 +120,7 @@ class TrainingSession:
         self._stack = ExitStack()
         self.step = 0
         self.position = 0
-        self.in_flight: list[InFlight] = []  # batches of the next steps, oldest first (max_staleness >= 1)
-        self.sent_version = 0  # GRPO updates in the newest weights queued to the actors
+        self.ahead: RunAhead | None = None  # batches of the next steps in flight (max_staleness >= 1)
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> "TrainingSession":
@@ -248,8 +164,8 @@ class TrainingSession:
             self.warehouse.delete_steps_after(self.run_id, self.step - 1)
         self.env_cfg = self._start_environment()
         self.pool = self._start_pool()
-        self._stack.callback(self._drop_in_flight)  # runs before the pool stops (the stack is LIFO)
-        self.sent_version = self.step
+        self.ahead = RunAhead(self.pool, self.cfg.rollout.max_staleness, train.steps, sent_version=self.step)
+        self._stack.callback(self.ahead.drop)  # runs before the pool stops (the stack is LIFO)
         if latest is not None:
             self.broadcast()
 
@@ -290,40 +206,18 @@ class TrainingSession:
 
     def submit_rollout(self, questions: list[QuestionRow]) -> InFlight:
         """Queue the batch of the next step not yet in flight on the actors; returns at once."""
-        batch = InFlight(self.step + 1 + len(self.in_flight), questions, None)
-        batch.pending = self.pool.submit(questions, batch.step, score=False)
-        self.in_flight.append(batch)
-        return batch
+        return self.ahead.submit(questions, self.step)
 
     def collect_rollout(self, batch: InFlight) -> list[Trajectory]:
-        """The trajectories of a batch submitted earlier (the oldest in flight), not yet scored.
-        If an earlier collection of it failed (the flow retries the stage) it is rolled out again."""
-        if batch in self.in_flight:
-            self.in_flight.remove(batch)
-        pending, batch.pending = batch.pending, None
-        if pending is None:
-            return self.pool.rollout(batch.questions, batch.step, score=False)
-        return self.pool.collect(pending)
+        """The trajectories of a batch submitted earlier (the oldest in flight), not yet scored."""
+        return self.ahead.collect(batch)
 
     def run_ahead(self, hooks: TrainingHooks) -> None:
-        """Submit the batches of the next steps that may start now: each while the newest weights
-        queued to the actors are at most `rollout.max_staleness` versions behind its update, and
-        none past `train.steps`. At max_staleness 0 nothing is submitted."""
-        k = self.cfg.rollout.max_staleness
-        while k:
-            step = self.step + 1 + len(self.in_flight)
-            if step >= self.cfg.train.steps or not admissible(step, self.sent_version, k):
-                return
+        """Submit the batches of the next steps that may start now (`RunAhead.next_step`: within
+        `rollout.max_staleness` versions, none past `train.steps`; none at max_staleness 0)."""
+        while self.ahead.next_step(self.step) is not None:
             questions = hooks.stage("next-batch", self.next_batch)
             hooks.stage("rollout-submit", self.submit_rollout, questions)
-
-    def _drop_in_flight(self) -> None:
-        """Leaving the session with batches in flight (an error, or Ctrl-C): cancel them, so the
-        actors' clean-up does not queue behind them."""
-        for batch in self.in_flight:
-            if batch.pending is not None:
-                self.pool.cancel(batch.pending)
-        self.in_flight = []
 
     def score(self, trajectories: list[Trajectory]) -> None:
         """The dual-constrained reward of each trajectory no environment failure ended."""
@@ -369,13 +263,13 @@ class TrainingSession:
         applied so far), verified on every engine (`RolloutPool.broadcast`). With batches in flight
         it does not wait: each engine loads the update after those batches, and the next collection
         verifies the engines' answers."""
-        self.pool.broadcast(self.learner.weights_for_sync(self.step), wait=not self.in_flight)
-        self.sent_version = self.step
+        self.pool.broadcast(self.learner.weights_for_sync(self.step), wait=not self.ahead)
+        self.ahead.sent_version = self.step
 
     def checkpoint(self) -> Path:
         """Save weights, optimiser, RNG and data position after `step` updates (`run` decides when).
         The position is that of the first batch not trained yet: batches in flight are redone on resume."""
-        position = self.position - len(self.in_flight)
+        position = self.position - len(self.ahead or ())
         return self.learner.save_checkpoint(self.ckpt_dir, self.step, {"position": position})
 
     def validate(self) -> dict[str, float]:
@@ -437,8 +331,8 @@ class TrainingSession:
         while self.step < cfg.steps:
             index = self.step
             t0 = time.perf_counter()
-            if self.in_flight:  # submitted during an earlier step (max_staleness >= 1)
-                trajectories = hooks.stage("rollout", self.collect_rollout, self.in_flight[0])
+            if self.ahead:  # submitted during an earlier step (max_staleness >= 1)
+                trajectories = hooks.stage("rollout", self.collect_rollout, self.ahead.batches[0])
             else:
                 questions = hooks.stage("next-batch", self.next_batch)
                 trajectories = hooks.stage("rollout", self.rollout, questions)

@@ -1,0 +1,75 @@
+"""The extension points of the training schedule (`TrainingHooks`) and what it reports
+(`StepResult`, `TrainingOutcome`).
+
+`TrainingSession.run` is the one schedule; a caller changes what happens around it, never the
+schedule itself, by subclassing `TrainingHooks`: `prompt-r1 train` uses the defaults (log lines),
+the Prefect flow runs every stage as a task and sends metrics to MLflow, the learning benchmark
+records curves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prompt_r1.core.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass
+class StepResult:
+    """One finished update: `step` is its 0-based index (MLflow's step for training metrics)."""
+
+    step: int
+    metrics: dict[str, float]
+    trajectories: list[Trajectory]
+
+
+@dataclass
+class TrainingOutcome:
+    """What `TrainingSession.run` leaves: the exported agent and validation before/after training."""
+
+    agent: Path | None
+    validation_before: dict[str, float]
+    validation: dict[str, float]
+
+
+class TrainingHooks:
+    """Extension points of the training schedule; the defaults log progress.
+
+    Subclass to observe the run (metrics to a tracker, a progress bar) or to wrap each stage (the
+    Prefect flow runs every stage as a task). Validation metrics are reported with the number of
+    updates done (0 = the untrained agent); training metrics with their update's 0-based index."""
+
+    def __init__(self, total_steps: int | None = None):
+        self.total_steps = total_steps
+
+    def stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run one stage of the schedule (`next-batch`, `rollout`, `reward`, `grpo-update`,
+        `record`, `broadcast-weights`, `validate`, `checkpoint`; with `rollout.max_staleness` >= 1
+        also `rollout-submit`, which queues a later step's batch and returns its `InFlight` handle
+        at once, and `rollout` then collects that handle)."""
+        if name in ("rollout", "grpo-update", "validate", "checkpoint"):
+            log.info("%s ...", name)  # minutes-long stages on CPU: say what is running
+        return fn(*args)
+
+    def on_step(self, result: StepResult) -> None:
+        shown = {k: round(v, 4) for k, v in result.metrics.items()
+                 if k in ("reward_mean", "reward_std", "format_mean", "answer_mean", "pg_loss", "kl",
+                          "informative_share", "env_error_rate", "step_time_s")}
+        log.info("step %d/%s done: %s", result.step + 1, self.total_steps or "?", shown)
+
+    def on_validation(self, updates_done: int, metrics: dict[str, float]) -> None:
+        log.info("validation after %d update(s): %s", updates_done, {k: round(v, 4) for k, v in metrics.items()})
+
+    def before_checkpoint(self, step: int) -> None:
+        """Called before the checkpoint of `step` completed updates is written."""
+
+    def after_checkpoint(self, step: int, path: Path) -> None:
+        """Called once the checkpoint of `step` completed updates is on disk."""
