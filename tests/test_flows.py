@@ -94,6 +94,33 @@ def test_pipeline_flow_end_to_end_and_rerun(prefect_api, home):
     assert client.get_run(again["run_id"]).data.tags["rerun_of"] == eval_run_id
 
 
+def test_train_flow_rolls_out_ahead_at_max_staleness_1(prefect_api, home):
+    """The Prefect flow at `rollout.max_staleness` 1: the next step's batch is queued by its own
+    task before the update, every trajectory is at most one version old, and MLflow and DuckDB hold
+    the ages (the schedule itself is checked stage by stage in test_staleness.py)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    from flows.train import train_flow
+    from warehouse.store import Warehouse
+
+    steps = 3
+    result = train_flow("configs/smoke.yaml", {"rollout.max_staleness": 1, "train.steps": steps}, resume=False)
+    run_id = result["run_id"]
+    client = _client()
+    for key, want in (("policy_age_max", [0.0, 1.0, 1.0]), ("policy_age_mean", [0.0, 1.0, 1.0])):
+        assert [v for _, v in sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))] == want, key
+    assert client.get_run(run_id).data.params["rollout.max_staleness"] == "1"
+    with Warehouse(home / "warehouse.duckdb") as wh:
+        versions = wh.query("SELECT step, MIN(policy_version), MAX(policy_version) FROM trajectories "
+                            "WHERE run_id = ? GROUP BY 1 ORDER BY 1", [run_id])
+    assert versions == [(0, 0, 0), (1, 0, 0), (2, 1, 1)]  # step s trains on version s - 1 after the first
+    with get_client(sync_client=True) as prefect:
+        submitted = prefect.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="rollout-submit")))
+    assert len(submitted) == steps - 1  # one batch ahead of each update but the last
+    assert Path(result["checkpoint"]).is_dir()
+
+
 def test_train_flow_killed_mid_run_resumes_without_duplicates(home, tmp_path):
     """SIGKILL the training flow after its second checkpoint, run it again, count the steps."""
     from prompt_r1.training.checkpoint import step_dir_name
