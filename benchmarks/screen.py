@@ -17,6 +17,14 @@ and a training pool (`data/screened/train/`); every pass rate goes to
 
     .venv/bin/python benchmarks/screen.py                # screen, write the split and the pass rates
     .venv/bin/python benchmarks/screen.py --probe 40     # probe-set size (the rest is the training pool)
+
+A harder pool keeps only the questions whose answer depends on the asking: `--band 0.25 0.75`
+drops those every phrasing gets right (a group of equal rewards teaches GRPO nothing) as well as
+those none does, and `--arithmetic N` adds N generated sums, differences and products (seeded)
+to the hand-written candidates, since the hand-written ones are mostly easy:
+
+    .venv/bin/python benchmarks/screen.py --arithmetic 600 --band 0.25 0.75 --probe 80 \
+        --data-out data/screened-hard --results benchmarks/results/screen-hard.json
 """
 
 from __future__ import annotations
@@ -49,6 +57,32 @@ PHRASINGS = {
 }
 
 
+def arithmetic_candidates(n: int, seed: int) -> list[dict]:
+    """`n` generated arithmetic questions, distinct, in a seeded order: two-digit sums and
+    differences, and products of a one-digit and a one- or two-digit number; answers of at least
+    two digits that do not occur in the question."""
+    rng = random.Random(derive_seed("screen_arithmetic", seed))
+    seen: set[str] = set()
+    out: list[dict] = []
+    while len(out) < n:
+        op = rng.choice(["+", "-", "times"])
+        if op == "times":
+            a, b = rng.randint(2, 9), rng.randint(2, 19)
+            answer = a * b
+        else:
+            a, b = rng.randint(10, 99), rng.randint(10, 99)
+            if op == "-" and a < b:
+                a, b = b, a
+            answer = a + b if op == "+" else a - b
+        question = f"What is {a} {op} {b}?"
+        if question in seen or answer < 10 or str(answer) in question:  # a reply echoing the question
+            continue                                                     # must not pass the substring test
+        seen.add(question)
+        out.append({"dataset": "short_answer", "question": question, "answers": [str(answer)],
+                    "task_family": "standard_qa", "kind": "arithmetic_generated"})
+    return out
+
+
 async def ask_all(env, questions: list[dict]) -> list[dict[str, str]]:
     """Each question in every phrasing, all calls in flight at once (the client bounds concurrency)."""
     calls = [(i, name, env.reply([{"role": "user", "content": template.format(q=row["question"])}]))
@@ -69,6 +103,11 @@ def main() -> None:
     parser.add_argument("--config", default="configs/demo.yaml", help="Its `environment` is screened.")
     parser.add_argument("--candidates", type=Path, default=ROOT / "benchmarks" / "screen_candidates.jsonl")
     parser.add_argument("--probe", type=int, default=40, help="Kept questions held out as the probe set.")
+    parser.add_argument("--arithmetic", type=int, default=0, metavar="N",
+                        help="Also screen N generated arithmetic questions (seeded by --seed).")
+    parser.add_argument("--band", type=float, nargs=2, default=(0.25, 1.0), metavar=("LO", "HI"),
+                        help="Keep questions whose pass rate over the phrasings is within [LO, HI] "
+                             "(default: any phrasing passes).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-out", type=Path, default=ROOT / "data" / "screened")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "screen.json")
@@ -76,6 +115,7 @@ def main() -> None:
     setup_logging()
     cfg = load_config(ROOT / args.config)
     candidates = [json.loads(line) for line in args.candidates.read_text().splitlines() if line.strip()]
+    candidates += arithmetic_candidates(args.arithmetic, args.seed)
     started = time.perf_counter()
     with open_environment(cfg.environment) as env:
         replies = asyncio.run(ask_all(env, candidates))
@@ -85,7 +125,8 @@ def main() -> None:
         passes = {name: substring_match(text, row["answers"]) for name, text in answered.items()}
         rows.append({**row, "passes": passes, "pass_rate": statistics.fmean(passes.values()),
                      "replies": answered})
-    kept = [r for r in rows if r["pass_rate"] > 0]
+    low, high = args.band
+    kept = [r for r in rows if low - 1e-9 <= r["pass_rate"] <= high + 1e-9]
     random.Random(derive_seed("screen_split", args.seed)).shuffle(kept)
     if len(kept) <= args.probe:
         raise SystemExit(f"only {len(kept)} questions passed the screen; a probe set of {args.probe} "
@@ -102,10 +143,11 @@ def main() -> None:
         by_kind[r["kind"]].append(r["pass_rate"])
     by_phrasing = {name: statistics.fmean(r["passes"][name] for r in rows) for name in PHRASINGS}
     summary = {
-        "environment": cfg.environment.model, "candidates": len(rows), "kept": len(kept),
+        "environment": cfg.environment.model, "candidates": len(rows), "band": [low, high], "kept": len(kept),
         "probe": len(probe), "train": len(train), "wall_s": round(wall, 1),
         "pass_rate_by_kind": {k: {"n": len(v), "mean": round(statistics.fmean(v), 3),
-                                  "kept": sum(1 for x in v if x > 0)} for k, v in sorted(by_kind.items())},
+                                  "kept": sum(1 for x in v if low - 1e-9 <= x <= high + 1e-9)}
+                              for k, v in sorted(by_kind.items())},
         "pass_rate_by_phrasing": {k: round(v, 3) for k, v in by_phrasing.items()},
         "kept_pass_rate_mean": round(statistics.fmean(r["pass_rate"] for r in kept), 3),
     }
