@@ -10,7 +10,7 @@ from prompt_r1.config.base import ConfigError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["smoke", "demo", "paper"])
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "configs").glob("*.yaml")))
 def test_shipped_configs_validate(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
     assert cfg.name == name
