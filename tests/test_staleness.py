@@ -265,3 +265,15 @@ def test_max_staleness_1_trains_on_the_steps_weights_or_the_ones_before(home, ra
     assert again["questions"] == run["questions"][1:]
     assert again["versions"] == [(1, [1]), (2, [1])]  # step 1 rolled out again, on the resumed weights
     assert again["recorded_steps"] == [0, 1, 2]
+
+
+def test_max_staleness_1_reruns_exactly(home, ray_session):
+    """At k = 1 the version each batch is sampled with is fixed by the order of calls, not by
+    timing: two runs of the same config give the same trajectories, metrics and weights."""
+    overrides = {"rollout.max_staleness": 1, "train.steps": 2}
+    first, second = _train(home, "k1-first", overrides), _train(home, "k1-second", overrides)
+    assert first["versions"] == second["versions"] == [(0, [0]), (1, [0])]
+    assert first["trajectories"] == second["trajectories"]
+    assert first["metrics"] == second["metrics"]
+    assert first["validation"] == second["validation"]
+    assert first["weights"] == second["weights"]
