@@ -226,7 +226,8 @@ def test_on_cpu_every_process_shares_the_host_memory_of_a_node():
 
 
 def test_a_managed_environment_server_shares_the_first_gpu():
-    cfg = load_config(ROOT / "configs" / "demo.yaml")  # environment.kind vllm, started by the driver
+    # environment.kind vllm, started by the driver; the agent on transformers, so no engine wants a GPU
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"agent.backend": "transformers"})
     arch = known_architecture(cfg.agent.model)
     plan = make_plan(cfg, arch, Machine(1, 1, 24, 64))
     server = next(c for c in plan.components if c.role == "environment")
