@@ -259,29 +259,33 @@ def evaluate(
     outcome = EvalOutcome()
     policies = {label: make_policy(eval_agent(cfg), path, seed=cfg.seed) for label, path in agents.items()
                 if {"agent", "agent_only"} & set(cfg.eval.methods)}
-    agent_only_rows: dict[str, list[dict[str, Any]]] = {}
-    if "agent_only" in cfg.eval.methods:  # independent of the environment: run once per agent
-        for label, policy in policies.items():
-            t0 = time.perf_counter()
-            agent_only_rows[label] = score_predictions(_agent_only(policy, questions, eval_agent(cfg), label, cfg.seed))
-            outcome.seconds[f"agent_only:{label}"] = time.perf_counter() - t0
-    for env_cfg in environments:
-        log.info("evaluating against environment %s (%s, %s)", env_cfg.name, env_cfg.kind, env_cfg.model)
-        with open_environment(env_cfg, warehouse=warehouse, log_dir=log_dir) as env:
-            # One event loop per environment: async clients stay bound to the loop they started in.
-            env_rows = asyncio.run(_evaluate_env(env, cfg, questions, policies, agent_only_rows, outcome, concurrent,
-                                                  warehouse))
-        for r in env_rows:
-            r["env_name"] = env_cfg.name
-        for e in outcome.examples:
-            e.setdefault("env_name", env_cfg.name)
-        results = aggregate(env_rows, env_cfg)
-        warehouse.write_eval(run_id, env_rows, results)  # failures included: recorded before any stop
-        outcome.predictions += env_rows
-        outcome.results += results
-        outcome.env_error_rates[env_cfg.name] = check_error_rate(
-            env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
-            env_cfg.max_error_rate, "evaluation")
+    try:  # a vLLM agent engine holds its KV cache until closed: never leave one behind
+        agent_only_rows: dict[str, list[dict[str, Any]]] = {}
+        if "agent_only" in cfg.eval.methods:  # independent of the environment: run once per agent
+            for label, policy in policies.items():
+                t0 = time.perf_counter()
+                agent_only_rows[label] = score_predictions(_agent_only(policy, questions, eval_agent(cfg), label, cfg.seed))
+                outcome.seconds[f"agent_only:{label}"] = time.perf_counter() - t0
+        for env_cfg in environments:
+            log.info("evaluating against environment %s (%s, %s)", env_cfg.name, env_cfg.kind, env_cfg.model)
+            with open_environment(env_cfg, warehouse=warehouse, log_dir=log_dir) as env:
+                # One event loop per environment: async clients stay bound to the loop they started in.
+                env_rows = asyncio.run(_evaluate_env(env, cfg, questions, policies, agent_only_rows, outcome, concurrent,
+                                                      warehouse))
+            for r in env_rows:
+                r["env_name"] = env_cfg.name
+            for e in outcome.examples:
+                e.setdefault("env_name", env_cfg.name)
+            results = aggregate(env_rows, env_cfg)
+            warehouse.write_eval(run_id, env_rows, results)  # failures included: recorded before any stop
+            outcome.predictions += env_rows
+            outcome.results += results
+            outcome.env_error_rates[env_cfg.name] = check_error_rate(
+                env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
+                env_cfg.max_error_rate, "evaluation")
+    finally:
+        for policy in policies.values():
+            policy.close()
     return outcome
 
 

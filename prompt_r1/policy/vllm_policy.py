@@ -36,6 +36,7 @@ already holds) refuses to start in a process that already holds a few GB.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -188,9 +189,15 @@ class VLLMPolicy(Policy):
         return weights_checksum(load_file(str(folder / "adapter_model.safetensors")))
 
     def close(self) -> None:
+        """Shut the engine down and drop it, so its KV cache (gigabytes on CPU) is freed now."""
         engine = getattr(self, "llm", None)
         if engine is not None:
-            del self.llm
+            try:
+                engine.llm_engine.engine_core.shutdown()
+            except Exception as err:  # closing must not mask the error that may be unwinding
+                log.warning("vLLM agent engine shutdown: %s: %s", type(err).__name__, err)
+            del self.llm, engine
+            gc.collect()
         if getattr(self, "_adapter_dir", None) is not None:
             self._adapter_dir.cleanup()
             self._adapter_dir = None
