@@ -36,10 +36,9 @@ from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
 
 log = logging.getLogger("benchmarks.demo_backend")
 
-BACKENDS = {
+BACKENDS = {  # everything else as the config says (the demo's engine and server sizes)
     "transformers": {"agent.backend": "transformers"},
-    # the demo's sequences are ~400 prompt + 512 response tokens: a 1024-token KV cache per sequence
-    "vllm": {"agent.backend": "vllm", "agent.vllm_max_model_len": 1024},
+    "vllm": {"agent.backend": "vllm"},
 }
 
 
