@@ -97,14 +97,14 @@ def main() -> None:
 
     home = Path(tempfile.mkdtemp(prefix="demo-backend-bench-"))
     os.environ["PROMPT_R1_HOME"] = str(home)  # runs, checkpoints and the warehouse stay out of the user's home
-    base = load_config(args.config, {"train.steps": args.steps} if args.steps else None)
+    steps = {"train.steps": args.steps} if args.steps else {}
+    base = load_config(args.config, steps)
     with Warehouse(home / "warehouse.duckdb") as wh:
         ingest(wh, list(base.data.sources))
     rows = {}
     with actor_environment(base.environment, home / "logs") as env:
         for backend, overrides in BACKENDS.items():
-            rows[backend] = train_once(load_config(args.config, {**overrides, **(
-                {"train.steps": args.steps} if args.steps else {})}), env, home, backend)
+            rows[backend] = train_once(load_config(args.config, {**overrides, **steps}), env, home, backend)
     t, v = rows["transformers"], rows["vllm"]
     print(f"{base.name}: {base.train.steps} steps of {base.rollout.batch_questions} questions x "
           f"{base.rollout.group_size} samples, agent {base.agent.model}, environment {base.environment.model}")

@@ -84,3 +84,22 @@ def hand_trajectories(tokenizer) -> list[Trajectory]:
                                     loss_mask=mask, logprobs=[-5.0 if m else 0.0 for m in mask],
                                     agent_turns=["a", "b"], reward=reward_of(0.3 * g + q)))
     return trajs
+
+
+def spy_policy_loss(monkeypatch) -> list[dict]:
+    """Record every policy_loss call the learner makes (its inputs and what it returned) while the
+    real loss runs: the spy observes, it never replaces the loss."""
+    import prompt_r1.training.learner as learner_module
+
+    calls: list[dict] = []
+    real = learner_module.policy_loss
+
+    def spy(logprobs, old, ref, adv, mask, *args, **kwargs):
+        loss, stats = real(logprobs, old, ref, adv, mask, *args, **kwargs)
+        calls.append({"logprobs": logprobs.detach().clone(), "old": old.clone(), "ref": ref, "adv": adv.clone(),
+                      "mask": mask.clone(), "args": args, "kwargs": kwargs, "is_weights": kwargs.get("is_weights"),
+                      "loss": loss.item(), "stats": stats})
+        return loss, stats
+
+    monkeypatch.setattr(learner_module, "policy_loss", spy)
+    return calls

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 import torch
-from grpo_helpers import hand_trajectories
+from grpo_helpers import hand_trajectories, spy_policy_loss
 from test_determinism import TIMING, stable
 
 from prompt_r1.config.experiment import load_config, parse_config
@@ -88,24 +88,10 @@ def _stale_config(max_staleness: int, tis_cap: float = 1.5):
                                    "kl_coef": 0.0, "device": "cpu", "tis_cap": tis_cap}})
 
 
-def _spy(monkeypatch) -> list[dict]:
-    import prompt_r1.training.learner as learner_module
-
-    calls: list[dict] = []
-    real = learner_module.policy_loss
-
-    def spy(logprobs, old, ref, adv, mask, *args, **kwargs):
-        calls.append({"old": old.clone(), "mask": mask.clone(), "is_weights": kwargs.get("is_weights")})
-        return real(logprobs, old, ref, adv, mask, *args, **kwargs)
-
-    monkeypatch.setattr(learner_module, "policy_loss", spy)
-    return calls
-
-
 def test_learner_weights_tokens_by_the_engines_log_probs_only_when_stale(tiny_model_path, monkeypatch):
     from prompt_r1.training.learner import GRPOLearner
 
-    calls = _spy(monkeypatch)
+    calls = spy_policy_loss(monkeypatch)
     stale = GRPOLearner(_stale_config(1, tis_cap=1.5), tiny_model_path)
     trajectories = hand_trajectories(stale.tokenizer)
     # behaviour log-probs = the learner's own, moved by +-0.6 per agent token (0.0 where inserted)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_helpers import hand_trajectories, make_config, rollout
+from grpo_helpers import hand_trajectories, make_config, rollout, spy_policy_loss
 from transformers import AutoModelForCausalLM
 
 from prompt_r1.config.experiment import load_config, parse_config
@@ -287,23 +287,6 @@ def test_lora_on_all_linear_layers_adapts_every_linear_but_the_output_head(tiny_
         parse_config({"agent": {"lora": {"enabled": True, "target_modules": "all"}}})
 
 
-def _spy_policy_loss(monkeypatch) -> list[dict]:
-    """Record every policy_loss call the learner makes: its inputs and what it returned."""
-    import prompt_r1.training.learner as learner_module
-
-    calls: list[dict] = []
-    real = learner_module.policy_loss
-
-    def spy(logprobs, old, ref, adv, mask, *args, **kwargs):
-        loss, stats = real(logprobs, old, ref, adv, mask, *args, **kwargs)
-        calls.append({"logprobs": logprobs.detach().clone(), "old": old.clone(), "ref": ref, "adv": adv.clone(),
-                      "mask": mask.clone(), "args": args, "kwargs": kwargs, "loss": loss.item(), "stats": stats})
-        return loss, stats
-
-    monkeypatch.setattr(learner_module, "policy_loss", spy)
-    return calls
-
-
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_kl_coef_zero_runs_no_reference_forward(tiny_model_path, monkeypatch, lora) -> None:
     """kl_coef 0: no reference copy is kept, no reference forward runs, the loss is the policy term alone."""
@@ -321,7 +304,7 @@ def test_kl_coef_zero_runs_no_reference_forward(tiny_model_path, monkeypatch, lo
         second = learner.step(trajectories)
         return learner, n_first, first, second
 
-    calls = _spy_policy_loss(monkeypatch)
+    calls = spy_policy_loss(monkeypatch)
     learner, n_forwards, first, second = forwards(0.0)
     assert learner.reference is None  # neither a frozen copy (full) nor a switched-off adapter used (lora)
     assert n_forwards == 1  # one micro-batch: the training forward alone (old log-probs come from it)
@@ -336,7 +319,7 @@ def test_kl_coef_zero_runs_no_reference_forward(tiny_model_path, monkeypatch, lo
 def test_later_ppo_epochs_use_the_clipped_ratio_to_fixed_old_log_probs(tiny_model_path, monkeypatch) -> None:
     """ppo_epochs 2: the second pass sees the first pass's update as ratios != 1 against the same
     old log-probs, and its loss is the clipped objective (clip-higher bounds passed through)."""
-    calls = _spy_policy_loss(monkeypatch)
+    calls = spy_policy_loss(monkeypatch)
     learner = GRPOLearner(make_config(ppo_epochs=2, micro_batch_size=6, kl_coef=0.0, lr=1e-2, clip_high=0.28),
                           tiny_model_path)
     metrics = learner.step(hand_trajectories(learner.tokenizer))
