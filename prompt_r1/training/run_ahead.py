@@ -21,6 +21,7 @@ from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.trajectory import Trajectory
 
 if TYPE_CHECKING:
+    from prompt_r1.core.weights import WeightUpdate
     from prompt_r1.rollout.ray_pool import PendingRollout, RolloutPool
 
 
@@ -79,6 +80,13 @@ class RunAhead:
         if pending is None:
             return self.pool.rollout(batch.questions, batch.step, score=False)
         return self.pool.collect(pending)
+
+    def broadcast(self, weights: WeightUpdate, version: int) -> None:
+        """Queue `weights` (policy `version`: GRPO updates in them) to the actors and measure
+        admission against them from now on. With batches in flight it does not wait: each actor
+        loads the update after those batches, and the next collection verifies it."""
+        self.pool.broadcast(weights, wait=not self.batches)
+        self.sent_version = version
 
     def drop(self) -> None:
         """Leaving the run with batches in flight (an error, or Ctrl-C): cancel them, so the

@@ -263,8 +263,7 @@ class TrainingSession:
         applied so far), verified on every engine (`RolloutPool.broadcast`). With batches in flight
         it does not wait: each engine loads the update after those batches, and the next collection
         verifies the engines' answers."""
-        self.pool.broadcast(self.learner.weights_for_sync(self.step), wait=not self.ahead)
-        self.ahead.sent_version = self.step
+        self.ahead.broadcast(self.learner.weights_for_sync(self.step), self.step)
 
     def checkpoint(self) -> Path:
         """Save weights, optimiser, RNG and data position after `step` updates (`run` decides when).
