@@ -16,7 +16,7 @@ from prompt_r1.models.resolver import resolve_agents
 from prompt_r1 import load_config
 from prompt_r1.config.experiment import default_db_path, run_dir
 from prompt_r1.evaluation.report import markdown_table, write_report
-from prompt_r1.evaluation.evaluate import EvalOutcome
+from prompt_r1.evaluation.evaluate import EvalAgents, EvalOutcome
 from prompt_r1.core.failures import EnvironmentFailure
 from tasks.artifacts import publish_eval_table
 from tasks.evaluate import evaluate_environment
@@ -55,20 +55,21 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
             log_datasets(wh, cfg, "evaluation")
             mlflow.log_params({f"eval_agent.{k}": v for k, v in resolved.items()})
             mlflow.set_tag("use_champion", str(use_champion))
-            for env_cfg in cfg.eval_environments():
-                try:
-                    outcome = evaluate_environment(cfg, wh, run_id, resolved, env_cfg, out / "logs")
-                except EnvironmentFailure as err:  # the flow run fails; MLflow says why
-                    mlflow.log_metric(metric_key(env_cfg.name, "env_error_rate"), err.error_rate)
-                    mlflow.set_tag("env_failure", str(err)[:5000])
-                    raise
-                log_eval_environment(run_id, env_cfg.name, env_cfg.model, cfg.eval.suites, outcome.results,
-                                     outcome.baselines)
-                total.results += outcome.results
-                total.predictions += outcome.predictions
-                total.examples += outcome.examples
-                total.baselines += outcome.baselines
-                total.seconds.update(outcome.seconds)
+            with EvalAgents(cfg, resolved) as opened:  # loaded once for every environment
+                for env_cfg in cfg.eval_environments():
+                    try:
+                        outcome = evaluate_environment(cfg, wh, run_id, opened, env_cfg, out / "logs")
+                    except EnvironmentFailure as err:  # the flow run fails; MLflow says why
+                        mlflow.log_metric(metric_key(env_cfg.name, "env_error_rate"), err.error_rate)
+                        mlflow.set_tag("env_failure", str(err)[:5000])
+                        raise
+                    log_eval_environment(run_id, env_cfg.name, env_cfg.model, cfg.eval.suites, outcome.results,
+                                         outcome.baselines)
+                    total.results += outcome.results
+                    total.predictions += outcome.predictions
+                    total.examples += outcome.examples
+                    total.baselines += outcome.baselines
+                    total.seconds.update(outcome.seconds)
         files = write_report(total.results, total.examples, out, total.seconds, total.predictions,
                              total.baselines)
         mlflow.log_artifacts(str(out), artifact_path="eval")

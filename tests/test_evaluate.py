@@ -50,6 +50,36 @@ def test_all_methods_on_all_12_datasets(warehouse, shared_data, smoke_all_suites
     assert sorted(map(str, sorted(first.results, key=key))) == sorted(map(str, sorted(second.results, key=key)))
 
 
+def test_agents_are_loaded_once_for_every_environment(monkeypatch, warehouse):
+    """The flow's one-task-per-environment evaluation: an open `EvalAgents` passed to each call
+    builds each policy once and generates `agent_only` once, and every environment gets the same
+    `agent_only` rows; it is closed by its owner, not by `evaluate`."""
+    import prompt_r1.policy as policy_module
+    from prompt_r1.evaluation.evaluate import EvalAgents
+
+    built, real_make = [], policy_module.make_policy
+
+    def counting_make_policy(*args, **kwargs):  # spy: the real policy, counted
+        built.append(args[1])
+        return real_make(*args, **kwargs)
+
+    monkeypatch.setattr(policy_module, "make_policy", counting_make_policy)
+    ingest(warehouse, [ROOT / "data" / "sample"])
+    cfg = load_config(ROOT / "configs" / "smoke.yaml", {"eval.limit_per_dataset": 1})
+    second_env = cfg.environment.model_copy(update={"name": "tiny-env-2"})
+    with EvalAgents(cfg, resolve_agents(cfg)) as opened:
+        first = evaluate(cfg, warehouse, "once", opened, [cfg.environment])
+        second = evaluate(cfg, warehouse, "once", opened, [second_env])
+        assert opened._policies is not None  # still open between the environments
+    assert opened._policies is None
+    assert len(built) == 1
+    assert "agent_only:base" in first.seconds and "agent_only:base" not in second.seconds
+    only = lambda out: [(r["question_id"], r["prediction"]) for r in out.predictions  # noqa: E731
+                        if r["method"] == "agent_only:base"]
+    assert only(first) and only(first) == only(second)
+    assert {r["env_name"] for r in second.predictions} == {"tiny-env-2"}
+
+
 def test_unknown_suite_and_missing_data(warehouse, smoke_all_suites):
     ingest(warehouse, [ROOT / "data" / "sample"])
     with pytest.raises(EvalError, match="ingest"):

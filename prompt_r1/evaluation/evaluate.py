@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,43 +235,93 @@ def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, 
     return out
 
 
+class EvalAgents:
+    """The agents under evaluation, opened once however many environments they meet (the
+    `evaluate` flow runs one task per environment): their policies, and their `agent_only` rows,
+    which do not depend on the environment. Close it (or use `with`): a vLLM agent engine holds
+    its KV cache until closed."""
+
+    def __init__(self, cfg: Config, agents: Mapping[str, Path | str]):
+        self.cfg, self.paths = cfg, {label: Path(path) for label, path in agents.items()}
+        self._policies: dict[str, Any] | None = None
+        self._agent_only: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+
+    @property
+    def policies(self) -> dict[str, Any]:
+        """label -> policy, built on first use (none when no agent method is configured)."""
+        if self._policies is None:
+            from prompt_r1.policy import make_policy
+
+            built: dict[str, Any] = {}
+            try:
+                if {"agent", "agent_only"} & set(self.cfg.eval.methods):
+                    for label, path in self.paths.items():
+                        built[label] = make_policy(eval_agent(self.cfg), path, seed=self.cfg.seed)
+            except BaseException:  # close what was built: no engine is left holding memory
+                for policy in built.values():
+                    policy.close()
+                raise
+            self._policies = built
+        return self._policies
+
+    def agent_only_rows(self, questions: list[QuestionRow], seconds: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
+        """label -> scored `agent_only` rows for `questions`, generated once per agent and question
+        list; the first generation's time goes to `seconds`."""
+        key = tuple(q.question_id for q in questions)
+        rows = {}
+        for label, policy in self.policies.items():
+            if (label, key) not in self._agent_only:
+                t0 = time.perf_counter()
+                preds = _agent_only(policy, questions, eval_agent(self.cfg), label, self.cfg.seed)
+                self._agent_only[label, key] = score_predictions(preds)
+                seconds[f"agent_only:{label}"] = time.perf_counter() - t0
+            rows[label] = self._agent_only[label, key]
+        return rows
+
+    def close(self) -> None:
+        for policy in (self._policies or {}).values():
+            policy.close()
+        self._policies = None
+
+    def __enter__(self) -> EvalAgents:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def evaluate(
     cfg: Config,
     warehouse: Warehouse,
     run_id: str,
-    agents: dict[str, Path | str],
+    agents: Mapping[str, Path | str] | EvalAgents,
     environments: Sequence[EnvConfig] | None = None,
     log_dir: Path | None = None,
     concurrent: bool = True,
 ) -> EvalOutcome:
     """Run every configured method on the configured suites against each environment.
 
-    `agents` maps a label (`base`, `trained`, ...) to a model folder. Rows are written to the
+    `agents` maps a label (`base`, `trained`, ...) to a model folder, opened here and closed at
+    the end; or is an open `EvalAgents`, which the caller closes (to evaluate the same agents
+    against environments one call at a time without loading them again). Rows are written to the
     warehouse per environment (one transaction each), so a failure keeps earlier environments.
     """
     from prompt_r1.env import open_environment
-    from prompt_r1.policy import make_policy
 
     questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset)
     if not questions:
         raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
     environments = list(environments or cfg.eval_environments())
     outcome = EvalOutcome()
-    policies = {label: make_policy(eval_agent(cfg), path, seed=cfg.seed) for label, path in agents.items()
-                if {"agent", "agent_only"} & set(cfg.eval.methods)}
-    try:  # a vLLM agent engine holds its KV cache until closed: never leave one behind
-        agent_only_rows: dict[str, list[dict[str, Any]]] = {}
-        if "agent_only" in cfg.eval.methods:  # independent of the environment: run once per agent
-            for label, policy in policies.items():
-                t0 = time.perf_counter()
-                agent_only_rows[label] = score_predictions(_agent_only(policy, questions, eval_agent(cfg), label, cfg.seed))
-                outcome.seconds[f"agent_only:{label}"] = time.perf_counter() - t0
+    opened = agents if isinstance(agents, EvalAgents) else EvalAgents(cfg, agents)
+    try:
+        agent_only_rows = opened.agent_only_rows(questions, outcome.seconds) if "agent_only" in cfg.eval.methods else {}
         for env_cfg in environments:
             log.info("evaluating against environment %s (%s, %s)", env_cfg.name, env_cfg.kind, env_cfg.model)
             with open_environment(env_cfg, warehouse=warehouse, log_dir=log_dir) as env:
                 # One event loop per environment: async clients stay bound to the loop they started in.
-                env_rows = asyncio.run(_evaluate_env(env, cfg, questions, policies, agent_only_rows, outcome, concurrent,
-                                                      warehouse))
+                env_rows = asyncio.run(_evaluate_env(env, cfg, questions, opened.policies, agent_only_rows, outcome,
+                                                      concurrent, warehouse))
             for r in env_rows:
                 r["env_name"] = env_cfg.name
             for e in outcome.examples:
@@ -284,8 +334,8 @@ def evaluate(
                 env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
                 env_cfg.max_error_rate, "evaluation")
     finally:
-        for policy in policies.values():
-            policy.close()
+        if opened is not agents:
+            opened.close()
     return outcome
 
 
