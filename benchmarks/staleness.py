@@ -11,8 +11,9 @@ Steps per hour = steps / (time from the run's first stage to its last step's end
 (b) `benchmarks/rollout.py`'s comparison (same `rollout_batch`, same agent and questions; the
 baseline serialises environment calls and makes every turn wait for all replies), on the proxy.
 
-    .venv/bin/python benchmarks/staleness.py                 # both parts: 24 min on a shared 2-core CPU
+    .venv/bin/python benchmarks/staleness.py                 # both parts: 12 min on an idle 2-core CPU
     .venv/bin/python benchmarks/staleness.py --part loop     # (b) only
+    .venv/bin/python benchmarks/staleness.py --backend transformers   # the agent on torch instead of vLLM
 
 Ratios are against the baseline measured in the same process; nothing here asserts a time.
 """
@@ -42,7 +43,7 @@ log = logging.getLogger("benchmarks.staleness")
 
 def demo_like(args: argparse.Namespace) -> Config:
     return load_config(ROOT / "configs" / "demo.yaml", {
-        "agent.model": args.agent, "agent.max_new_tokens": args.new_tokens,
+        "agent.model": args.agent, "agent.backend": args.backend, "agent.max_new_tokens": args.new_tokens,
         "rollout.batch_questions": args.batch_questions, "rollout.group_size": args.group_size,
         "train.steps": args.steps, "train.checkpoint_every": args.steps, "train.keep_checkpoints": 1,
         "data.validation_fraction": 0.0,
@@ -114,6 +115,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["train", "loop", "both"], default="both")
     parser.add_argument("--agent", default="smollm2-135m-protocol")
+    parser.add_argument("--backend", choices=["vllm", "transformers"], default="vllm",
+                        help="agent.backend (the demo's: vllm)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch-questions", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=2)
@@ -142,7 +145,7 @@ def main() -> None:
         if args.part in ("loop", "both"):
             loop = loop_speed(cfg, hosted, args.loop_questions)
             print(f"(b) rollout loop, {args.loop_questions} questions x {args.group_size} samples, max "
-                  f"{cfg.rollout.max_turns - 1} env calls each, agent {args.agent}, {lat}: ours {loop['ours_s']:.1f} s "
+                  f"{cfg.rollout.max_turns - 1} env calls each, agent {args.agent} ({args.backend}), {lat}: ours {loop['ours_s']:.1f} s "
                   f"({loop['ours_calls']} calls), turn-synchronous one-at-a-time {loop['sync_s']:.1f} s "
                   f"({loop['sync_calls']} calls): {loop['sync_s'] / loop['ours_s']:.2f}x", flush=True)
         if args.part in ("train", "both"):
@@ -151,7 +154,7 @@ def main() -> None:
                 for k in (0, 1):
                     rows[target, k] = steps_per_hour(cfg, env, k, home, f"{target}-k{k}")
             print(f"(a) {args.steps} steps, {args.batch_questions} questions x {args.group_size} samples, agent "
-                  f"{args.agent}, env SmolLM2 on a managed vLLM server:")
+                  f"{args.agent} ({args.backend}), env SmolLM2 on a managed vLLM server:")
             for target in ("direct", "proxy"):
                 sync, ahead = rows[target, 0], rows[target, 1]
                 print(f"    {target if target == 'direct' else lat}: max_staleness 0 {sync['steps_per_hour']:.0f} "
