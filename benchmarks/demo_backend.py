@@ -19,15 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # scratch.py
+
+from scratch import scratch_home  # noqa: E402
 
 from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
 from prompt_r1.config.experiment import Config, load_config  # noqa: E402
@@ -89,34 +90,33 @@ def main() -> None:
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
     parser.add_argument("--steps", type=int, default=None, help="train.steps (default: the config's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--keep-runs", action="store_true", help="Keep the runs' scratch home (removed by default).")
     args = parser.parse_args()
     setup_logging()
     from prompt_r1.data.ingest import ingest
     from prompt_r1.rollout.ray_pool import actor_environment
     from warehouse.store import Warehouse
 
-    home = Path(tempfile.mkdtemp(prefix="demo-backend-bench-"))
-    os.environ["PROMPT_R1_HOME"] = str(home)  # runs, checkpoints and the warehouse stay out of the user's home
-    steps = {"train.steps": args.steps} if args.steps else {}
-    base = load_config(args.config, steps)
-    with Warehouse(home / "warehouse.duckdb") as wh:
-        ingest(wh, list(base.data.sources))
-    rows = {}
-    with actor_environment(base.environment, home / "logs") as env:
-        for backend, overrides in BACKENDS.items():
-            rows[backend] = train_once(load_config(args.config, {**overrides, **steps}), env, home, backend)
-    t, v = rows["transformers"], rows["vllm"]
-    print(f"{base.name}: {base.train.steps} steps of {base.rollout.batch_questions} questions x "
-          f"{base.rollout.group_size} samples, agent {base.agent.model}, environment {base.environment.model}")
-    for name, r in rows.items():
-        print(f"  {name:12s} start {r['start_s']:6.1f} s | step median {r['step_median_s']:6.1f} s (rollout "
-              f"{r['rollout_s']:5.1f}, update {r['update_s']:5.1f}, sync {r['sync_s']:5.2f}) | validations "
-              f"{r['validate_s']:5.1f} s | session {r['total_s']:6.1f} s")
-    print(f"  vllm / transformers speed-up: step {t['step_median_s'] / v['step_median_s']:.2f}x, rollout "
-          f"{t['rollout_s'] / v['rollout_s']:.2f}x, whole session {t['total_s'] / v['total_s']:.2f}x")
-    if args.json:
-        atomic_write_text(args.json, json.dumps({"config": args.config, "steps": base.train.steps, **rows}, indent=1))
-    print(f"runs under {home}")
+    with scratch_home("demo-backend-bench-", args.keep_runs) as home:
+        steps = {"train.steps": args.steps} if args.steps else {}
+        base = load_config(args.config, steps)
+        with Warehouse(home / "warehouse.duckdb") as wh:
+            ingest(wh, list(base.data.sources))
+        rows = {}
+        with actor_environment(base.environment, home / "logs") as env:
+            for backend, overrides in BACKENDS.items():
+                rows[backend] = train_once(load_config(args.config, {**overrides, **steps}), env, home, backend)
+        t, v = rows["transformers"], rows["vllm"]
+        print(f"{base.name}: {base.train.steps} steps of {base.rollout.batch_questions} questions x "
+              f"{base.rollout.group_size} samples, agent {base.agent.model}, environment {base.environment.model}")
+        for name, r in rows.items():
+            print(f"  {name:12s} start {r['start_s']:6.1f} s | step median {r['step_median_s']:6.1f} s (rollout "
+                  f"{r['rollout_s']:5.1f}, update {r['update_s']:5.1f}, sync {r['sync_s']:5.2f}) | validations "
+                  f"{r['validate_s']:5.1f} s | session {r['total_s']:6.1f} s")
+        print(f"  vllm / transformers speed-up: step {t['step_median_s'] / v['step_median_s']:.2f}x, rollout "
+              f"{t['rollout_s'] / v['rollout_s']:.2f}x, whole session {t['total_s'] / v['total_s']:.2f}x")
+        if args.json:
+            atomic_write_text(args.json, json.dumps({"config": args.config, "steps": base.train.steps, **rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # rollout.py's baseline wrapper
 sys.path.insert(0, str(ROOT / "tests"))       # the proxy
+
+from scratch import scratch_home  # noqa: E402
 
 from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
 from prompt_r1.config.experiment import Config, load_config  # noqa: E402
@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--loop-questions", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8, help="environment.concurrency (demo: 32)")
     parser.add_argument("--latency", type=float, nargs=2, default=(1.0, 3.0), metavar=("LOW", "HIGH"))
+    parser.add_argument("--keep-runs", action="store_true", help="Keep the runs' scratch home (removed by default).")
     args = parser.parse_args()
     setup_logging()
     from chaos_proxy import ChaosProxy
@@ -132,37 +133,37 @@ def main() -> None:
     from prompt_r1.rollout.ray_pool import actor_environment
     from warehouse.store import Warehouse
 
-    home = Path(tempfile.mkdtemp(prefix="staleness-bench-"))
-    os.environ["PROMPT_R1_HOME"] = str(home)  # runs, checkpoints and the warehouse stay out of the user's home
-    with Warehouse(home / "warehouse.duckdb") as wh:
-        ingest(wh, ["data/sample"])
-    cfg = demo_like(args)
-    total = time.perf_counter()
-    with actor_environment(cfg.environment, home / "logs") as direct, \
-            ChaosProxy(direct.base_url, rate=0.0, latency_s=tuple(args.latency)) as proxy:
-        hosted = direct.model_copy(update={"base_url": proxy.base_url})
-        lat = f"{args.latency[0]:g}-{args.latency[1]:g} s proxy"
-        if args.part in ("loop", "both"):
-            loop = loop_speed(cfg, hosted, args.loop_questions)
-            print(f"(b) rollout loop, {args.loop_questions} questions x {args.group_size} samples, max "
-                  f"{cfg.rollout.max_turns - 1} env calls each, agent {args.agent} ({args.backend}), {lat}: ours {loop['ours_s']:.1f} s "
-                  f"({loop['ours_calls']} calls), turn-synchronous one-at-a-time {loop['sync_s']:.1f} s "
-                  f"({loop['sync_calls']} calls): {loop['sync_s'] / loop['ours_s']:.2f}x", flush=True)
-        if args.part in ("train", "both"):
-            rows = {}
-            for target, env in (("direct", direct), ("proxy", hosted)):
-                for k in (0, 1):
-                    rows[target, k] = steps_per_hour(cfg, env, k, home, f"{target}-k{k}")
-            print(f"(a) {args.steps} steps, {args.batch_questions} questions x {args.group_size} samples, agent "
-                  f"{args.agent} ({args.backend}), env SmolLM2 on a managed vLLM server:")
-            for target in ("direct", "proxy"):
-                sync, ahead = rows[target, 0], rows[target, 1]
-                print(f"    {target if target == 'direct' else lat}: max_staleness 0 {sync['steps_per_hour']:.0f} "
-                      f"steps/h ({sync['seconds']:.1f} s, rollout wait {sync['rollout_wait_s']:.1f} s/step), "
-                      f"max_staleness 1 {ahead['steps_per_hour']:.0f} steps/h ({ahead['seconds']:.1f} s, rollout "
-                      f"wait {ahead['rollout_wait_s']:.1f} s/step): "
-                      f"{ahead['steps_per_hour'] / sync['steps_per_hour']:.2f}x", flush=True)
-    print(f"total {time.perf_counter() - total:.0f} s (runs under {home})")
+    with scratch_home("staleness-bench-", args.keep_runs) as home:
+        with Warehouse(home / "warehouse.duckdb") as wh:
+            ingest(wh, ["data/sample"])
+        cfg = demo_like(args)
+        total = time.perf_counter()
+        with actor_environment(cfg.environment, home / "logs") as direct, \
+                ChaosProxy(direct.base_url, rate=0.0, latency_s=tuple(args.latency)) as proxy:
+            hosted = direct.model_copy(update={"base_url": proxy.base_url})
+            lat = f"{args.latency[0]:g}-{args.latency[1]:g} s proxy"
+            if args.part in ("loop", "both"):
+                loop = loop_speed(cfg, hosted, args.loop_questions)
+                print(f"(b) rollout loop, {args.loop_questions} questions x {args.group_size} samples, max "
+                      f"{cfg.rollout.max_turns - 1} env calls each, agent {args.agent} ({args.backend}), {lat}: "
+                      f"ours {loop['ours_s']:.1f} s "
+                      f"({loop['ours_calls']} calls), turn-synchronous one-at-a-time {loop['sync_s']:.1f} s "
+                      f"({loop['sync_calls']} calls): {loop['sync_s'] / loop['ours_s']:.2f}x", flush=True)
+            if args.part in ("train", "both"):
+                rows = {}
+                for target, env in (("direct", direct), ("proxy", hosted)):
+                    for k in (0, 1):
+                        rows[target, k] = steps_per_hour(cfg, env, k, home, f"{target}-k{k}")
+                print(f"(a) {args.steps} steps, {args.batch_questions} questions x {args.group_size} samples, agent "
+                      f"{args.agent} ({args.backend}), env SmolLM2 on a managed vLLM server:")
+                for target in ("direct", "proxy"):
+                    sync, ahead = rows[target, 0], rows[target, 1]
+                    print(f"    {target if target == 'direct' else lat}: max_staleness 0 {sync['steps_per_hour']:.0f} "
+                          f"steps/h ({sync['seconds']:.1f} s, rollout wait {sync['rollout_wait_s']:.1f} s/step), "
+                          f"max_staleness 1 {ahead['steps_per_hour']:.0f} steps/h ({ahead['seconds']:.1f} s, rollout "
+                          f"wait {ahead['rollout_wait_s']:.1f} s/step): "
+                          f"{ahead['steps_per_hour'] / sync['steps_per_hour']:.2f}x", flush=True)
+        print(f"total {time.perf_counter() - total:.0f} s")
 
 
 if __name__ == "__main__":
