@@ -73,6 +73,8 @@ def test_agents_are_loaded_once_for_every_environment(monkeypatch, warehouse):
         assert opened._policies is not None  # still open between the environments
     assert opened._policies is None
     assert len(built) == 1
+    assert set(opened.policies) == {"base"} and len(built) == 2  # closed (as after a crash): built anew on use
+    opened.close()
     assert "agent_only:base" in first.seconds and "agent_only:base" not in second.seconds
     only = lambda out: [(r["question_id"], r["prediction"]) for r in out.predictions  # noqa: E731
                         if r["method"] == "agent_only:base"]

@@ -279,6 +279,7 @@ class EvalAgents:
         return rows
 
     def close(self) -> None:
+        """Close the policies; the next use of `policies` builds them again."""
         for policy in (self._policies or {}).values():
             policy.close()
         self._policies = None
@@ -333,6 +334,9 @@ def evaluate(
             outcome.env_error_rates[env_cfg.name] = check_error_rate(
                 env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
                 env_cfg.max_error_rate, "evaluation")
+    except BaseException:
+        opened.close()  # a crash may have broken an agent engine: a retry with the same agents builds them anew
+        raise
     finally:
         if opened is not agents:
             opened.close()
