@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3
 DIST_TIMEOUT_S = 60
 # four questions a step (two groups per rank), no validation rollouts: the updates are what is compared;
-# 4 logical CPUs for the rollout actor and two ranks (tiny models: they mostly wait on each other)
+# rollout.ray_num_cpus unset: the local Ray instance holds the rollout actor and two ranks, on
+# however few cores (tiny models: they mostly wait on each other)
 SETTINGS = [f"train.steps={STEPS}", "rollout.batch_questions=4", "data.validation_fraction=0",
-            f"train.dist_timeout_s={DIST_TIMEOUT_S}", "train.checkpoint_every=1", "rollout.ray_num_cpus=4"]
+            f"train.dist_timeout_s={DIST_TIMEOUT_S}", "train.checkpoint_every=1"]
 RANK_LINE = re.compile(r"learner rank 1: node \S+ \(\S+\), GPUs \S+, pid (\d+)")
 
 

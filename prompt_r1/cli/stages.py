@@ -230,7 +230,7 @@ def rollout(
 
     from prompt_r1.config.experiment import new_run_id, run_dir
     from prompt_r1.data.ingest import ingest as ingest_paths
-    from prompt_r1.rollout.ray_pool import RolloutPool, actor_environment, check_local_cpus, init_ray
+    from prompt_r1.rollout.ray_pool import RolloutPool, actor_environment, check_local_cpus, cpus_needed, init_ray
     from collections import Counter
 
     from prompt_r1.core.seeding import derive_seed
@@ -252,7 +252,7 @@ def rollout(
                   "ingest a dataset with a train split first (`prompt-r1 ingest ...`)")
         random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool_questions)
         questions = pool_questions[: cfg.rollout.batch_questions]
-        init_ray(cfg.rollout)
+        init_ray(cfg.rollout, cpus_needed(cfg, workers, learner=False))
         with actor_environment(cfg.environment, folder / "logs") as env_cfg:
             actor_cfg = cfg.model_copy(update={"environment": env_cfg})
             with RolloutPool(actor_cfg, agent, workers) as pool:

@@ -135,7 +135,10 @@ class RolloutConfig(StrictModel):
         None, description="Ray cluster address (`head:6379`, `ray://head:10001`); None = this process starts "
         "its own local Ray instance (`ray.init(address=\"local\")`), never joining one already running on "
         "the machine.")
-    ray_num_cpus: int | None = Field(2, ge=1, description="CPUs for a local Ray instance.")
+    ray_num_cpus: int | None = Field(
+        None, ge=1, description="CPUs of a local Ray instance (it never grows). None = every core of this machine, "
+        "or what the actors ask for (rollout actors and learner ranks) where that is more: they then share the "
+        "cores, with a warning. A number: exactly that many, and a config whose actors ask for more is refused.")
     ray_connect_timeout_s: float = Field(
         30.0, gt=0, description="Deadline for reaching `ray_address` (an unreachable address fails with "
         "a message instead of hanging).")

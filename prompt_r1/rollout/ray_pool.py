@@ -74,7 +74,7 @@ def actor_env_vars() -> dict[str, str]:
 
 
 from prompt_r1.rollout.ray_connect import (RayWaitError, address_host_port, check_local_cpus,  # noqa: F401
-                                          init_ray)
+                                          cpus_needed, init_ray)
 
 
 class WeightSyncError(RayWaitError):
@@ -200,7 +200,7 @@ class RolloutPool:
         `engine_placement`). `env_factory(env_cfg) -> Environment` replaces `open_environment`
         inside each actor (custom environments; it must be picklable by Ray)."""
         if not ray.is_initialized():
-            init_ray(cfg.rollout)
+            init_ray(cfg.rollout, cpus_needed(cfg, num_workers))
         if cfg.environment.kind == "vllm":
             raise ValueError("environment.kind=vllm: start the server in the driver first, e.g. "
                              "`with actor_environment(cfg.environment) as env_cfg:` and build the pool "

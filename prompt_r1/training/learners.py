@@ -90,9 +90,9 @@ def learner_in_ray(cfg: Config) -> bool:
         return False
     import ray
 
-    from prompt_r1.rollout.ray_pool import init_ray
+    from prompt_r1.rollout.ray_pool import cpus_needed, init_ray
 
-    init_ray(cfg.rollout)
+    init_ray(cfg.rollout, cpus_needed(cfg))
     return ray.cluster_resources().get("GPU", 0.0) > 0
 
 
@@ -103,10 +103,10 @@ def open_learner(cfg: Config, model_path: str | Path) -> Iterator[Learner]:
     if not learner_in_ray(cfg):
         yield LocalLearner(cfg, model_path)
         return
-    from prompt_r1.rollout.ray_pool import init_ray
+    from prompt_r1.rollout.ray_pool import cpus_needed, init_ray
     from prompt_r1.training.learner_group import LearnerGroup
 
-    init_ray(cfg.rollout)
+    init_ray(cfg.rollout, cpus_needed(cfg))
     group = LearnerGroup(cfg, model_path)
     try:
         yield group

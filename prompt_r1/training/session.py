@@ -185,9 +185,9 @@ class TrainingSession:
         return self._stack.enter_context(actor_environment(self.cfg.environment, self.run_dir / "logs"))
 
     def _start_pool(self):
-        from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+        from prompt_r1.rollout.ray_pool import RolloutPool, cpus_needed, init_ray
 
-        init_ray(self.cfg.rollout)
+        init_ray(self.cfg.rollout, cpus_needed(self.cfg))
         cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
         return self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers))
 
