@@ -15,9 +15,10 @@ they were made, so a broadcast queued behind a running batch lands after it and 
 batch submitted later: a batch samples with the newest weights broadcast before its `submit`.
 Each actor stamps the trajectories it returns with the version of the weights it holds.
 
-Environment clients: `inprocess` and `openai` environments are built inside each actor. A
-`vllm` environment is a server the driver starts (`actor_environment`); actors reach it as
-`openai` at its base URL. One laptop = a local Ray instance this process starts itself
+Environment clients: `inprocess` and `openai` environments are built inside each actor, with the
+driver's settings (`actor_env.actor_env_vars`) and the environment's API key variable handed over
+as an argument, never through `runtime_env` (`actor_env.secret_env`). A `vllm` environment is a
+server the driver starts (`actor_environment`); actors reach it as `openai` at its base URL. One laptop = a local Ray instance this process starts itself
 (`ray.init(address="local")`: a plain `ray.init()` would join whatever cluster `RAY_ADDRESS` or
 the machine's last `ray start` points at); a cluster = `ray_address` (both in `ray_connect`).
 
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from pydantic import SecretStr
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.config.env import EnvConfig
@@ -54,24 +56,14 @@ from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.weights import WeightUpdate
+from prompt_r1.rollout.actor_env import actor_env_vars, apply_secret_env, secret_env
 from prompt_r1.rollout.engine_placement import (actor_location, actor_options, describe_location, place_engines,
                                                 release_all)
 from prompt_r1.rollout.placement import describe
 
 log = logging.getLogger(__name__)
 
-# Settings that actors need from the driver's environment (local or remote workers).
-_FORWARDED_ENV = ("PROMPT_R1_HOME", "PROMPT_R1_MODELS", "HF_HUB_OFFLINE", "HF_HOME", "TOKENIZERS_PARALLELISM",
-                  "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")
-
-
 SHUTDOWN_TIMEOUT_S = 60.0  # an actor's own clean-up (environment client, policy) before ray.kill
-
-
-def actor_env_vars() -> dict[str, str]:
-    """The driver's settings an actor needs (model cache, offline mode), for `runtime_env`."""
-    return {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
-
 
 from prompt_r1.rollout.ray_connect import (RayWaitError, address_host_port, check_local_cpus,  # noqa: F401
                                           cpus_needed, init_ray)
@@ -112,7 +104,11 @@ class RolloutWorker:
     """A Ray actor: one policy copy plus one environment client, living as long as the pool."""
 
     def __init__(self, cfg: Config, model_path: str, seed: int,
-                 env_factory: Callable[[EnvConfig], Any] | None = None):
+                 env_factory: Callable[[EnvConfig], Any] | None = None,
+                 secrets: dict[str, SecretStr] | None = None):
+        # the environment's API key, from the driver (`actor_env.secret_env`): a node started
+        # without it in its environment would otherwise fail here, or use another key
+        apply_secret_env(secrets)
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
@@ -207,7 +203,7 @@ class RolloutPool:
                              "with cfg.model_copy(update={'environment': env_cfg})")
         self.cfg = cfg
         self.num_workers = num_workers or cfg.rollout.num_workers
-        env_vars = actor_env_vars()
+        env_vars, secrets = actor_env_vars(), secret_env([cfg.environment])
         check_local_cpus(cfg.rollout, self.num_workers)  # a local instance never grows
         self._stuck = False
         self._loads: list[PendingSync] = []  # weight syncs broadcast without waiting, not yet verified
@@ -223,7 +219,7 @@ class RolloutPool:
             for index, group in enumerate(self.groups):
                 # the policy's own seed (engine start, calls without row seeds): distinct per actor
                 self.workers.append(actor_class.options(**actor_options(bundle, group, env_vars)).remote(
-                    cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index), env_factory))
+                    cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index), env_factory, secrets))
             log.info("rollout pool: %d actor(s) starting", len(self.workers))
             self.placements = self._get(
                 [w.placement.remote() for w in self.workers], max(deadline - time.monotonic(), 1.0),

@@ -179,7 +179,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # one state per device the saver saw; a rank sees its node's rank GPUs (`rank_gpus`), which a
+        # resume at another world size may make fewer
+        for index, device_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state, index)
 
 
 def save_checkpoint(learner: GRPOLearner, ckpt_dir: Path, step: int, data_position: dict[str, Any],

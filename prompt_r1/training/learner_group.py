@@ -4,9 +4,10 @@ With `train.world_size` N > 1 the run's learner is N `LearnerRank` actors, each 
 bundle of a placement group (`reserve`: `train.cpus_per_rank` CPUs, and one GPU when the cluster
 has GPUs and `train.device` is not `cpu`; `train.placement_strategy` says whether the bundles pack
 onto few nodes or spread over many). Each rank reports where it landed (node, GPUs, pid:
-`LearnerGroup.placements`, logged at start). Rank 0 reports its node's address and a free port,
-every rank joins the process group there (`parallel.join_process_group`: nccl with CUDA, gloo
-otherwise) and builds the ordinary `GRPOLearner`, policy and reference included; the driver
+`LearnerGroup.placements`, logged at start); on GPUs the ranks of a node then see all of its
+rank GPUs in one order and each picks its own (`rank_gpus`, as Ray Train does). Rank 0 reports
+its node's address and a free port, every rank joins the process group there
+(`parallel.join_process_group`: nccl with CUDA, gloo otherwise) and builds the ordinary `GRPOLearner`, policy and reference included; the driver
 (`LearnerGroup`) holds no model. For each step the driver plans the batch's mini-batches, splits
 each one over the ranks by whole GRPO groups (`batches.split_plan`) and sends every rank its
 trajectories and its share; the ranks' losses are normalised by global counts, so N ranks make
@@ -40,6 +41,7 @@ from prompt_r1.rollout.engine_placement import describe_location
 from prompt_r1.rollout.placement import in_group, release, reserve
 from prompt_r1.rollout.ray_pool import SHUTDOWN_TIMEOUT_S, actor_env_vars
 from prompt_r1.training.batches import plan_mini_batches, split_plan
+from prompt_r1.training.rank_gpus import node_gpu_ids
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,20 @@ class LearnerRank:
         torch.set_num_threads(max(1, int(cfg.train.cpus_per_rank)))
         self.cfg, self.model_path, self.rank, self.world_size, self.device = cfg, model_path, rank, world_size, device
         self.learner: Any = None
+
+    def location(self) -> dict[str, Any]:
+        """Where this rank runs: node, Ray's GPU ids, pid (`engine_placement.actor_location`)."""
+        from prompt_r1.rollout.engine_placement import actor_location
+
+        return actor_location()
+
+    def share_gpus(self, visible: list[str]) -> str:
+        """See the GPUs of every rank on this node and train on its own among them (`rank_gpus`);
+        before anything touches CUDA. Returns the device."""
+        from prompt_r1.training.rank_gpus import adopt_node_gpus
+
+        self.device = adopt_node_gpus(visible, ray.get_gpu_ids())
+        return self.device
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port (asked of rank 0: the process group's store listens there)."""
@@ -117,8 +133,8 @@ class LearnerRank:
 
 def learner_device(train_device: str) -> str:
     """`cuda:0` when every rank gets a GPU of its own (the cluster has GPUs and `train.device` is
-    not `cpu`), else `cpu`. Ray makes a rank's one GPU its device 0, so a `cuda:N` index in
-    `train.device` does not apply to ranks."""
+    not `cpu`), else `cpu`. A rank's device index is then its own GPU's among those of its node's
+    ranks (`LearnerRank.share_gpus`), so a `cuda:N` index in `train.device` does not apply to ranks."""
     if train_device == "cpu":
         return "cpu"
     if ray.cluster_resources().get("GPU", 0.0) > 0:
@@ -139,6 +155,7 @@ class LearnerGroup:
         self.cfg, self.world_size, self.timeout_s = cfg, train.world_size, train.dist_timeout_s
         self.actors: list[Any] = []
         self.placements: list[dict[str, Any]] = []  # per rank: node_id, node_ip, gpu_ids, pid
+        self.devices: list[str] = []  # per rank on GPUs: its device among its node's rank GPUs
         self.group = None
         self.closed = False
         self.waiting = False  # inside a call on the ranks (left True when one is interrupted)
@@ -160,6 +177,10 @@ class LearnerGroup:
                                     runtime_env={"env_vars": actor_env_vars()}).remote(
                     cfg, str(model_path), rank, self.world_size, device)
                 for rank in range(self.world_size)]
+            if gpus:  # the ranks of a node see all its rank GPUs in one order, as in Ray Train (`rank_gpus`)
+                visible = node_gpu_ids(self._gather([a.location.remote() for a in self.actors], "reporting GPUs"))
+                self.devices = self._gather([a.share_gpus.remote(v) for a, v in zip(self.actors, visible)],
+                                            "sharing the node's GPUs")
             ((host, port),) = self._gather([self.actors[0].rendezvous.remote()], "reporting rank 0's address", [0])
             self.placements = self._gather([a.setup.remote(host, port) for a in self.actors],
                                            "joining the process group and loading the model")
