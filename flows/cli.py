@@ -34,6 +34,7 @@ register_scheme("models", _registry_agent)
 def _check_training(cfg) -> None:
     """Mistakes a training flow would meet only once Prefect runs it (and logs them with a
     traceback), checked first: raised as user errors, which the app ends with one line and exit 2."""
+    from prompt_r1.env.vllm_server import check_server_host
     from prompt_r1.models.resolver import check_agent_spec
     from prompt_r1.rollout.ray_pool import check_local_cpus
     from prompt_r1.training.plan import preflight
@@ -41,6 +42,7 @@ def _check_training(cfg) -> None:
     cfg.check_trainable()
     check_agent_spec(cfg.agent.model, cfg.name)
     check_local_cpus(cfg.rollout)
+    check_server_host(cfg.environment)
     preflight(cfg)  # a run on GPUs that does not fit them (`prompt-r1 plan`); nothing on a machine without
 
 

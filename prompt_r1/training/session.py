@@ -134,6 +134,7 @@ class TrainingSession:
     def _start(self) -> None:
         """Data, learner, environment server, rollout actors; each started piece is on `_stack`."""
         from prompt_r1.training.checkpoint import resume_checkpoint
+        from prompt_r1.env.vllm_server import check_server_host
         from prompt_r1.models.resolver import check_agent_spec, resolve_agent
         from prompt_r1.rollout.ray_pool import check_local_cpus
         from prompt_r1.training.run_record import open_run
@@ -142,6 +143,7 @@ class TrainingSession:
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
         check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
+        check_server_host(self.cfg.environment)  # a managed vLLM server this machine's vLLM cannot run
         train = self.cfg.train  # and more actors (rollout, learner ranks) than a local Ray instance can start
         check_local_cpus(self.cfg.rollout, learner_ranks=train.world_size if learner_in_ray(self.cfg) else 0,
                          cpus_per_rank=train.cpus_per_rank)
