@@ -105,7 +105,7 @@ class Config(StrictModel):
             problems.append("train.strategy is fsdp with agent.lora.enabled: fsdp shards full fine-tuning; a LoRA "
                             "adapter is small, use train.strategy: ddp")
         engine_gpus = self.rollout.num_workers * self.agent.tensor_parallel_size
-        if self.rollout.colocate and engine_gpus > self.train.world_size:
+        if self.rollout.colocate and self.agent.backend == "vllm" and engine_gpus > self.train.world_size:
             problems.append(f"rollout.colocate: {self.rollout.num_workers} engine(s) x agent.tensor_parallel_size "
                             f"{self.agent.tensor_parallel_size} need {engine_gpus} learner GPUs to share, but "
                             f"train.world_size is {self.train.world_size}; lower rollout.num_workers or raise "
