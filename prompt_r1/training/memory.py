@@ -235,8 +235,8 @@ def learner_startup(cfg: Config, arch: Architecture, rank: int) -> tuple[dict[st
     gpu["runtime (libraries, CUDA context)"] = RUNTIME_GIB
     if shard > 1 and rank:
         return gpu, {}
-    what = "rank 0 only, the full float32 state dict" if shard > 1 else "the whole model in float32"
-    return gpu, {f"start-up: {what}": _gib(4 * p)}
+    what = " (rank 0 only): full float32 state dict" if shard > 1 else ": the whole model in float32"
+    return gpu, {f"start-up{what}": _gib(4 * p)}
 
 
 def engine_component(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int, index: int) -> Component:
