@@ -115,6 +115,24 @@ def test_on_cpu_the_engine_stays_eager_with_an_absolute_kv_cache_and_never_sleep
     assert made[-1].calls == []  # vLLM has no sleep mode on CPU
 
 
+def test_evaluation_engines_in_one_process_split_the_share(monkeypatch):
+    """`EvalAgents` builds its agents' engines in the driver, on one GPU: each gets its part of
+    `agent.vllm_gpu_memory_utilization`, less a managed environment server's share."""
+    import prompt_r1.policy as policy_module
+    from prompt_r1.evaluation.evaluate import EvalAgents
+
+    shares = []
+    monkeypatch.setattr(policy_module, "make_policy", lambda agent, path, seed=0: (
+        shares.append(agent.vllm_gpu_memory_utilization), types.SimpleNamespace(close=lambda: None))[1])
+    cfg = parse_config({"agent": {"backend": "vllm", "vllm_gpu_memory_utilization": 0.8}})
+    with EvalAgents(cfg, {"base": "/a", "trained": "/b"}) as agents:
+        assert len(agents.policies) == 2 and shares == [0.4, 0.4]
+    shares.clear()
+    served = parse_config({"agent": {"backend": "vllm"}, "environment": {"kind": "vllm", "gpu_memory_utilization": 0.3}})
+    with EvalAgents(served, {"base": "/a", "trained": "/b"}) as agents:
+        assert len(agents.policies) == 2 and shares == [0.3, 0.3]  # (0.9 - 0.3) / 2
+
+
 # -- where Ray puts a colocated engine (fake GPUs) -----------------------------------------------
 @pytest.fixture(scope="module")
 def fake_gpu_ray():
