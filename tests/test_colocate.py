@@ -33,7 +33,8 @@ def test_colocate_needs_a_learner_gpu_per_engine_gpu():
     assert any("rollout.colocate: 2 engine(s)" in p and "train.world_size is 1" in p for p in cfg.training_problems())
     assert not load_config("configs/smoke.yaml", vllm).training_problems()
     # the transformers backend samples on CPU: colocation changes nothing, so nothing is refused
-    assert not load_config("configs/smoke.yaml", {"rollout.colocate": True, "rollout.num_workers": 2}).training_problems()
+    transformers = load_config("configs/smoke.yaml", {"rollout.colocate": True, "rollout.num_workers": 2})
+    assert not transformers.training_problems()
 
 
 def test_the_one_gpu_recipe_is_the_papers_agent_with_lora_colocated():
@@ -128,7 +129,8 @@ def test_evaluation_engines_in_one_process_split_the_share(monkeypatch):
     with EvalAgents(cfg, {"base": "/a", "trained": "/b"}) as agents:
         assert len(agents.policies) == 2 and shares == [0.4, 0.4]
     shares.clear()
-    served = parse_config({"agent": {"backend": "vllm"}, "environment": {"kind": "vllm", "gpu_memory_utilization": 0.3}})
+    served = parse_config({"agent": {"backend": "vllm"},
+                           "environment": {"kind": "vllm", "gpu_memory_utilization": 0.3}})
     with EvalAgents(served, {"base": "/a", "trained": "/b"}) as agents:
         assert len(agents.policies) == 2 and shares == [0.3, 0.3]  # (0.9 - 0.3) / 2
 
