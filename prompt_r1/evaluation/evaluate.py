@@ -143,6 +143,18 @@ def eval_agent(cfg: Config) -> AgentConfig:
     return cfg.agent.model_copy(update={"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p})
 
 
+def in_process_share(cfg: Config, engines: int) -> float:
+    """Each of `engines` vLLM agent engines built in one process (on its first GPU): their part of
+    `agent.vllm_gpu_memory_utilization`, less what a managed vLLM environment server takes there.
+
+    >>> from prompt_r1.config.experiment import parse_config
+    >>> in_process_share(parse_config({}), 2), in_process_share(parse_config({"environment": {"kind": "vllm"}}), 2)
+    (0.45, 0.3)
+    """
+    server = max((e.gpu_memory_utilization for e in cfg.eval_environments() if e.kind == "vllm"), default=0.0)
+    return round(max(0.05, (cfg.agent.vllm_gpu_memory_utilization - server) / max(1, engines)), 4)
+
+
 def eval_rollout(cfg: Config) -> RolloutConfig:
     """The rollout settings for evaluation: `eval.max_turns` generations (default `rollout.max_turns`).
 
@@ -255,8 +267,11 @@ class EvalAgents:
             built: dict[str, Any] = {}
             try:
                 if {"agent", "agent_only"} & set(self.cfg.eval.methods):
+                    agent = eval_agent(self.cfg)  # these engines share this process's GPU: split its share
+                    agent = agent.model_copy(update={"vllm_gpu_memory_utilization": in_process_share(
+                        self.cfg, len(self.paths))})
                     for label, path in self.paths.items():
-                        built[label] = make_policy(eval_agent(self.cfg), path, seed=self.cfg.seed)
+                        built[label] = make_policy(agent, path, seed=self.cfg.seed)
             except BaseException:  # close what was built: no engine is left holding memory
                 for policy in built.values():
                     policy.close()

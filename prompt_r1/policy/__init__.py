@@ -23,8 +23,9 @@ def backend_deterministic(agent_cfg: AgentConfig) -> bool:
     return agent_cfg.backend == "transformers" and agent_cfg.batch_invariant
 
 
-def make_policy(agent_cfg: AgentConfig, model_path: str | Path, seed: int = 0) -> Policy:
-    """The rollout policy for `agent_cfg.backend` loaded from `model_path` (a local HF folder)."""
+def make_policy(agent_cfg: AgentConfig, model_path: str | Path, seed: int = 0, sleep_mode: bool = False) -> Policy:
+    """The rollout policy for `agent_cfg.backend` loaded from `model_path` (a local HF folder);
+    `sleep_mode` (`rollout.colocate`): a vLLM engine on GPU that can `sleep` while a learner updates."""
     if agent_cfg.backend == "transformers":
         from prompt_r1.policy.hf import TransformersPolicy
 
@@ -37,5 +38,7 @@ def make_policy(agent_cfg: AgentConfig, model_path: str | Path, seed: int = 0) -
                           dtype=agent_cfg.dtype, seed=seed, max_num_seqs=agent_cfg.vllm_max_num_seqs,
                           max_model_len=agent_cfg.vllm_max_model_len,
                           tensor_parallel_size=agent_cfg.tensor_parallel_size,
+                          gpu_memory_utilization=agent_cfg.vllm_gpu_memory_utilization,
+                          enforce_eager=agent_cfg.enforce_eager, sleep_mode=sleep_mode,
                           lora_rank=agent_cfg.lora.r if agent_cfg.lora.enabled else None)
     raise ValueError(f"agent.backend must be `transformers` or `vllm`, got {agent_cfg.backend!r}")

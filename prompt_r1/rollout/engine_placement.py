@@ -13,6 +13,13 @@ explicit and the same on a laptop and a cluster:
   variable alone for actors without GPUs, so they would see every GPU of their node, also those
   Ray gave to learner ranks or other engines.
 
+- `rollout.colocate` with the vllm backend and a learner on GPUs: engine i shares the GPUs of
+  learner ranks i x tp .. (i+1) x tp - 1 (`shared_gpus`). Its bundle is `{CPU:
+  rollout.cpus_per_worker, node:<ip>: 0.001}`, Ray's own per-node resource, so it lands on those
+  ranks' node; it holds no GPU of Ray's (the ranks hold them) and gets `CUDA_VISIBLE_DEVICES` set
+  to the ranks' GPU ids, the ids Ray gave the ranks. Its memory is `agent.vllm_gpu_memory_utilization`
+  of each GPU, beside the learner's, and it sleeps while the learner updates (`RolloutPool.sleep`).
+
 Each actor has its own group because engines are independent: they need not share a node, so a
 pool spreads over whatever nodes have room, and one engine's GPUs are reserved all together or
 not at all. The groups are reserved together under `rollout.actor_start_timeout_s`
@@ -25,6 +32,7 @@ GPUs Ray assigned them. `actor_location` is what an actor reports of its place (
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -33,6 +41,8 @@ from ray.util.placement_group import PlacementGroup
 
 from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig
 from prompt_r1.rollout.placement import PlacementError, in_group, release, reserve_groups
+
+log = logging.getLogger(__name__)
 
 FIX = ("lower rollout.num_workers, agent.tensor_parallel_size or rollout.cpus_per_worker, free what other Ray "
        "jobs hold, add nodes to the cluster (rollout.ray_address), or raise rollout.actor_start_timeout_s if "
@@ -76,13 +86,65 @@ def place_engines(cfg: Config, num_workers: int) -> tuple[dict[str, float], list
     return bundle, groups
 
 
-def actor_options(bundle: dict[str, float], group: PlacementGroup, env_vars: dict[str, str]) -> dict[str, Any]:
+def shared_gpus(cfg: Config, num_workers: int, learner_placements: list[dict[str, Any]] | None
+                ) -> list[dict[str, Any]] | None:
+    """Under `rollout.colocate`: per engine, the node (`node_ip`) and GPU ids (`gpu_ids`) of the
+    learner ranks it shares (engine i: ranks i x tp .. (i+1) x tp - 1); None when engines get places
+    of their own (colocate off, the transformers backend, or a learner without GPUs: then there is
+    no GPU to share and engines run as usual). `learner_placements` are the ranks' `actor_location`s.
+
+    >>> from prompt_r1.config.experiment import parse_config
+    >>> cfg = parse_config({"agent": {"backend": "vllm"}, "rollout": {"colocate": True}})
+    >>> shared_gpus(cfg, 1, [{"node_id": "n0", "node_ip": "10.0.0.5", "gpu_ids": ["3"]}])
+    [{'node_ip': '10.0.0.5', 'gpu_ids': ['3']}]
+    >>> shared_gpus(cfg, 1, [{"node_id": "n0", "node_ip": "10.0.0.5", "gpu_ids": []}]) is None
+    True
+    """
+    if not cfg.rollout.colocate:
+        return None
+    ranks = learner_placements or []
+    if cfg.agent.backend != "vllm" or not ranks or not all(p.get("gpu_ids") for p in ranks):
+        log.info("rollout.colocate: %s, so the rollout engines are placed as usual",
+                 "the transformers backend samples on CPU" if cfg.agent.backend != "vllm"
+                 else "the learner holds no GPU to share")
+        return None
+    tp = cfg.agent.tensor_parallel_size
+    if num_workers * tp > len(ranks):
+        raise PlacementError(f"rollout.colocate: {num_workers} engine(s) x agent.tensor_parallel_size {tp} need "
+                             f"{num_workers * tp} learner GPUs to share, but the learner has {len(ranks)} rank(s); "
+                             "lower rollout.num_workers or raise train.world_size")
+    out = []
+    for index in range(num_workers):
+        mine = ranks[index * tp:(index + 1) * tp]
+        if len({p["node_id"] for p in mine}) > 1:
+            raise PlacementError(
+                f"rollout.colocate: rollout engine {index} would share the GPUs of learner ranks {index * tp}-"
+                f"{(index + 1) * tp - 1}, which Ray put on different nodes, and an engine's GPUs must be on one "
+                "node: set train.placement_strategy to PACK or STRICT_PACK, or agent.tensor_parallel_size to 1")
+        out.append({"node_ip": mine[0]["node_ip"], "gpu_ids": [g for p in mine for g in p["gpu_ids"]]})
+    return out
+
+
+def place_colocated(cfg: Config, shared: list[dict[str, Any]]) -> tuple[list[dict[str, float]], list[PlacementGroup]]:
+    """One ready placement group per colocated engine (`shared_gpus`): CPUs on its ranks' node."""
+    bundles = [{"CPU": float(cfg.rollout.cpus_per_worker), f"node:{s['node_ip']}": 0.001} for s in shared]
+    groups = reserve_groups(
+        [[b] for b in bundles], what=f"the colocated rollout pool ({len(bundles)} actors beside the learner ranks)",
+        timeout_s=cfg.rollout.actor_start_timeout_s, field="rollout.actor_start_timeout_s", fix=FIX,
+        name="prompt-r1-rollout", fixed_cluster=not cfg.rollout.ray_address)
+    return bundles, groups
+
+
+def actor_options(bundle: dict[str, float], group: PlacementGroup, env_vars: dict[str, str],
+                  visible: str | None = None) -> dict[str, Any]:
     """`ray.remote(...).options(...)` that put an actor into the one bundle of `group`, asking for
-    exactly that bundle's resources; an actor without GPUs is kept off every GPU of its node."""
+    exactly that bundle's resources; an actor without GPUs is kept off every GPU of its node, or,
+    colocated, given `visible` (the GPU ids it shares with learner ranks)."""
     gpus = bundle.get("GPU", 0.0)
-    env = dict(env_vars) if gpus else {**env_vars, "CUDA_VISIBLE_DEVICES": ""}  # Ray sets it when gpus > 0
+    env = dict(env_vars) if gpus else {**env_vars, "CUDA_VISIBLE_DEVICES": visible or ""}  # Ray sets it when gpus > 0
+    resources = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}  # node:<ip> of a colocated engine
     return {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": gpus, "scheduling_strategy": in_group(group, 0),
-            "runtime_env": {"env_vars": env}}
+            "runtime_env": {"env_vars": env}, **({"resources": resources} if resources else {})}
 
 
 def release_all(groups: list[PlacementGroup]) -> None:

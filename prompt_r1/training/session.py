@@ -21,6 +21,9 @@ passes `environment.max_error_rate` stops the run with `EnvironmentFailure` befo
 (before its checkpoint), so no agent is exported from it. A validation in which failures left no
 question scored stops the run the same way.
 
+Colocated engines (`rollout.colocate`): the engines share the learner's GPUs and sleep during
+each update (`update`), waking before the broadcast.
+
 Asynchronous rollouts (`rollout.max_staleness` = k >= 1): the batches of the next steps run on the
 rollout actors while the learner trains; `run_ahead` holds them and states the rules.
 """
@@ -30,7 +33,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -191,7 +195,10 @@ class TrainingSession:
 
         init_ray(self.cfg.rollout, cpus_needed(self.cfg))
         cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
-        return self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers))
+        # a learner in Ray says where its ranks run: colocated engines go beside them (`rollout.colocate`)
+        placements = getattr(self.learner, "placements", None)
+        return self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers,
+                                                     learner_placements=placements))
 
     # -- stages (each one Prefect task in the flow) --------------------------------------
     def next_batch(self) -> list[QuestionRow]:
@@ -245,7 +252,8 @@ class TrainingSession:
             raise
         kept = usable_for_update(trajectories)
         if kept:
-            metrics = self.learner.step(kept)
+            with self._engines_asleep():
+                metrics = self.learner.step(kept)
         else:  # every group lost its pairs to failures: nothing to learn from, the step still counts
             log.warning("step %d: no group kept 2 trajectories without environment failures; no update", self.step)
             metrics = {"update_skipped": 1.0, "groups": 0.0, "groups_informative": 0.0, "informative_share": 0.0}
@@ -253,6 +261,20 @@ class TrainingSession:
                         "env_error_trajectories": float(sum(1 for t in trajectories if t.error is not None))})
         metrics.update(policy_age(trajectories, self.step))
         return metrics
+
+    @contextmanager
+    def _engines_asleep(self) -> Iterator[None]:
+        """Under `rollout.colocate` the rollout engines free the GPU memory they share with the
+        learner for the update, and take it back after (before the weight broadcast); nothing
+        rolls out meanwhile (colocate runs at max_staleness 0)."""
+        if not self.cfg.rollout.colocate:
+            yield
+            return
+        self.pool.sleep()
+        try:
+            yield
+        finally:
+            self.pool.wake_up()
 
     def finish_step(self, trajectories: list[Trajectory]) -> None:
         """Record the step's trajectories and env calls, then advance the step counter."""
