@@ -136,12 +136,16 @@ class TrainingSession:
         from prompt_r1.training.checkpoint import resume_checkpoint
         from prompt_r1.models.resolver import check_agent_spec, resolve_agent
         from prompt_r1.rollout.ray_pool import check_local_cpus
+        from prompt_r1.training.run_owner import own_run
         from prompt_r1.training.run_record import open_run
         from prompt_r1.training.learners import learner_in_ray, open_learner
         from prompt_r1.training.plan import preflight
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
         check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
+        # One process per run folder (a second is refused naming the holder), taken before Ray
+        # starts (`learner_in_ray` may start it); a killed earlier owner's Ray leftovers are stopped.
+        self._stack.enter_context(own_run(self.run_dir))
         train = self.cfg.train  # and more actors (rollout, learner ranks) than a local Ray instance can start
         check_local_cpus(self.cfg.rollout, learner_ranks=train.world_size if learner_in_ray(self.cfg) else 0,
                          cpus_per_rank=train.cpus_per_rank)
@@ -186,8 +190,10 @@ class TrainingSession:
 
     def _start_pool(self):
         from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+        from prompt_r1.training.run_owner import record_ray
 
         init_ray(self.cfg.rollout)
+        record_ray(self.run_dir)  # what the next owner stops if this process is killed
         cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
         return self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers))
 
