@@ -33,7 +33,14 @@ with own_run(sys.argv[1]):
         from prompt_r1.config.experiment import RolloutConfig
         from prompt_r1.rollout.ray_connect import init_ray
         init_ray(RolloutConfig(ray_num_cpus=1))
-        print("pids", *record_ray(sys.argv[1]), flush=True)
+        deadline = time.monotonic() + 120  # Ray's agents start a little after ray.init returns
+        while True:
+            pids = record_ray(sys.argv[1])
+            titles = [open(f"/proc/{pid}/cmdline").read() for pid in pids]
+            if sum(t.startswith("ray::") and "Agent" in t for t in titles) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        print("pids", *pids, flush=True)
     print("held", flush=True)
     time.sleep(600)
 """
@@ -106,26 +113,28 @@ def test_ray_leftovers_of_a_killed_driver_are_stopped_by_the_next_owner(tmp_path
     holder, line = start_holder(folder, "ray")
     recorded = [int(p) for p in line.split()[1:]]
     record = json.loads((folder / RAY_FILE).read_text())
-    session = record["session"]
-    assert recorded and all(session in process_cmdline(pid) for pid in recorded)
+    markers = {p["pid"]: p["marker"] for p in record["processes"]}
+    assert sorted(markers) == sorted(recorded)
+    assert all(markers[pid] in process_cmdline(pid) for pid in recorded)
+
+    def alive() -> list[int]:
+        return [pid for pid in recorded if process_start(pid) is not None and markers[pid] in process_cmdline(pid)]
+
     bystander = subprocess.Popen(["sleep", "300"])  # not Ray's: must survive the sweep
     kill9(holder)
     time.sleep(3)  # Ray's own clean-up of a dead driver gets its chance first
-    left = [pid for pid in recorded if process_start(pid) is not None and session in process_cmdline(pid)]
     try:
-        assert left, "nothing of the killed driver's Ray outlived it: the fault did not happen"
+        assert alive(), "nothing of the killed driver's Ray outlived it: the fault did not happen"
         with own_run(folder):  # the sweep
             pass
-        still = [pid for pid in recorded if process_start(pid) is not None and session in process_cmdline(pid)]
-        assert still == []
+        assert alive() == [], [(pid, markers[pid], process_cmdline(pid)[:80]) for pid in alive()]
         assert process_start(bystander.pid) is not None
         assert not (folder / RAY_FILE).exists()
     finally:
         bystander.kill()
         bystander.wait()
-        for pid in recorded:  # whatever a failed assertion left: only this session's processes
-            if process_start(pid) is not None and session in process_cmdline(pid):
-                os.kill(pid, signal.SIGKILL)
+        for pid in alive():  # whatever a failed assertion left: only this session's processes
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_sweep_spares_a_live_recorder_and_reused_pids(tmp_path):

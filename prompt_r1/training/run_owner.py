@@ -11,10 +11,13 @@ a lock file lets a third process lock a new file while the second still holds th
 A local Ray instance the driver started (`ray.init(address="local")`) mostly dies with it, but
 its dashboard and runtime-env agents outlive a `kill -9` of the driver by a minute or more
 (about 230 MB). `record_ray` writes the processes of the instance this run started into
-`run_dir/ray.json` (pid, start time, and the Ray session name each command line must carry);
+`run_dir/ray.json` (pid, start time, and what its command line must still carry: the Ray
+session's name, or the `ray::` title Ray gives its agents);
 the next owner of the folder, holding the lock and so knowing the recorder is dead, stops
 those still running (`sweep_ray_leftovers`). Start times and the session name, not bare pids,
-identify them, so a reused pid or another Ray instance on the machine is never touched.
+identify them, so a reused pid or another Ray instance on the machine is never touched. The
+agents start a little after `ray.init` returns: the session records once its rollout actors
+are up.
 """
 
 from __future__ import annotations
@@ -91,11 +94,31 @@ def record_ray(run_dir: Path) -> list[int]:
         return []
     session = node.session_name
     me = os.getpid()
-    pids = [pid for pid in _descendants(me) if session in process_cmdline(pid)]
-    record = {"session": session, "owner_pid": me, "owner_start": process_start(me),
-              "processes": [{"pid": pid, "start": process_start(pid)} for pid in pids]}
+    processes = []
+    for pid in _descendants(me):
+        marker = _ray_marker(process_cmdline(pid), session)
+        if marker:
+            processes.append({"pid": pid, "start": process_start(pid), "marker": marker})
+    record = {"session": session, "owner_pid": me, "owner_start": process_start(me), "processes": processes}
     atomic_write_text(Path(run_dir) / RAY_FILE, json.dumps(record, indent=1) + "\n")
-    return pids
+    return [p["pid"] for p in processes]
+
+
+def _ray_marker(cmdline: str, session: str) -> str | None:
+    """What marks a process as this Ray session's: the session name in its command line (GCS,
+    raylet, monitors), or, for the processes Ray retitles (`ray::DashboardAgent`,
+    `ray::RuntimeEnvAgent`, workers), that title, found among the driver's descendants.
+
+    >>> _ray_marker("raylet --session_dir=/tmp/ray/session_1_2", "session_1_2")
+    'session_1_2'
+    >>> _ray_marker("ray::DashboardAgent", "session_1_2"), _ray_marker("sleep 300", "session_1_2")
+    ('ray::DashboardAgent', None)
+    """
+    if session in cmdline:
+        return session
+    if cmdline.startswith("ray::"):
+        return cmdline.split()[0]
+    return None
 
 
 def _descendants(pid: int) -> list[int]:
@@ -116,7 +139,7 @@ def _descendants(pid: int) -> list[int]:
 
 def sweep_ray_leftovers(run_dir: Path, grace_s: float = RAY_GRACE_S) -> list[int]:
     """Stop the Ray processes a dead earlier owner of `run_dir` recorded and left running
-    (same pid, same start time, the session's name in its command line); returns their pids.
+    (same pid, same start time, its marker in its command line); returns their pids.
     Call only while holding the folder (`own_run`): then the recorder is not running."""
     path = Path(run_dir) / RAY_FILE
     try:
@@ -130,7 +153,7 @@ def sweep_ray_leftovers(run_dir: Path, grace_s: float = RAY_GRACE_S) -> list[int
         return []  # its recorder lives (this very process, on a second session): its Ray is in use
     session = record.get("session") or "\0"
     left = [p["pid"] for p in record.get("processes", [])
-            if process_start(p["pid"]) == p["start"] and session in process_cmdline(p["pid"])]
+            if process_start(p["pid"]) == p["start"] and p.get("marker", session) in process_cmdline(p["pid"])]
     if left:
         log.warning("stopping %d process(es) of Ray session %s left running by a killed earlier run of %s "
                     "(pids %s)", len(left), session, run_dir, ", ".join(map(str, left)))
@@ -140,16 +163,25 @@ def sweep_ray_leftovers(run_dir: Path, grace_s: float = RAY_GRACE_S) -> list[int
 
 
 def _stop(pids: list[int], grace_s: float) -> None:
-    """SIGTERM, then SIGKILL what is still alive after `grace_s`."""
+    """SIGTERM, then SIGKILL what is still alive after `grace_s`; returns once they are gone
+    (a killed process with many threads takes a moment to exit), or after another `grace_s`."""
     starts = {pid: process_start(pid) for pid in pids}
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-        alive = [pid for pid in alive if process_start(pid) is not None and process_start(pid) == starts[pid]]
-    for pid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+
+    def alive(among: list[int]) -> list[int]:
+        return [pid for pid in among if process_start(pid) is not None and process_start(pid) == starts[pid]]
+
+    def wait(among: list[int]) -> list[int]:
+        deadline = time.monotonic() + grace_s
+        while among and time.monotonic() < deadline:
+            time.sleep(0.2)
+            among = alive(among)
+        return among
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        pids = wait(alive(pids))
+        if not pids:
+            return
+    log.warning("Ray leftovers %s did not exit within %gs of SIGKILL", pids, grace_s)

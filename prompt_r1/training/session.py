@@ -193,9 +193,10 @@ class TrainingSession:
         from prompt_r1.training.run_owner import record_ray
 
         init_ray(self.cfg.rollout)
-        record_ray(self.run_dir)  # what the next owner stops if this process is killed
         cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
-        return self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers))
+        pool = self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers))
+        record_ray(self.run_dir)  # what the next owner stops if this process is killed (Ray's agents are up now)
+        return pool
 
     # -- stages (each one Prefect task in the flow) --------------------------------------
     def next_batch(self) -> list[QuestionRow]:
