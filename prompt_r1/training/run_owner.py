@@ -2,9 +2,9 @@
 
 Two `train` processes on the same run folder (even with different warehouses, even with
 `--resume`) would both write `checkpoints/` and `agent/`. `own_run` takes an exclusive
-`fcntl.flock` on `run_dir/owner.lock` (`core.fsutil.file_lock`) for the whole session and writes the holder (pid, host,
-start time, command) into it; a second process is refused with `RunBusyError` naming that
-holder. The kernel releases the lock when its process dies, however it dies (`kill -9`
+`flock` on `run_dir/owner.lock` (`core.fsutil.file_lock`) for the whole session and writes the
+holder (pid, host, start time, command) into it; a second process is refused with
+`RunBusyError` naming that holder. The kernel releases the lock when its process dies, however it dies (`kill -9`
 included), so a lock is never stale and there is nothing to clean up. The file stays: deleting
 a lock file lets a third process lock a new file while the second still holds the old one.
 
@@ -12,10 +12,9 @@ A local Ray instance the driver started (`ray.init(address="local")`) mostly die
 its dashboard and runtime-env agents outlive a `kill -9` of the driver by a minute or more
 (about 230 MB). `record_ray` writes the processes of the instance this run started into
 `run_dir/ray.json` (pid, start time, and what its command line must still carry: the Ray
-session's name, or the `ray::` title Ray gives its agents);
-the next owner of the folder, holding the lock and so knowing the recorder is dead, stops
-those still running (`sweep_ray_leftovers`). Start times and the session name, not bare pids,
-identify them, so a reused pid or another Ray instance on the machine is never touched. The
+session's name, or the `ray::` title Ray gives its agents); the next owner of the folder,
+holding the lock and so knowing the recorder is dead, stops those still running
+(`sweep_ray_leftovers`). Start times and those markers, not bare pids, identify them, so a reused pid or another Ray instance on the machine is never touched. The
 agents start a little after `ray.init` returns: the session records once its rollout actors
 are up.
 """
