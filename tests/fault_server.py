@@ -14,7 +14,9 @@ e.g. 429wait2.5), 500, 400, 401, 400retry (400 with `x-should-retry: true`), 500
 `x-should-retry: false`), 401echo (401 whose body echoes the
 Authorization header, like servers that quote the rejected key), garbage (200 with invalid JSON),
 nochoices (200 JSON with no `choices`), huge (a valid completion whose reply is `huge_bytes` long,
-with its content-length), hugechunked (the same, chunked, with no content-length).
+with its content-length), hugechunked (the same, chunked, with no content-length), drip (200
+headers at once, then one byte of JSON whitespace every 0.2 s for `hang_s`, then a valid completion:
+every read is quick, the whole request slow).
 """
 
 from __future__ import annotations
@@ -127,6 +129,9 @@ class FaultServer:
         if action == "timeout":
             self._stop.wait(self.hang_s)
             action = "ok"
+        if action == "drip":
+            self._drip(handler, body, content)
+            return
         if action in ("huge", "hugechunked"):
             reply = "x" * self.huge_bytes
             handler._send(200, {"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()),
@@ -168,3 +173,21 @@ class FaultServer:
             handler._send(200, {"id": "x", "object": "chat.completion", "model": body.get("model", "")})
         else:
             handler._send(500, error(f"unknown scripted action {action!r}"))
+
+    def _drip(self, handler: Any, body: dict[str, Any], content: str) -> None:
+        handler.send_response(200)
+        handler.send_header("content-type", "application/json")
+        handler.send_header("transfer-encoding", "chunked")
+        handler.end_headers()
+        reply = json.dumps({"id": "chatcmpl-fault", "object": "chat.completion", "created": int(time.time()),
+                            "model": body.get("model", ""),
+                            "choices": [{"index": 0, "finish_reason": "stop",
+                                         "message": {"role": "assistant", "content": f"echo: {content}"}}]}).encode()
+        deadline = time.monotonic() + self.hang_s
+        try:
+            while time.monotonic() < deadline and not self._stop.wait(0.2):
+                handler.wfile.write(b"1\r\n \r\n")  # one chunk of one space: valid leading JSON whitespace
+                handler.wfile.flush()
+            handler.wfile.write(f"{len(reply):x}\r\n".encode() + reply + b"\r\n0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass

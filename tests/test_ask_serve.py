@@ -249,6 +249,59 @@ def test_bad_requests_get_a_4xx_that_says_why(live):
     assert not_json.status_code == 400 and "not JSON" in not_json.json()["error"]["message"]
 
 
+@pytest.fixture(scope="module")
+def refusing():
+    """The real app through FastAPI's TestClient, over an agent that must never be asked: a
+    malformed request is refused before any episode starts."""
+    from fastapi.testclient import TestClient
+
+    from prompt_r1.serving.http import AgentServer, ServeConfig, build_app
+
+    class NeverAsked(Policy):
+        def generate(self, *args, **kwargs):
+            raise AssertionError("a malformed request reached the agent")
+
+        def load_weights(self, state_dict):
+            raise AssertionError("not used")
+
+    cfg = load_config("configs/smoke.yaml", {})
+    server = AgentServer(cfg, NeverAsked(), "never-asked", ServeConfig(max_body_bytes=4096))
+    with TestClient(build_app(server), raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.mark.parametrize("change,field,says", [
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages.0.content.0.text", "valid string"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": {"nested": ["x"]}}]}]},
+     "messages.0.content.0.text", "valid string"),
+    ({"stream": "false"}, "stream", "valid boolean"),
+    ({"stream": 0}, "stream", "valid boolean"),
+    ({"max_tokens": -5}, "max_tokens", "greater than or equal to 1"),
+    ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ({"max_tokens": "ten"}, "max_tokens", "valid integer"),
+    ({"max_tokens": 1.5}, "max_tokens", "valid integer"),
+    ({"n": "1"}, "n", "valid integer"),
+])
+def test_malformed_fields_get_a_400_naming_the_field(refusing, change, field, says):
+    """Each is a 400 naming the field before any episode runs: no 500 from a TypeError, no
+    stream because "false" is a truthy string, no bad max_tokens silently ignored."""
+    body = {"model": "prompt-r1:tiny-env", "messages": [{"role": "user", "content": "hi"}], **change}
+    reply = refusing.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 400, reply.text
+    assert reply.headers["content-type"] == "application/json"  # an error body, not an event stream
+    message = reply.json()["error"]["message"]
+    assert message.startswith(f"`{field}`: ") and says in message
+
+
+def test_deeply_nested_json_is_a_400_not_a_recursion_error(refusing):
+    depth = 1900  # past Python's recursion limit, within the 4096-byte body limit
+    raw = b'{"model": "prompt-r1:tiny-env", "messages": [{"role": "user", "content": "hi"}], "x": '
+    raw += b"[" * depth + b"]" * depth + b"}"
+    reply = refusing.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert reply.status_code == 400 and reply.json()["error"]["message"] == "request body is nested too deeply"
+
+
 def test_concurrent_requests_share_batches_and_never_mix_answers(live):
     """Each concurrent answer equals that question's answer asked alone (greedy), and the
     episodes' generation steps were batched together."""

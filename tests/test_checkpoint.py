@@ -333,3 +333,77 @@ def test_a_checkpoint_without_a_manifest_is_checked_by_reading_it(tiny_model_pat
     state.write_bytes(state.read_bytes()[:200])
     with pytest.raises(CheckpointError, match=f"checkpoint {path} is corrupted: trainer_state.pt cannot be read"):
         verify_checkpoint(path)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem of a given size (tmpfs), so a checkpoint really runs out of space;
+    skipped where mounting is not allowed (not root)."""
+    import subprocess
+
+    mounted = []
+
+    def make(size_kib: int):
+        folder = tmp_path / f"disk-{size_kib}k"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(folder)],
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield make
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("size_kib,fails_in", [(200, "weights"), (700, "torch.save")])
+def test_a_full_disk_during_a_checkpoint_says_so_and_keeps_nothing_half_written(
+        tiny_model_path, small_disk, size_kib, fails_in) -> None:
+    """The disk fills while the weights (safetensors) or the trainer state (torch's zip writer,
+    whose error says only `unexpected pos`) are written: DiskFullError says the disk is full,
+    names the folder and `--resume`; no step folder and no temp folder stay behind."""
+    from prompt_r1.core.failures import UserError
+    from prompt_r1.training.checkpoint import DiskFullError
+
+    cfg = make_config()
+    learner = GRPOLearner(cfg, tiny_model_path)
+    learner.step(rollout(learner, ["a", "b"], group_size=2, new_tokens=3))  # optimiser state to save
+    ckpt_dir = small_disk(size_kib) / "checkpoints"
+    with pytest.raises(DiskFullError) as err:
+        save_checkpoint(learner, ckpt_dir, 1, {"position": 1}, cfg)
+    message = str(err.value)
+    assert message.startswith("the disk is full: writing checkpoint ") and str(ckpt_dir / "step-000001") in message
+    assert "--resume" in message and "there is no earlier checkpoint" in message
+    assert isinstance(err.value, UserError)  # the CLI prints it as one line, exit 2
+    cause = err.value.__cause__
+    if fails_in == "torch.save":
+        assert isinstance(cause, RuntimeError) and "unexpected pos" in str(cause)  # the fault really hit torch
+    assert list(ckpt_dir.iterdir()) == []
+
+
+def test_a_full_disk_keeps_the_last_checkpoint_and_resume_continues_from_it(tiny_model_path, small_disk) -> None:
+    from prompt_r1.training.checkpoint import DiskFullError
+
+    cfg = make_config(keep_checkpoints=3)
+    learner = GRPOLearner(cfg, tiny_model_path)
+    learner.step(rollout(learner, ["a", "b"], group_size=2, new_tokens=3))
+    ckpt_dir = small_disk(1600) / "checkpoints"  # room for one checkpoint (about 1.1 MB), not two
+    save_checkpoint(learner, ckpt_dir, 1, {"position": 1}, cfg)
+    with pytest.raises(DiskFullError, match="the last checkpoint is step-000001"):
+        save_checkpoint(learner, ckpt_dir, 2, {"position": 2}, cfg)
+    assert [p.name for p in ckpt_dir.iterdir()] == ["step-000001"]
+    assert load_checkpoint(GRPOLearner(cfg, tiny_model_path), latest_checkpoint(ckpt_dir)) == (1, {"position": 1})
+
+
+def test_a_failed_write_with_room_left_is_not_called_a_full_disk(tmp_path) -> None:
+    from prompt_r1.training.checkpoint import disk_full
+
+    import shutil
+
+    if shutil.disk_usage(tmp_path).free < 64 * 2**20:
+        pytest.skip("this disk is nearly full itself")
+    torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1 vs 2")
+    assert disk_full(torch_error, tmp_path) is None  # the text alone does not make a full disk
+    assert disk_full(OSError(28, "No space left on device"), tmp_path).startswith("No space left on device")

@@ -352,6 +352,19 @@ def test_call_deadline_bounds_retries(server):
     assert reply.call.attempts == server.attempts("d script:timeout") == 2
 
 
+def test_timeout_s_bounds_each_attempt_not_each_read(server):
+    """A server that drips a byte every 0.2 s for 4 s never leaves a read waiting 1 s, yet each
+    attempt must end at timeout_s=1 (the client's own timeout alone lets the drip finish and succeed)."""
+    env = OpenAIEnvironment(make_cfg(server.base_url, timeout_s=1.0, max_retries=1, call_deadline_s=60.0))
+    (reply,) = asyncio.run(ask_all(env, ["drip script:drip"]))
+    assert reply.call.error == f"timeout after 1s from {server.base_url} (gave up after 2 attempts)"
+    assert reply.call.attempts == server.attempts("drip script:drip") == 2
+    # the same drip within timeout_s is an ordinary reply (the drip itself is well-formed)
+    patient = OpenAIEnvironment(make_cfg(server.base_url, timeout_s=30.0, max_retries=0))
+    (ok,) = asyncio.run(ask_all(patient, ["drip2 script:drip"]))
+    assert ok.call.error is None and ok.text == "echo: drip2 script:drip"
+
+
 def test_call_deadline_covers_waiting_for_a_slot(server):
     env = OpenAIEnvironment(make_cfg(server.base_url, concurrency=1, call_deadline_s=0.5))
 

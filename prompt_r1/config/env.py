@@ -63,7 +63,8 @@ class EnvConfig(StrictModel):
         "and sizes its KV cache for that many 4096-token sequences (more requests wait in its queue).",
     )
     timeout_s: float = Field(
-        60.0, gt=0, le=MAX_TIMEOUT_S, description="Timeout of one request (one attempt) in seconds."
+        60.0, gt=0, le=MAX_TIMEOUT_S, description="Deadline of one attempt in seconds: connecting, the headers and the whole body "
+        "(a server that sends its reply a byte at a time is cut off too), then the call retries."
     )
     max_retries: int = Field(
         4, ge=0, le=MAX_RETRIES,

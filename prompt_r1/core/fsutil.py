@@ -3,12 +3,16 @@
 A checkpoint, an exported agent, a cached model folder or a run record is either absent or
 complete, never half-written, even when a process dies mid-write or two processes build the same
 thing at once. `atomic_dir` and `atomic_write_text` are the one implementation of that pattern.
+`file_lock` is the one inter-process lock: the kernel's `flock`, released when its holder
+exits however it exits, so no lock is ever stale.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -94,3 +98,40 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class LockBusy(OSError):
+    """`file_lock` waited its `wait_s` and another process still holds the lock."""
+
+
+@contextmanager
+def file_lock(path: str | os.PathLike, wait_s: float, poll_s: float = 0.05) -> Iterator[int]:
+    """Hold an exclusive `flock` on `path` (created if missing, never deleted: deleting a lock
+    file lets a third process lock a fresh file while a second still holds the old one) for the
+    block; yields the open descriptor. Waits up to `wait_s` (0: one try), then raises `LockBusy`.
+
+    >>> import tempfile
+    >>> lock = Path(tempfile.mkdtemp()) / "x.lock"
+    >>> with file_lock(lock, wait_s=0):
+    ...     with file_lock(lock, wait_s=0.1):  # another open file: refused as another process would be
+    ...         pass
+    Traceback (most recent call last):
+    ...
+    prompt_r1.core.fsutil.LockBusy: ...x.lock is held by another process (waited 0.1s)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockBusy(f"{path} is held by another process (waited {wait_s:g}s)") from None
+                time.sleep(poll_s)
+        yield fd
+    finally:
+        os.close(fd)  # releases the lock

@@ -16,6 +16,9 @@ Beside that the module adds:
 
 - a failed call ends as an `EnvReply` with an error text and `call.error`, never an exception
   (the rollout batch goes on and every failure is recorded, with its attempts);
+- one deadline per attempt (`cfg.timeout_s`): connecting, the headers and the whole body, so a
+  server that drips bytes is cut off like one that says nothing (the client's own timeout only
+  bounds each read);
 - one overall deadline per call (`cfg.call_deadline_s`): slot wait, attempts and pauses;
 - the response body is read in chunks and the call fails once it passes `cfg.max_reply_bytes`
   (a runaway server cannot make the client hold, parse and tokenise megabytes of reply).
@@ -274,7 +277,9 @@ class OpenAIEnvironment(Environment):
         too_large = (f"reply from {self.base_url} is larger than max_reply_bytes={cfg.max_reply_bytes}; "
                      "lower max_tokens or raise max_reply_bytes in the environment config")
         try:
-            async with client.chat.completions.with_streaming_response.create(
+            # the client's timeout bounds each read (a server dripping bytes never trips it);
+            # this one bounds the whole attempt: connect, headers and body
+            async with asyncio.timeout(cfg.timeout_s), client.chat.completions.with_streaming_response.create(
                     model=self.model, messages=messages,  # type: ignore[arg-type]
                     max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p, **extra) as response:
                 declared = response.headers.get("content-length", "")
@@ -291,7 +296,7 @@ class OpenAIEnvironment(Environment):
                 except Exception as err:  # the transport's own errors: the body broke off
                     raise _Failure(f"malformed response from {self.base_url}: the body broke off "
                                    f"({type(err).__name__})", retryable=True) from None
-        except openai.APITimeoutError:
+        except (openai.APITimeoutError, TimeoutError):
             raise _Failure(f"timeout after {cfg.timeout_s:g}s from {self.base_url}", retryable=True) from None
         except openai.APIConnectionError as err:
             cause = err.__cause__ or err

@@ -10,7 +10,8 @@ All requests share one agent (`BatchingPolicy`: their generation steps join comm
 and one client per environment, on one event loop; there is no per-request lock. Limits: body
 size, question length, concurrent episodes (others wait up to `queue_timeout_s`, then 503),
 turns and environment reply tokens (can only tighten the config's), and a deadline per episode.
-Bad requests get a 4xx naming the problem; a failing environment gives 502 (504 on a timeout)
+Bad requests get a 4xx naming the problem (the fields the server reads are strictly typed, so a
+string `stream` or a negative `max_tokens` is a 400 naming the field, not a guess); a failing environment gives 502 (504 on a timeout)
 naming it.
 """
 
@@ -20,6 +21,7 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import re
 import time
 import uuid
 from contextlib import ExitStack, asynccontextmanager
@@ -28,13 +30,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prompt_r1.config.experiment import Config, DataConfig
 from prompt_r1.policy.base import Policy
 
 log = logging.getLogger(__name__)
 MODEL_PREFIX = "prompt-r1:"
+_UNION_TAG = re.compile(r"str|int|float|bool|none|list\[.*\]")  # pydantic's names of union branches
 
 
 class ServeConfig(BaseModel):
@@ -68,33 +71,80 @@ class HTTPFailure(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": None, "code": self.code}}
 
 
+class _ContentPart(BaseModel):
+    """One part of a message's content list; only `text` parts are read, other kinds pass."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str
+    text: str | None = None
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: str
+    content: str | list[_ContentPart] | None = None
+
+
+class _ChatRequest(BaseModel):
+    """The chat-completion fields the server reads or must refuse when malformed: strict types,
+    so `"stream": "false"` is an error rather than a truthy string, and `max_tokens: -1` or
+    `"10"` is an error rather than ignored. Other OpenAI fields pass unread."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str
+    messages: list[_Message]
+    stream: bool = False
+    n: int = 1
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0, le=1)
+
+
+def _field_error(err: ValidationError) -> HTTPFailure:
+    """400 naming the bad field by its path (`messages.0.content.1.text`) and what it got: of a
+    union's errors the deepest one (a content list with a bad part beats "not a string"), with
+    pydantic's union branch names (`str`, `list[_ContentPart]`) left out of the path."""
+    errors = err.errors(include_url=False)
+    first = max(errors, key=lambda e: len(e["loc"]))
+    where = ".".join(str(p) for p in first["loc"] if not _UNION_TAG.fullmatch(str(p))) or "body"
+    got = first.get("input")
+    shown = f" (got {json.dumps(got)[:60]})" if isinstance(got, str | int | float | bool) else ""
+    return HTTPFailure(400, f"`{where}`: {first['msg']}{shown}")
+
+
 def parse_request(raw: bytes, served: dict[str, Any], limits: ServeConfig) -> tuple[str, str, bool]:
     """(environment name, question, stream) of a chat-completion body, or HTTPFailure (4xx)."""
     try:
         body = json.loads(raw)
+    except RecursionError:  # Python's parser recurses per level: a 256 KiB body can nest deeper
+        raise HTTPFailure(400, "request body is nested too deeply") from None
     except ValueError as err:
         raise HTTPFailure(400, f"request body is not JSON: {err}") from None
     if not isinstance(body, dict):
         raise HTTPFailure(400, "request body must be a JSON object")
     model = body.get("model")
-    if not isinstance(model, str) or model not in served:
+    if isinstance(model, str) and model not in served:
         raise HTTPFailure(404, f"unknown model {model!r}; served models: {', '.join(served)}", code="model_not_found")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise HTTPFailure(400, "`messages` must be a non-empty list of {role, content}")
-    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    try:
+        request = _ChatRequest.model_validate(body)
+    except ValidationError as err:
+        raise _field_error(err) from None
+    users = [m for m in request.messages if m.role == "user"]
     if not users:
         raise HTTPFailure(400, "`messages` holds no user message: the last user message is the question")
-    content = users[-1].get("content")
+    content = users[-1].content
     if isinstance(content, list):  # content parts: keep the text ones
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        content = "".join(p.text or "" for p in content if p.type == "text")
     if not isinstance(content, str) or not content.strip():
         raise HTTPFailure(400, "the last user message has no text")
     if len(content) > limits.max_question_chars:
         raise HTTPFailure(400, f"question has {len(content)} characters; the limit is {limits.max_question_chars}")
-    if body.get("n", 1) != 1:
+    if request.n != 1:
         raise HTTPFailure(400, "only n=1 is supported (the agent answers greedily)")
-    return model[len(MODEL_PREFIX):], content, bool(body.get("stream", False))
+    return request.model[len(MODEL_PREFIX):], content, request.stream
 
 
 def env_http_failure(env_name: str, reason: str) -> HTTPFailure:

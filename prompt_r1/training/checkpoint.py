@@ -8,7 +8,9 @@ A checkpoint is a folder `ckpt_dir/step-000N/` holding:
   and the data position;
 - `manifest.json`: the size and CRC-32 of every other file, written last.
 It is written to a hidden temp folder and renamed into place, so a crash never leaves a
-half-written `step-*` folder; only the newest `keep_checkpoints` are kept.
+half-written `step-*` folder; only the newest `keep_checkpoints` are kept. A disk that fills
+while writing one ends the run with `DiskFullError` (the folder, the last checkpoint, and that
+`--resume` continues from it) and the partial folder removed.
 
 A checkpoint damaged later (a truncated copy, a full disk while syncing, bit rot) fails
 `verify_checkpoint`, which names the folder and the file: a resume (`resume_checkpoint`) then
@@ -27,8 +29,10 @@ never a folder holding anything else.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import pickle
 import random
 import re
@@ -54,11 +58,16 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"  # size and CRC-32 of every other file of a checkpoint
 ADAPTER_CONFIG = "adapter_config.json"
+DISK_FULL_SLACK = 16 * 2**20  # free bytes below which a failed write counts as a full disk (`disk_full`)
 EXPORT_MARKER = ".prompt-r1-export.json"  # marks folders that export_checkpoint may replace
 
 
 class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used (damaged, or not of this config); the message names it."""
+
+
+class DiskFullError(UserError, OSError):
+    """Writing a checkpoint ran out of disk; the message names the folder and says `--resume` continues."""
 
 
 def step_dir_name(step: int) -> str:
@@ -200,23 +209,61 @@ def save_checkpoint(learner: GRPOLearner, ckpt_dir: Path, step: int, data_positi
         return final
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     with atomic_dir(final, replace=True) as tmp:  # re-saving a step (forced final save) replaces it
-        # full model, or the adapter under LoRA
-        learner.model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
-        learner.tokenizer.save_pretrained(tmp)
-        (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        torch.save({
-            "step": step,
-            "data_position": dict(data_position),
-            "optimizer": optimizer_state,
-            "scheduler": learner.scheduler.state_dict(),
-            "rng": rng_state(),
-            "base_model_path": learner.model_path,
-            "lora": learner.use_lora,
-        }, tmp / STATE_FILE)
-        write_manifest(tmp)
+        try:
+            _write_checkpoint(learner, tmp, weights, optimizer_state, step, data_position, config)
+        except Exception as err:  # judged here, while the partial folder still fills the disk
+            full = disk_full(err, tmp)
+            if full is None:
+                raise
+            raise DiskFullError(
+                f"the disk is full: writing checkpoint {final} failed with {full}; nothing of this "
+                f"checkpoint was kept ({_last_intact(ckpt_dir)}). Free space on that disk, then "
+                "continue the run with `--resume`: it restarts from the last checkpoint") from err
     for _, stale in list_checkpoints(ckpt_dir)[:-config.train.keep_checkpoints]:
         shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def _write_checkpoint(learner: GRPOLearner, tmp: Path, weights: dict[str, Any] | None,
+                      optimizer_state: dict[str, Any], step: int, data_position: dict[str, Any],
+                      config: Config) -> None:
+    # full model, or the adapter under LoRA
+    learner.model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
+    learner.tokenizer.save_pretrained(tmp)
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    torch.save({
+        "step": step,
+        "data_position": dict(data_position),
+        "optimizer": optimizer_state,
+        "scheduler": learner.scheduler.state_dict(),
+        "rng": rng_state(),
+        "base_model_path": learner.model_path,
+        "lora": learner.use_lora,
+    }, tmp / STATE_FILE)
+    write_manifest(tmp)
+
+
+def disk_full(err: BaseException, folder: Path) -> str | None:
+    """How the disk of `folder` is full, when `err` (a failed write into it) came from that;
+    None for any other error. An errno says so (ENOSPC, EDQUOT); writers that lose the errno
+    (torch's zip writer: `RuntimeError: [enforce fail at inline_container.cc] ... unexpected
+    pos`, safetensors) are judged by the free space left, never by their text: a write that ran
+    out of space has filled the disk, so less than `DISK_FULL_SLACK` remains."""
+    code = getattr(err, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"{os.strerror(code)} ({type(err).__name__})"
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    if free < DISK_FULL_SLACK:
+        return f"{type(err).__name__} with {free / 2**20:.1f} MiB left on the device"
+    return None
+
+
+def _last_intact(ckpt_dir: Path) -> str:
+    saved = list_checkpoints(ckpt_dir)
+    return f"the last checkpoint is {saved[-1][1].name}" if saved else "there is no earlier checkpoint"
 
 
 def _read_state(path: Path) -> dict[str, Any]:

@@ -141,6 +141,7 @@ class TrainingSession:
         from prompt_r1.env.vllm_server import check_server_host
         from prompt_r1.models.resolver import check_agent_spec, resolve_agent
         from prompt_r1.rollout.ray_pool import check_local_cpus
+        from prompt_r1.training.run_owner import own_run
         from prompt_r1.training.run_record import open_run
         from prompt_r1.training.learners import learner_in_ray, open_learner
         from prompt_r1.training.plan import preflight
@@ -148,6 +149,9 @@ class TrainingSession:
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
         check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
         check_server_host(self.cfg.environment)  # a managed vLLM server this machine's vLLM cannot run
+        # One process per run folder (a second is refused naming the holder), taken before Ray
+        # starts (`learner_in_ray` may start it); a killed earlier owner's Ray leftovers are stopped.
+        self._stack.enter_context(own_run(self.run_dir))
         train = self.cfg.train  # and more actors (rollout, learner ranks) than a local Ray instance can start
         check_local_cpus(self.cfg.rollout, learner_ranks=train.world_size if learner_in_ray(self.cfg) else 0,
                          cpus_per_rank=train.cpus_per_rank)
@@ -192,13 +196,16 @@ class TrainingSession:
 
     def _start_pool(self):
         from prompt_r1.rollout.ray_pool import RolloutPool, cpus_needed, init_ray
+        from prompt_r1.training.run_owner import record_ray
 
         init_ray(self.cfg.rollout, cpus_needed(self.cfg))
         cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
         # a learner in Ray says where its ranks run: colocated engines go beside them (`rollout.colocate`)
         placements = getattr(self.learner, "placements", None)
-        return self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers,
+        pool = self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers,
                                                      learner_placements=placements))
+        record_ray(self.run_dir)  # what the next owner stops if this process is killed (Ray's agents are up now)
+        return pool
 
     # -- stages (each one Prefect task in the flow) --------------------------------------
     def next_batch(self) -> list[QuestionRow]:
