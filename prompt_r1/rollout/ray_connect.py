@@ -16,7 +16,7 @@ import threading
 
 import ray
 
-from prompt_r1.config.experiment import RolloutConfig
+from prompt_r1.config.experiment import ConfigError, RolloutConfig
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.signals import sigterm_kept
 
@@ -62,6 +62,22 @@ def init_ray(rollout_cfg: RolloutConfig) -> None:
              else "started a local instance")
 
 
+def rollout_workers(rollout_cfg: RolloutConfig, num_workers: int | None = None) -> int:
+    """How many rollout actors to start: `num_workers` (`rollout --workers`) when given, else
+    `rollout.num_workers`. Zero or fewer is refused: 0 reads like "no actors" or "the default",
+    so it means neither.
+
+    >>> rollout_workers(RolloutConfig(num_workers=2)), rollout_workers(RolloutConfig(num_workers=2), 3)
+    (2, 3)
+    """
+    if num_workers is None:
+        return rollout_cfg.num_workers
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ConfigError(f"--workers (rollout actors) must be 1 or more, got {num_workers!r}; leave it out to "
+                          f"use rollout.num_workers ({rollout_cfg.num_workers})")
+    return num_workers
+
+
 def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None, learner_ranks: int = 0,
                      cpus_per_rank: float = 1.0) -> None:
     """Raise `RayWaitError` when the rollout actors (and the `learner_ranks` of a learner group
@@ -69,9 +85,9 @@ def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None,
     models load, from the config alone (GPUs are counted by Ray once it runs:
     `engine_placement.place_engines`); a cluster (`ray_address`) is checked by the placement
     deadlines instead."""
+    workers = rollout_workers(rollout_cfg, num_workers)
     if rollout_cfg.ray_address:
         return
-    workers = num_workers or rollout_cfg.num_workers
     cpus_per_worker = rollout_cfg.cpus_per_worker
     if ray.is_initialized():
         total, source = ray.cluster_resources().get("CPU", 0.0), "already running"

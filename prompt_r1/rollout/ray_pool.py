@@ -74,7 +74,7 @@ def actor_env_vars() -> dict[str, str]:
 
 
 from prompt_r1.rollout.ray_connect import (RayWaitError, address_host_port, check_local_cpus,  # noqa: F401
-                                          init_ray)
+                                          init_ray, rollout_workers)
 
 
 class WeightSyncError(RayWaitError):
@@ -206,7 +206,7 @@ class RolloutPool:
                              "`with actor_environment(cfg.environment) as env_cfg:` and build the pool "
                              "with cfg.model_copy(update={'environment': env_cfg})")
         self.cfg = cfg
-        self.num_workers = num_workers or cfg.rollout.num_workers
+        self.num_workers = rollout_workers(cfg.rollout, num_workers)
         env_vars = actor_env_vars()
         check_local_cpus(cfg.rollout, self.num_workers)  # a local instance never grows
         self._stuck = False
