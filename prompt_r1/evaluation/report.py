@@ -178,7 +178,7 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     """Write results.md / results.csv / costs.md / examples.json / plots into `out_dir`, and with
     the per-question `predictions`, paired comparisons (in results.md and comparisons.csv); with
     `baselines`, the optimised instructions (results.md and baselines.json). A folder the user named
-    is checked first (`claim_report_folder`)."""
+    is checked first (`check_report_folder`)."""
     from prompt_r1.evaluation.compare import comparison_table, paired_comparisons, plot_accuracy_vs_cost
 
     mark_report_folder(out_dir)
@@ -220,16 +220,17 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     return files
 
 
-def claim_report_folder(out_dir: Path, overwrite: bool) -> None:
+def check_report_folder(out_dir: Path, overwrite: bool) -> None:
     """Before an evaluation writes into a folder the user named (`evaluate --out`): refuse one
     holding anything but an earlier report (an earlier report only with `overwrite`), the rule
-    `export` follows, then mark it, so a run that fails midway can be rerun with `--overwrite`."""
+    `export` follows."""
     from prompt_r1.core.fsutil import check_output_folder
 
     check_output_folder(out_dir, overwrite, REPORT_MARKER, "evaluation report")
-    mark_report_folder(out_dir)
 
 
 def mark_report_folder(out_dir: Path) -> None:
+    """Mark `out_dir` as a report folder once the evaluation starts writing there (its logs come
+    first), so a run that fails midway can be rerun into it with `--overwrite`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / REPORT_MARKER).write_text(json.dumps({"written_by": "prompt-r1 evaluate"}) + "\n")
