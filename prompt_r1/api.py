@@ -143,20 +143,25 @@ class EvalResult:
 
 def evaluate(cfg: Config, *, agents: Mapping[str, str] | Sequence[str] = (), run_id: str | None = None,
              out: str | Path | None = None, warehouse: str | Path | None = None,
-             concurrent: bool = True) -> EvalResult:
+             concurrent: bool = True, overwrite: bool = False) -> EvalResult:
     """Evaluate `eval.methods` x `eval.suites` x environments and write the report. `agents` maps
     labels to specs (`{"trained": "runs/smoke/RUN_ID"}`) or lists `LABEL=SPEC` / `SPEC` strings;
-    the labels of `eval.agent_checkpoints` are resolved as the CLI's `--agent` does."""
+    the labels of `eval.agent_checkpoints` are resolved as the CLI's `--agent` does. An `out`
+    folder must be new, empty or an earlier report (that one only with `overwrite`), as `export`'s."""
     from prompt_r1.evaluation.evaluate import evaluate as run_evaluation
-    from prompt_r1.evaluation.report import write_report
+    from prompt_r1.evaluation.report import check_report_folder, mark_report_folder, write_report
     from prompt_r1.models.resolver import parse_labelled_specs, resolve_agents
 
     if run_id is not None:
         run_dir(cfg.name, run_id)  # the one run-name rule, before any agent is built
+    if out is not None:
+        check_report_folder(Path(out), overwrite)  # before any work: never over a user's files
     given = dict(agents) if isinstance(agents, Mapping) else parse_labelled_specs(list(agents))
     folders = resolve_agents(cfg, given)
     run_id = run_id or new_run_id()
     folder = Path(out) if out else run_dir(cfg.name, run_id) / "eval"
+    if out is not None:
+        mark_report_folder(folder)  # ours from here on: a failed run can be rerun into it with `overwrite`
     with open_warehouse(warehouse) as wh:
         _ingest_sources(wh, cfg, only_if_empty=True)
         outcome = run_evaluation(cfg, wh, run_id, folders, log_dir=folder / "logs", concurrent=concurrent)
@@ -215,8 +220,9 @@ class Agent:
         training one by default). `on_event(kind, text)` sees each `interaction` and `reply`.
         A failed environment call is in `Answer.error`, never in the answer."""
         from prompt_r1.env import open_environment
-        from prompt_r1.serving.service import answer_question, pick_environment, watch_environment
+        from prompt_r1.serving.service import answer_question, check_question, pick_environment, watch_environment
 
+        check_question(question)  # before an environment (perhaps a managed server) is opened
         env_cfg = pick_environment(self.cfg, environment)
         started = time.perf_counter()
         with open_environment(env_cfg, log_dir=logs_dir()) as env:

@@ -111,3 +111,108 @@ def test_run_dir_refuses_a_traversing_run_id(tmp_path, monkeypatch):
     for bad in ["../x", "a/b", "..", ""]:
         with pytest.raises(ValueError, match="cannot name a run folder"):
             run_dir("smoke", bad)
+
+
+# -- a key given twice is refused, never "the last one wins" ---------------------------------------
+@pytest.mark.parametrize("text, key, lines", [
+    pytest.param("name: x\ntrain:\n  steps: 3\n  lr: 0.1\nrollout:\n  group_size: 2\ntrain:\n  steps: 4\n",
+                 "`train`", (2, 7), id="top-level-section"),
+    pytest.param("name: x\ntrain:\n  steps: 3\n  lr: 0.1\n  steps: 5\n", "`train.steps`", (3, 5), id="nested"),
+    pytest.param("eval:\n  environments:\n    - name: a\n    - name: b\n      model: m\n      name: c\n",
+                 "`eval.environments[1].name`", (4, 6), id="in-a-list"),
+    pytest.param("train: {steps: 3, steps: 4}\n", "`train.steps`", (1, 1), id="flow-mapping-one-line"),
+])
+def test_duplicate_key_names_file_key_and_both_lines(tmp_path, text, key, lines):
+    bad = tmp_path / "dup.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    message = str(err.value)
+    assert str(bad) in message and key in message and f"line {lines[0]} and line {lines[1]}" in message, message
+
+
+def test_yaml_merge_keys_and_aliases_are_not_duplicates(tmp_path):
+    ok = tmp_path / "merge.yaml"
+    ok.write_text("name: x\nrollout: &r\n  group_size: 2\n  batch_questions: 2\n"
+                  "train:\n  steps: 3\n  lr: 0.1\n")
+    assert load_config(ok).train.steps == 3
+    from prompt_r1.config.experiment import _UniqueKeyLoader
+    import yaml
+
+    data = yaml.load("a: &x {p: 1, q: 2}\nb:\n  <<: *x\n  p: 3\nc: *x\n", Loader=_UniqueKeyLoader)
+    assert data == {"a": {"p": 1, "q": 2}, "b": {"p": 3, "q": 2}, "c": {"p": 1, "q": 2}}
+
+
+# -- a boolean is not a number ----------------------------------------------------------------------
+def _number_keys() -> list[tuple[str, object, type]]:
+    """(dotted key, default, type) of every numeric setting, found by the rule stated again: a field
+    whose annotation names int or float and not bool; nested sections are walked."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from prompt_r1.config.experiment import Config
+
+    found = []
+
+    def models_in(annotation) -> list[type]:
+        args = typing.get_args(annotation) or (annotation,)
+        return [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+
+    def walk(model: type, prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            text = str(field.annotation).replace("<class '", "").replace("'>", "")
+            words = set(text.replace("|", " ").replace("[", " ").replace("]", " ").replace(",", " ").split())
+            nested = models_in(field.annotation)
+            if nested and "list" not in text:
+                walk(nested[0], f"{prefix}{name}.")
+            elif words & {"int", "float", "typing.Optional[int]", "typing.Optional[float]"} and "bool" not in words:
+                found.append((f"{prefix}{name}", field.default, float if "float" in words else int))
+
+    walk(Config, "")
+    return found
+
+
+def _nested(dotted: str, value) -> dict:
+    *parents, leaf = dotted.split(".")
+    data = {leaf: value}
+    for part in reversed(parents):
+        data = {part: data}
+    return data
+
+
+def test_every_number_key_refuses_a_bool_and_still_takes_numbers():
+    from prompt_r1.config.experiment import parse_config
+
+    keys = _number_keys()
+    assert len(keys) > 60 and {"train.lr", "train.steps", "environment.timeout_s"} <= {k for k, _, _ in keys}
+    for key, default, kind in keys:
+        for flag in (True, False):
+            with pytest.raises(ConfigError) as err:
+                parse_config(_nested(key, flag), "x.yaml")
+            assert f"`{key}`" in str(err.value) and "boolean" in str(err.value), (key, str(err.value))
+        numbers = [default] if isinstance(default, (int, float)) and not isinstance(default, bool) else [3]
+        if kind is float and float(numbers[0]).is_integer():
+            numbers.append(int(numbers[0]))  # an int where a float goes is still fine
+        for number in numbers:
+            cfg = parse_config(_nested(key, number), "x.yaml")
+            section = cfg
+            for part in key.split("."):
+                section = getattr(section, part)
+            assert section == number and not isinstance(section, bool), (key, number, section)
+
+
+@pytest.mark.parametrize("text, key", [("train:\n  steps: true\n", "train.steps"),
+                                        ("train:\n  lr: yes\n", "train.lr")])
+def test_a_bool_in_a_file_or_set_names_the_key(tmp_path, text, key):
+    from prompt_r1.config.experiment import parse_overrides
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=rf"`{key}`.*boolean"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=rf"`{key}`.*boolean"):
+        load_config(ROOT / "configs" / "smoke.yaml", parse_overrides([f"{key}=true"]))
+    assert load_config(ROOT / "configs" / "smoke.yaml", parse_overrides(["train.lr=1e-5"])).train.lr == 1e-5
+    (tmp_path / "lr.yaml").write_text("train:\n  lr: 1e-5\n")  # PyYAML reads this as a string: still a float
+    assert load_config(tmp_path / "lr.yaml").train.lr == 1e-5

@@ -286,3 +286,58 @@ def test_cli_reports_updates(home, tmp_path):
     _jsonl(path, [{"question": "q?", "answers": ["b"], "task_family": "math"}])
     out = subprocess.run(exe + ["ingest", str(path)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and "0 new, 1 updated" in out.stdout
+
+
+# -- chat-layout prompts: the question is the last user turn -------------------------------------------
+def _chat_parquet(path, prompts: list[list[dict]], golds: list[list[str]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": prompts, "reward_model": [{"ground_truth": g} for g in golds]}), path)
+
+
+def test_a_system_message_is_not_the_question(warehouse, tmp_path, caplog):
+    path = tmp_path / "gsm8k.parquet"
+    _chat_parquet(path, [[{"role": "system", "content": "You are a careful maths tutor."},
+                          {"role": "user", "content": f"Question: What is 2+2?\n\n{INSTRUCTION_MARKER} ..."}],
+                         [{"role": "user", "content": "Question: What is 3+3?"}]], [["4"], ["6"]])
+    with caplog.at_level("WARNING", logger="prompt_r1.data.files"):
+        ingest(warehouse, [path])
+    assert sorted(q.question for q in warehouse.questions()) == ["What is 2+2?", "What is 3+3?"]
+    assert "1 of 2 rows start with a system message" in caplog.text and str(path) in caplog.text
+
+
+def test_the_question_is_the_last_user_message_of_any_chat(warehouse, tmp_path):
+    """Random chats of system / user / assistant turns, against the rule stated again: the text of
+    the last message whose role is `user`, with `Question:` and surrounding space removed."""
+    import random
+
+    rng = random.Random(3)
+    prompts, expected = [], []
+    for i in range(60):
+        roles = [rng.choice(["system", "user", "assistant"]) for _ in range(rng.randint(0, 5))]
+        roles.insert(rng.randint(0, len(roles)), "user")
+        chat = [{"role": r, "content": f"{r} text {i}.{j}"} for j, r in enumerate(roles)]
+        last = max(j for j, r in enumerate(roles) if r == "user")
+        chat[last]["content"] = f"Question: question {i}?"
+        prompts.append(chat)
+        expected.append(f"question {i}?")
+    path = tmp_path / "hotpot.parquet"
+    _chat_parquet(path, prompts, [["a"]] * len(prompts))
+    ingest(warehouse, [path])
+    stored = sorted((q.row_index, q.question) for q in warehouse.questions())
+    assert stored == list(enumerate(expected))
+
+
+def test_a_chat_without_a_user_turn_names_the_row(warehouse, tmp_path):
+    path = tmp_path / "hotpot.parquet"
+    _chat_parquet(path, [[{"role": "user", "content": "Question: ok?"}],
+                         [{"role": "system", "content": "Only a system prompt."}]], [["a"], ["b"]])
+    with pytest.raises(IngestError, match=r"hotpot.parquet row 1: field `prompt` has no `user` message"):
+        ingest(warehouse, [path])
+    no_roles = tmp_path / "gsm8k.parquet"
+    _chat_parquet(no_roles, [[{"content": "Question: one message?"}], [{"content": "a"}, {"content": "b"}]],
+                  [["1"], ["2"]])
+    with pytest.raises(IngestError, match=r"gsm8k.parquet row 1: .*without roles must hold exactly one message"):
+        ingest(warehouse, [no_roles])
+    assert warehouse.table_counts()["questions"] == 0

@@ -202,7 +202,10 @@ def evaluate(
     config: Path = ConfigOpt,
     db: Optional[Path] = DbOpt,
     agent: list[str] = typer.Option([], "--agent", help="LABEL=SPEC or SPEC (repeatable): a bundled model, a folder, a training run id or a models:/ URI, e.g. trained=runs/smoke/RUN_ID; labels `base` (the config's agent.model) and `champion` (the registry's) need no SPEC: list them in eval.agent_checkpoints."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default: the run folder)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default: the run folder): new or "
+                                       "empty, or an earlier report (with --overwrite)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write over the earlier report in --out. A non-empty "
+                                   "folder that holds no report is always refused, never written into."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Id for the warehouse rows."),
     sequential: bool = typer.Option(False, help="One environment call at a time (for timing)."),
     set_: list[str] = SetOpt,
@@ -211,7 +214,8 @@ def evaluate(
     from prompt_r1 import api
 
     cfg = _load(config, set_)
-    result = api.evaluate(cfg, agents=agent, run_id=run_id, out=out, warehouse=db, concurrent=not sequential)
+    result = api.evaluate(cfg, agents=agent, run_id=run_id, out=out, warehouse=db, concurrent=not sequential,
+                          overwrite=overwrite)
     console.print(result.table())
     console.print(f"run id {result.run_id}; report: {result.files['markdown']}; plots in {result.folder}")
 
@@ -221,11 +225,14 @@ def rollout(
     config: Path = ConfigOpt,
     out: Optional[Path] = typer.Option(None, "--out", help="Write one JSON trajectory per line here."),
     db: Optional[Path] = DbOpt,
-    workers: Optional[int] = typer.Option(None, "--workers", help="Ray rollout actors (default: rollout.num_workers)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Ray rollout actors, 1 or more (default: rollout.num_workers)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Id for the warehouse rows (step 0)."),
     set_: list[str] = SetOpt,
 ) -> None:
-    """Sample one rollout batch of training questions through Ray actors; store and summarise it."""
+    """Sample one rollout batch of training questions through Ray actors; store and summarise it.
+
+    Exit 3 (after storing the batch) when the share of failed environment calls passes
+    `environment.max_error_rate`, as a training step would stop."""
     import random
 
     from prompt_r1.config.experiment import new_run_id, run_dir
@@ -233,6 +240,7 @@ def rollout(
     from prompt_r1.rollout.ray_pool import RolloutPool, actor_environment, check_local_cpus, cpus_needed, init_ray
     from collections import Counter
 
+    from prompt_r1.core.failures import call_errors, check_error_rate
     from prompt_r1.core.seeding import derive_seed
     from prompt_r1.core.trajectory import env_call_records, rollout_stats
 
@@ -270,5 +278,7 @@ def rollout(
         f"env calls {stats['env_calls']:.2f} per trajectory ({stats['env_error_rate']:.0%} failed); "
         f"stop reasons {dict(Counter(t.stop_reason for t in trajectories))}"
         + (f"; wrote {out}" if out else ""))
+    # As a training step would: failed calls past max_error_rate make the batch an outage, not a sample (exit 3).
+    check_error_rate(cfg.environment.name, call_errors(trajectories), cfg.environment.max_error_rate, "the rollout")
 
 

@@ -64,12 +64,13 @@ def ask(
 ) -> None:
     """Ask a trained agent one question: it prompts the environment LLM, then answers.
 
-    Exit 2 for bad input (config, agent, environment name), 3 when an environment call failed
+    Exit 2 for bad input (an empty question, config, agent, environment name), 3 when an environment call failed
     (the episode is still printed, with its `error`)."""
     from prompt_r1 import api
     from prompt_r1.core.failures import EXIT_CODE, EnvironmentFailure
-    from prompt_r1.serving.service import pick_environment
+    from prompt_r1.serving.service import check_question, pick_environment
 
+    check_question(question)  # before the config, the agent and the environment are loaded
     cfg = _load(config, set_)
     try:
         env_cfg = pick_environment(cfg, env)

@@ -41,7 +41,8 @@ Every key of an experiment config (`configs/*.yaml`), with its type, default and
 in the YAML file, on the command line with `--set key.path=value` (the value is read as JSON when
 it parses, else as a string), or in Python with
 `prompt_r1.load_config(path, {{"key.path": value}})`. An unknown key or a bad value is an error
-that names the key and the file; keys left out take the defaults below. `configs/smoke.yaml`,
+that names the key and the file, and so is a key given twice in one YAML mapping (both lines
+named) and a boolean where a number goes (`true` is not 1); keys left out take the defaults below. `configs/smoke.yaml`,
 `configs/demo.yaml` and `configs/paper.yaml` are worked examples.
 """
 

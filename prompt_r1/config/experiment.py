@@ -155,13 +155,54 @@ def parse_config(data: dict[str, Any], source: str = "<dict>") -> Config:
         raise ConfigError(_format_errors(err, source)) from None
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: str, first: int, second: int):
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping holding one key twice: plain YAML keeps the last, so a
+    second `train:` block would silently discard the whole first one."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_unique_keys(node, "", set())
+        return super().construct_document(node)
+
+
+def _check_unique_keys(node: yaml.Node, where: str, seen: set[int]) -> None:
+    """Walk the composed tree before construction, where each key still has its line (merge keys
+    `<<` are YAML's way to override on purpose and are left alone)."""
+    if id(node) in seen:  # an alias: checked where its anchor is
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_unique_keys(item, f"{where}[{i}]", seen)
+    elif isinstance(node, yaml.MappingNode):
+        first_line: dict[tuple[str, Any], int] = {}
+        for key, value in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":
+                continue
+            name = f"{where}.{key.value}" if where else str(key.value)
+            line = key.start_mark.line + 1
+            if isinstance(key, yaml.ScalarNode):
+                if (key.tag, key.value) in first_line:
+                    raise _DuplicateKey(name, first_line[key.tag, key.value], line)
+                first_line[key.tag, key.value] = line
+            _check_unique_keys(value, name, seen)
+
+
 def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> Config:
     """Load and validate a YAML config; `overrides` are dotted keys (`train.steps: 3`)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path} (try configs/smoke.yaml)")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+    except _DuplicateKey as dup:
+        raise ConfigError(f"config {path}: key `{dup.key}` is given twice, on line {dup.first} and line {dup.second}; "
+                          "YAML would keep only the last one, so delete or merge one of them") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config {path} is not valid YAML: {err}") from None
     if not isinstance(data, dict):

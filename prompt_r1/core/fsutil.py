@@ -5,6 +5,10 @@ complete, never half-written, even when a process dies mid-write or two processe
 thing at once. `atomic_dir` and `atomic_write_text` are the one implementation of that pattern.
 `file_lock` is the one inter-process lock: the kernel's `flock`, released when its holder
 exits however it exits, so no lock is ever stale.
+
+`check_output_folder` is the one rule for a folder a user names as an output (`export OUT_DIR`,
+`evaluate --out`): new or empty, or holding an earlier output of the same kind (its marker file),
+replaced only with `--overwrite`; anything else is refused, so a mistyped folder never loses files.
 """
 
 from __future__ import annotations
@@ -17,6 +21,35 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from prompt_r1.core.failures import UserError
+
+
+class OutputFolderError(UserError, FileExistsError):
+    """An output folder that holds files this command may not replace; nothing was changed."""
+
+
+def check_output_folder(folder: str | os.PathLike, overwrite: bool, marker: str, what: str) -> None:
+    """Refuse `folder` unless it is new, empty, or an earlier `what` (it holds `marker`), the
+    latter only with `overwrite`.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()); _ = (d / "notes.txt").write_text("mine")
+    >>> check_output_folder(d, True, ".m", "report")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    prompt_r1.core.fsutil.OutputFolderError: /... is not empty and is not an earlier report (no .m); nothing was changed: give a new or empty folder
+    """
+    folder = Path(folder)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise OutputFolderError(f"{folder} exists and is not a plain folder; give a new or empty folder")
+    if not folder.exists() or not any(folder.iterdir()):
+        return
+    if not (folder / marker).is_file():
+        raise OutputFolderError(f"{folder} is not empty and is not an earlier {what} (no {marker}); "
+                                "nothing was changed: give a new or empty folder")
+    if not overwrite:
+        raise OutputFolderError(f"{folder} holds an earlier {what}; pass --overwrite to replace it")
 
 
 def _temp_beside(target: Path, kind: str) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -16,10 +17,12 @@ import duckdb
 import pyarrow as pa
 
 from prompt_r1.data.rows import (
-    DEFAULT_METRIC, ID_COLUMN, MAX_QUESTION_CHARS, PROMPT_R1_FILES, Columns, IngestError, _not_empty,
-    build_table, split_for,
+    DEFAULT_METRIC, ID_COLUMN, MAX_QUESTION_CHARS, PROMPT_R1_FILES, QUESTION_ROLE, Columns, IngestError,
+    _not_empty, build_table, split_for,
 )
 from prompt_r1.core.protocol import split_question
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -57,11 +60,21 @@ def _parquet_columns(path: Path) -> Columns:
         raise IngestError(f"{path} row 0 field reward_model: expected a struct with a `ground_truth` list of "
                           f"gold answers {layout}, but the column is {reward or 'missing'} in every row")
     id_sql = f", {ID_COLUMN}::VARCHAR AS id" if ID_COLUMN in types else ""
+    if "role" in _struct_fields(dict(prompt.children)["child"]):  # the question: see QUESTION_ROLE
+        turn_sql = (f"list_last(list_filter(prompt, lambda m: m.role = '{QUESTION_ROLE}')).content AS content, "
+                    "list_transform(prompt, lambda m: m.role) AS roles")
+    else:
+        turn_sql = "CASE WHEN len(prompt) = 1 THEN prompt[1].content END AS content, NULL AS roles"
     try:
-        table = _arrow(f"SELECT prompt[1].content AS content, reward_model.ground_truth AS golds{id_sql} "
+        table = _arrow(f"SELECT {turn_sql}, reward_model.ground_truth AS golds{id_sql} "
                        "FROM read_parquet({path})", path)
     except duckdb.Error as err:
         raise IngestError(_parquet_read_problem(path, err)) from None
+    system = sum(1 for roles in table.column("roles").to_pylist() if roles and "system" in roles)
+    if system:
+        log.warning("%s: %d of %d rows start with a system message; it is not part of the question (the "
+                    "question is the last `%s` message; see prompt_r1.data.rows.QUESTION_ROLE)",
+                    path, system, table.num_rows, QUESTION_ROLE)
     family, metric = PROMPT_R1_FILES[path.stem]
     return Columns(table.column("content").to_pylist(), table.column("golds").to_pylist(), path.stem,
                    split_for(path), family, metric,
@@ -109,7 +122,9 @@ def read_parquet(path: Path, max_question_chars: int = MAX_QUESTION_CHARS) -> pa
     where = lambda i: f"{path} row {i}"  # noqa: E731
     for i, content in enumerate(cols.questions):
         if not isinstance(content, str) or not content:
-            raise IngestError(f"{where(i)}: field `prompt` has no user message content")
+            raise IngestError(f"{where(i)}: field `prompt` has no `{QUESTION_ROLE}` message with content (the "
+                              "question is the last message whose role is user; a list without roles must "
+                              "hold exactly one message)")
     cols.questions = [split_question(c) for c in cols.questions]
     return build_table(_not_empty(cols, path), where, max_question_chars)
 

@@ -26,7 +26,14 @@ DEFAULT_METRIC = {"multihop_qa": "f1", "standard_qa": "f1", "math": "em", "gener
 MAX_QUESTION_CHARS: int = DataConfig.model_fields["max_question_chars"].default
 ID_COLUMN = "id"  # a source column with this name gives each row its key
 # Part of every content hash: when the way rows become questions changes, sources re-ingest.
-INGEST_FORMAT = 2
+INGEST_FORMAT = 3
+QUESTION_ROLE = "user"
+"""A row given as chat messages ({role, content}, the Parquet `prompt` column) holds its question in
+the LAST message of this role, as chat datasets mean it. System messages and earlier turns are the
+dataset's instructions and examples for the model that answers, like the Prompt-R1 instruction that
+`split_question` removes from the user turn: the agent brings its own instruction and the environment
+its `system_prompt`, so they are not part of the question and are not stored (ingest logs how many
+rows had a system message). A list of messages without roles is read only when it holds one message."""
 
 # The reference release: file stem -> (task family, primary metric). See shared data README.
 PROMPT_R1_FILES: dict[str, tuple[str, str]] = {

@@ -18,6 +18,7 @@ from typing import Any
 
 from prompt_r1.data.rows import OOD
 
+REPORT_MARKER = ".prompt-r1-report.json"  # marks folders an evaluation report may be written over (--overwrite)
 LONG_COLUMNS = ["env_name", "dataset", "method", "n", "primary_metric", "score", "em", "f1",
                 "substring", "ssim", "ci_low", "ci_high", "errors", "env_prompt_tokens", "env_completion_tokens",
                 "cost_usd"]
@@ -176,10 +177,11 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
                  baselines: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     """Write results.md / results.csv / costs.md / examples.json / plots into `out_dir`, and with
     the per-question `predictions`, paired comparisons (in results.md and comparisons.csv); with
-    `baselines`, the optimised instructions (results.md and baselines.json)."""
+    `baselines`, the optimised instructions (results.md and baselines.json). A folder the user named
+    is checked first (`check_report_folder`)."""
     from prompt_r1.evaluation.compare import comparison_table, paired_comparisons, plot_accuracy_vs_cost
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    mark_report_folder(out_dir)
     files = {"markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
              "costs": out_dir / "costs.md", "examples": out_dir / "examples.json"}
     timing = "".join(f"\n- {k}: {v:.1f} s" for k, v in sorted((seconds or {}).items()))
@@ -216,3 +218,19 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     for i, path in enumerate(plot_results(results, out_dir)):
         files[f"plot{i}"] = path
     return files
+
+
+def check_report_folder(out_dir: Path, overwrite: bool) -> None:
+    """Before an evaluation writes into a folder the user named (`evaluate --out`): refuse one
+    holding anything but an earlier report (an earlier report only with `overwrite`), the rule
+    `export` follows."""
+    from prompt_r1.core.fsutil import check_output_folder
+
+    check_output_folder(out_dir, overwrite, REPORT_MARKER, "evaluation report")
+
+
+def mark_report_folder(out_dir: Path) -> None:
+    """Mark `out_dir` as a report folder once the evaluation starts writing there (its logs come
+    first), so a run that fails midway can be rerun into it with `--overwrite`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / REPORT_MARKER).write_text(json.dumps({"written_by": "prompt-r1 evaluate"}) + "\n")

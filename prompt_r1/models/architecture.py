@@ -134,6 +134,11 @@ class Architecture:
     @classmethod
     def from_config(cls, config: dict[str, Any], name: str, source: str) -> "Architecture":
         """The shape in a HF `config.json` (its text part, for multimodal configs)."""
+        if not isinstance(config, dict) or not isinstance(text_config(config), dict):
+            part = "its `text_config`" if isinstance(config, dict) else "the file"
+            raise ArchitectureError(f"{name}: {source} is not a model config: {part} holds a JSON "
+                                    f"{_json_kind(text_config(config) if isinstance(config, dict) else config)}, "
+                                    "not an object of keys; fix the file or pass --params (e.g. --params 4e9)")
         text = text_config(config)
         experts = text.get("num_experts") or text.get("num_local_experts") or text.get("n_routed_experts")
         if experts:
@@ -145,6 +150,11 @@ class Architecture:
         if missing:
             raise ArchitectureError(f"{name}: {source} lacks {', '.join(missing)}, so its size cannot be "
                                     "computed; pass the parameter count (--params, e.g. --params 4e9)")
+        for key in (*need, "num_key_value_heads", "head_dim"):
+            value = text.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ArchitectureError(f"{name}: {source} field `{key}` is {value!r}, not a positive whole "
+                                        "number; fix the file or pass --params (e.g. --params 4e9)")
         return cls(
             name=name, vocab=int(text["vocab_size"]), hidden=int(text["hidden_size"]),
             layers=int(text["num_hidden_layers"]), intermediate=int(text["intermediate_size"]),
@@ -176,6 +186,16 @@ class Architecture:
             if shape.counted_params >= params or layers >= 200:
                 return replace(shape, params_given=int(params))
             layers += 1
+
+
+def _json_kind(value: Any) -> str:
+    """JSON's name for a parsed value's type.
+
+    >>> _json_kind([1]), _json_kind("x"), _json_kind(None)
+    ('list', 'string', 'null')
+    """
+    kinds = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 def _qwen3_like(layers: int, name: str) -> Architecture:

@@ -23,7 +23,7 @@ import threading
 
 import ray
 
-from prompt_r1.config.experiment import Config, RolloutConfig
+from prompt_r1.config.experiment import Config, ConfigError, RolloutConfig
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.signals import sigterm_kept
 
@@ -60,7 +60,7 @@ def cpus_needed(cfg: Config, num_workers: int | None = None, learner: bool = Tru
     """
     train = cfg.train
     ranks = train.world_size if learner and (train.world_size > 1 or train.device != "cpu") else 0
-    return (num_workers or cfg.rollout.num_workers) * cfg.rollout.cpus_per_worker + ranks * train.cpus_per_rank
+    return rollout_workers(cfg.rollout, num_workers) * cfg.rollout.cpus_per_worker + ranks * train.cpus_per_rank
 
 
 def local_cpus(rollout_cfg: RolloutConfig, needed: float = 0.0) -> int:
@@ -98,6 +98,22 @@ def init_ray(rollout_cfg: RolloutConfig, cpus_needed: float = 0.0) -> None:
              else f"started a local instance of {num_cpus} CPUs")
 
 
+def rollout_workers(rollout_cfg: RolloutConfig, num_workers: int | None = None) -> int:
+    """How many rollout actors to start: `num_workers` (`rollout --workers`) when given, else
+    `rollout.num_workers`. Zero or fewer is refused: 0 reads like "no actors" or "the default",
+    so it means neither.
+
+    >>> rollout_workers(RolloutConfig(num_workers=2)), rollout_workers(RolloutConfig(num_workers=2), 3)
+    (2, 3)
+    """
+    if num_workers is None:
+        return rollout_cfg.num_workers
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ConfigError(f"--workers (rollout actors) must be 1 or more, got {num_workers!r}; leave it out to "
+                          f"use rollout.num_workers ({rollout_cfg.num_workers})")
+    return num_workers
+
+
 def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None, learner_ranks: int = 0,
                      cpus_per_rank: float = 1.0) -> None:
     """Before models load, from the config alone: raise `RayWaitError` when the rollout actors (and
@@ -106,9 +122,9 @@ def check_local_cpus(rollout_cfg: RolloutConfig, num_workers: int | None = None,
     instance is sized to hold them (`local_cpus`), and a machine with fewer cores gets a warning
     that they share cores. GPUs are counted by Ray once it runs (`engine_placement.place_engines`);
     a cluster (`ray_address`) is checked by the placement deadlines instead."""
+    workers = rollout_workers(rollout_cfg, num_workers)
     if rollout_cfg.ray_address:
         return
-    workers = num_workers or rollout_cfg.num_workers
     cpus_per_worker = rollout_cfg.cpus_per_worker
     learner = learner_ranks * cpus_per_rank
     needed = workers * cpus_per_worker + learner

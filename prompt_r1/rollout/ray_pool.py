@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 60.0  # an actor's own clean-up (environment client, policy) before ray.kill
 
 from prompt_r1.rollout.ray_connect import (RayWaitError, address_host_port, check_local_cpus,  # noqa: F401
-                                          cpus_needed, init_ray)
+                                          cpus_needed, init_ray, rollout_workers)
 
 
 class WeightSyncError(RayWaitError):
@@ -215,7 +215,7 @@ class RolloutPool:
                              "`with actor_environment(cfg.environment) as env_cfg:` and build the pool "
                              "with cfg.model_copy(update={'environment': env_cfg})")
         self.cfg = cfg
-        self.num_workers = num_workers or cfg.rollout.num_workers
+        self.num_workers = rollout_workers(cfg.rollout, num_workers)
         env_vars, secrets = actor_env_vars(), secret_env([cfg.environment])
         check_local_cpus(cfg.rollout, self.num_workers)  # a local instance never grows
         self._stuck = False

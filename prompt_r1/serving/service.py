@@ -30,6 +30,7 @@ from prompt_r1.config.experiment import Config
 from prompt_r1.env.base import cost_usd
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.policy.base import Policy, Sample, per_row_limits
+from prompt_r1.core.failures import UserError
 from prompt_r1.core.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,23 @@ def episode_report(question: str, traj: Trajectory, env_cfg: EnvConfig, agent: s
     return report
 
 
+class EmptyQuestion(UserError, ValueError):
+    """A question with no text: there is nothing to ask (`serve` answers HTTP 400 to the same)."""
+
+
+def check_question(question: str) -> str:
+    """`question`, or `EmptyQuestion` when it is empty or only white space.
+
+    >>> check_question(" ")
+    Traceback (most recent call last):
+    ...
+    prompt_r1.serving.service.EmptyQuestion: the question is empty; ask something, e.g. "Who wrote Hamlet?"
+    """
+    if not isinstance(question, str) or not question.strip():
+        raise EmptyQuestion('the question is empty; ask something, e.g. "Who wrote Hamlet?"')
+    return question
+
+
 def question_id(question: str) -> str:
     """A stable id for an ad-hoc question (its trajectory carries it).
 
@@ -207,6 +225,7 @@ async def answer_question(policy: Policy, env: Any, question: str, cfg: Config,
     from prompt_r1.rollout.episode import rollout_batch
     from prompt_r1.core.questions import QuestionRow
 
+    check_question(question)
     agent_cfg, rollout_cfg = eval_agent(cfg), eval_rollout(cfg)
     if max_turns is not None:
         rollout_cfg = rollout_cfg.model_copy(update={"max_turns": min(max_turns, rollout_cfg.max_turns)})

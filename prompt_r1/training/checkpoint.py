@@ -47,7 +47,7 @@ import yaml
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.failures import UserError
-from prompt_r1.core.fsutil import atomic_dir
+from prompt_r1.core.fsutil import atomic_dir, check_output_folder
 
 if TYPE_CHECKING:
     from prompt_r1.training.learner import GRPOLearner
@@ -328,16 +328,7 @@ def check_export_target(out_dir: Path, overwrite: bool) -> None:
 
     Exporting replaces only what an export wrote, so a mistyped folder never loses user files.
     """
-    out_dir = Path(out_dir)
-    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
-        raise FileExistsError(f"{out_dir} exists and is not a plain folder; give a new or empty folder")
-    if not out_dir.exists() or not any(out_dir.iterdir()):
-        return
-    if not is_export(out_dir):
-        raise FileExistsError(f"{out_dir} is not empty and is not an earlier export (no {EXPORT_MARKER}); "
-                              "nothing was changed: give a new or empty folder")
-    if not overwrite:
-        raise FileExistsError(f"{out_dir} holds an earlier export; pass --overwrite to replace it")
+    check_output_folder(out_dir, overwrite, EXPORT_MARKER, "export")
 
 
 def export_checkpoint(ckpt: Path, out_dir: Path, overwrite: bool = False) -> Path:

@@ -310,10 +310,17 @@ def make_plan(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: 
 
 def agent_architecture(cfg: Config, params: float | None = None) -> Architecture:
     """The agent's shape (`models.architecture`), its count replaced by `params` when given; a
-    guessed shape of `params` weights for a model with none here; else an error asking for them."""
+    guessed shape of `params` weights for a model with none here, or whose config.json cannot be
+    sized (malformed, mixture-of-experts: its error asks for --params); else an error asking for them."""
     from prompt_r1.models.architecture import ArchitectureError, architecture_for
 
-    arch = architecture_for(cfg.agent.model, cfg.name)
+    try:
+        arch = architecture_for(cfg.agent.model, cfg.name)
+    except ArchitectureError as err:
+        if params is None:
+            raise
+        log.warning("%s; planning with a shape guessed from --params %g instead", err, params)
+        return Architecture.guess(params, cfg.agent.model)
     if arch is not None:
         return arch.with_params(params)
     if params is None:
