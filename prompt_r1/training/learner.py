@@ -49,7 +49,7 @@ from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
 from prompt_r1.training.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids,
                                         plan_mini_batches, question_order)
-from prompt_r1.training.parallel import Ranks
+from prompt_r1.training.parallel import Ranks, tied_aliases
 
 log = logging.getLogger(__name__)
 
@@ -333,10 +333,12 @@ class GRPOLearner:
     def weights_for_sync(self, version: int) -> WeightUpdate | None:
         """The weight sync for the rollout engines, as policy `version` (updates applied): under
         LoRA the adapter alone (PEFT's `get_peft_model_state_dict`, float32, a few MB) with its
-        LoraConfig, else the full weights of `merged_state_dict`. Checksummed here (see
+        LoraConfig, else the full weights of `merged_state_dict`, tied weights once (an engine
+        ties them itself, as it does loading the model's own files). Checksummed here (see
         `core.weights`). Under FSDP every rank must call it; rank 0 gets the update, others None."""
         if not self.use_lora:
-            full = self.merged_state_dict()
+            tied = tied_aliases(self.model)
+            full = {k: v for k, v in self.merged_state_dict().items() if k not in tied}
             return WeightUpdate.make(version, "full", full) if full else None
         from peft import get_peft_model_state_dict
 
@@ -354,7 +356,8 @@ class GRPOLearner:
         if not self.use_lora:
             full = self.ranks.full_state_dict(self.model)  # gathered under FSDP (rank 0; others get {})
             weights = self.model.state_dict() if full is None else full
-            return {k: v.detach().to("cpu", dtype, copy=True) for k, v in weights.items()}
+            # the model's own tensors are copied; gathered ones are fresh already (no second copy)
+            return {k: v.detach().to("cpu", dtype, copy=full is None) for k, v in weights.items()}
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
