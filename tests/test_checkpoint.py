@@ -333,3 +333,34 @@ def test_a_checkpoint_without_a_manifest_is_checked_by_reading_it(tiny_model_pat
     state.write_bytes(state.read_bytes()[:200])
     with pytest.raises(CheckpointError, match=f"checkpoint {path} is corrupted: trainer_state.pt cannot be read"):
         verify_checkpoint(path)
+
+
+def test_a_checkpoint_with_the_whole_optimiser_state_in_one_file_still_resumes(tiny_model_path, tmp_path) -> None:
+    """Checkpoints written before the optimiser state was saved sharded (`optimizer/`) held it whole,
+    by parameter index, in trainer_state.pt: they load as before."""
+    import shutil
+
+    from prompt_r1.training.checkpoint import MANIFEST, OPTIMIZER_DIR, STATE_FILE
+
+    cfg = make_config(lr=5e-3)
+    learner = GRPOLearner(cfg, tiny_model_path)
+    learner.step(rollout(learner, ["a", "b"], group_size=3, new_tokens=5))
+    path = save_checkpoint(learner, tmp_path, 1, {"position": 1}, cfg)
+    assert (path / OPTIMIZER_DIR).is_dir()
+    state = torch.load(path / STATE_FILE, weights_only=False)
+    state["optimizer"] = learner.optimizer.state_dict()  # the old layout
+    torch.save(state, path / STATE_FILE)
+    shutil.rmtree(path / OPTIMIZER_DIR)
+    (path / MANIFEST).unlink()
+    for old_layout in (True, False):
+        resumed = GRPOLearner(cfg, tiny_model_path)
+        assert load_checkpoint(resumed, path) == (1, {"position": 1})
+        mine, theirs = resumed.optimizer.state_dict(), learner.optimizer.state_dict()
+        assert mine["state"].keys() == theirs["state"].keys()
+        for i, entry in theirs["state"].items():
+            assert all(torch.equal(value, mine["state"][i][key]) for key, value in entry.items())
+        assert mine["param_groups"] == theirs["param_groups"]
+        if old_layout:  # saved again: the new layout, which loads the same
+            path = save_checkpoint(resumed, tmp_path / "again", 1, {"position": 1}, cfg)
+            assert (path / OPTIMIZER_DIR).is_dir() and "optimizer" not in torch.load(path / STATE_FILE,
+                                                                                      weights_only=False)

@@ -322,3 +322,21 @@ def test_one_rank_is_a_ray_actor_when_it_would_train_on_a_gpu(monkeypatch) -> No
                 assert isinstance(learner, Group)
     assert opened == [1, "closed", 1, "closed"]
     assert learners.learner_in_ray(make_config(world_size=2)) is True
+
+
+def test_one_rank_joins_no_process_group_and_hands_its_weights_on_by_reference(local_ray, tiny_model_path) -> None:
+    """World size 1 in Ray (a GPU learner) is the learner alone: the identity `Ranks`, no process
+    group, no gradient buckets. Its weight sync stays in the object store: the driver gets the
+    header and a reference, and what the reference holds matches the header."""
+    from prompt_r1.rollout.ray_pool import UpdateRef
+    from prompt_r1.training.learner_group import LearnerGroup
+
+    with LearnerGroup(make_config(world_size=1, dist_timeout_s=120), tiny_model_path) as group:
+        kind, joined = ray.get(group.actors[0].__ray_call__.remote(
+            lambda rank: (type(rank.learner.ranks).__name__, torch.distributed.is_initialized())), timeout=60)
+        assert (kind, joined) == ("Ranks", False)
+        update = group.weights_for_sync(1)
+        assert isinstance(update, UpdateRef)
+        sent = ray.get(update.ref, timeout=60)
+        assert update.header == sent.header and update.header.version == 1
+        assert "lm_head.weight" not in sent.tensors  # tied to the embedding: sent once
