@@ -11,6 +11,14 @@ and checksum on every engine). Under full fine-tuning that is every weight in `a
 - `checksum s`: the checksum alone, on the same tensors;
 - `sync s`: `RolloutPool.broadcast` (one `ray.put`, the actor loading it and reading its checksum
   back, the driver's check of the answer), the median of `--repeats`;
+then, for the full weights, the parts of one sync before and after issue 31 (item 9) on the same
+weights, each the median of `--repeats`:
+- `checksum`: BLAKE2b over every byte (before; each end did one) vs over a sample of each large
+  tensor (`core.weights`, now);
+- `bytes`: the tied output head sent as its own tensor (before) vs once (now);
+- `driver`: a learner rank's update fetched into the driver and put back (`ray.get` + `ray.put`,
+  before) vs its reference handed on (now: nothing to time);
+- `broadcast`: `RolloutPool.broadcast` of each (the actor's load and read-back);
 and projects the bytes to the paper's 4B agent (`Qwen/Qwen3-4B` from `architectures.json`:
 full weights in bfloat16, the adapter in float32) and its seconds at the throughput measured here
 (bytes / sync s of the demo agent: a CPU machine's figure, not a GPU cluster's).
@@ -74,6 +82,52 @@ def measure(learner, pool, version: int, repeats: int) -> dict[str, float]:
             "checksum_s": checksum_s, "sync_s": statistics.median(times)}
 
 
+def full_blake2b(tensors) -> str:
+    """The checksum before issue 31: BLAKE2b over every byte of every tensor (for the comparison)."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
+def median_s(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def before_after(learner, pool, repeats: int) -> dict:
+    """One full-weight sync's parts, the old path against the new (see the module docstring)."""
+    import ray
+
+    from prompt_r1.core.weights import WeightUpdate, weights_checksum
+    from prompt_r1.rollout.ray_pool import UpdateRef
+
+    old = WeightUpdate.make(10, "full", learner.merged_state_dict())  # tied head included, as before
+    new = learner.weights_for_sync(11)
+    old_ref, new_ref = ray.put(old), ray.put(new)  # as a learner rank leaves them in the object store
+    out = {
+        "old": {"bytes": old.nbytes, "checksum_s": median_s(lambda: full_blake2b(old.tensors), repeats),
+                "driver_s": median_s(lambda: ray.put(ray.get(old_ref)), repeats),
+                "broadcast_s": median_s(lambda: pool.broadcast(old), repeats)},
+        "new": {"bytes": new.nbytes, "checksum_s": median_s(lambda: weights_checksum(new.tensors), repeats),
+                "driver_s": 0.0,
+                "broadcast_s": median_s(lambda: pool.broadcast(UpdateRef(new.header, new_ref)), repeats)},
+    }
+    for row in out.values():  # the checksum counted at both ends, as each end computes it
+        row["total_s"] = 2 * row["checksum_s"] + row["driver_s"] + row["broadcast_s"]
+    return out
+
+
 def projection(args: argparse.Namespace, full_bytes_per_s: float, adapter_bytes_per_s: float) -> list[dict]:
     """The 4B agent's sync: bytes from its parameter counts, seconds at this machine's throughput."""
     from prompt_r1.models.architecture import known_architecture
@@ -98,13 +152,14 @@ def run(args: argparse.Namespace) -> dict:
     with RolloutPool(config(args, False), path, 1) as pool:
         learner = GRPOLearner(config(args, False), path)
         rows.append(measure(learner, pool, 1, args.repeats))
+        paths = before_after(learner, pool, args.repeats)
         del learner
         learner = GRPOLearner(config(args, True), path)
         rows.append(measure(learner, pool, 2, args.repeats))
     full, adapter = rows
     projected = projection(args, full["bytes"] / full["sync_s"], adapter["bytes"] / adapter["sync_s"])
     return {"model": args.model, "r": args.r, "targets": args.targets, "measured": rows,
-            "projected_qwen3_4b": projected}
+            "projected_qwen3_4b": projected, "before_after": paths}
 
 
 def report(out: dict) -> str:
@@ -120,6 +175,15 @@ def report(out: dict) -> str:
               "| sync | MB sent | sync s |", "|---|---|---|"]
     for r in out["projected_qwen3_4b"]:
         lines.append(f"| {r['kind']} | {r['bytes'] / 1e6:.1f} | {r['sync_s']:.2f} |")
+    paths = out["before_after"]
+    lines += ["", "Full-weight sync, before and after issue 31 (checksum counted at both ends):", "",
+              "| path | MB sent | checksum s (one end) | driver get+put s | broadcast s | total s |",
+              "|---|---|---|---|---|---|"]
+    for name, r in paths.items():
+        lines.append(f"| {name} | {r['bytes'] / 1e6:.2f} | {r['checksum_s']:.4f} | {r['driver_s']:.3f} "
+                     f"| {r['broadcast_s']:.3f} | {r['total_s']:.3f} |")
+    lines += ["", f"new / old: {paths['new']['total_s'] / paths['old']['total_s']:.3f} of the time, "
+              f"{paths['new']['bytes'] / paths['old']['bytes']:.3f} of the bytes"]
     return "\n".join(lines)
 
 

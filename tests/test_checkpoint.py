@@ -358,18 +358,26 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(folder)], capture_output=True, timeout=30)
 
 
-@pytest.mark.parametrize("size_kib,fails_in", [(200, "weights"), (700, "torch.save")])
+@pytest.mark.parametrize("fails_in", ["optimizer", "torch.save"])
 def test_a_full_disk_during_a_checkpoint_says_so_and_keeps_nothing_half_written(
-        tiny_model_path, small_disk, size_kib, fails_in) -> None:
-    """The disk fills while the weights (safetensors) or the trainer state (torch's zip writer,
-    whose error says only `unexpected pos`) are written: DiskFullError says the disk is full,
-    names the folder and `--resume`; no step folder and no temp folder stay behind."""
+        tiny_model_path, small_disk, tmp_path, fails_in) -> None:
+    """The disk fills while the optimiser state (torch.distributed.checkpoint, which wraps the
+    error) or the trainer state (torch's zip writer, whose error says only `unexpected pos`) is
+    written: DiskFullError says the disk is full, names the folder and `--resume`; no step folder
+    and no temp folder stay behind."""
     from prompt_r1.core.failures import UserError
-    from prompt_r1.training.checkpoint import DiskFullError
+    from prompt_r1.training.checkpoint import MANIFEST, STATE_FILE, DiskFullError
 
     cfg = make_config()
     learner = GRPOLearner(cfg, tiny_model_path)
     learner.step(rollout(learner, ["a", "b"], group_size=2, new_tokens=3))  # optimiser state to save
+    if fails_in == "optimizer":
+        size_kib = 200
+    else:  # room (in 4 KiB pages) for everything written before the trainer state, plus one page
+        full = save_checkpoint(learner, tmp_path / "sizes", 1, {"position": 1}, cfg)
+        before = sum(-(-f.stat().st_size // 4096) * 4 for f in full.rglob("*")
+                     if f.is_file() and f.name not in (STATE_FILE, MANIFEST))
+        size_kib = before + 4
     ckpt_dir = small_disk(size_kib) / "checkpoints"
     with pytest.raises(DiskFullError) as err:
         save_checkpoint(learner, ckpt_dir, 1, {"position": 1}, cfg)
@@ -407,3 +415,34 @@ def test_a_failed_write_with_room_left_is_not_called_a_full_disk(tmp_path) -> No
     torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1 vs 2")
     assert disk_full(torch_error, tmp_path) is None  # the text alone does not make a full disk
     assert disk_full(OSError(28, "No space left on device"), tmp_path).startswith("No space left on device")
+
+
+def test_a_checkpoint_with_the_whole_optimiser_state_in_one_file_still_resumes(tiny_model_path, tmp_path) -> None:
+    """Checkpoints written before the optimiser state was saved sharded (`optimizer/`) held it whole,
+    by parameter index, in trainer_state.pt: they load as before."""
+    import shutil
+
+    from prompt_r1.training.checkpoint import MANIFEST, OPTIMIZER_DIR, STATE_FILE
+
+    cfg = make_config(lr=5e-3)
+    learner = GRPOLearner(cfg, tiny_model_path)
+    learner.step(rollout(learner, ["a", "b"], group_size=3, new_tokens=5))
+    path = save_checkpoint(learner, tmp_path, 1, {"position": 1}, cfg)
+    assert (path / OPTIMIZER_DIR).is_dir()
+    state = torch.load(path / STATE_FILE, weights_only=False)
+    state["optimizer"] = learner.optimizer.state_dict()  # the old layout
+    torch.save(state, path / STATE_FILE)
+    shutil.rmtree(path / OPTIMIZER_DIR)
+    (path / MANIFEST).unlink()
+    for old_layout in (True, False):
+        resumed = GRPOLearner(cfg, tiny_model_path)
+        assert load_checkpoint(resumed, path) == (1, {"position": 1})
+        mine, theirs = resumed.optimizer.state_dict(), learner.optimizer.state_dict()
+        assert mine["state"].keys() == theirs["state"].keys()
+        for i, entry in theirs["state"].items():
+            assert all(torch.equal(value, mine["state"][i][key]) for key, value in entry.items())
+        assert mine["param_groups"] == theirs["param_groups"]
+        if old_layout:  # saved again: the new layout, which loads the same
+            path = save_checkpoint(resumed, tmp_path / "again", 1, {"position": 1}, cfg)
+            assert (path / OPTIMIZER_DIR).is_dir() and "optimizer" not in torch.load(path / STATE_FILE,
+                                                                                      weights_only=False)

@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import load_config, parse_config
 from prompt_r1.rollout.placement import in_group
-from prompt_r1.training.checkpoint import STATE_FILE, CheckpointError, load_checkpoint, save_checkpoint
+from prompt_r1.training.checkpoint import (OPTIMIZER_DIR, STATE_FILE, CheckpointError, load_checkpoint,
+                                          save_checkpoint)
 from prompt_r1.training.learner import GRPOLearner
 
 ray = pytest.importorskip("ray")
@@ -50,12 +51,21 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def _optimizer_tensors(state: dict) -> dict[tuple[int, str], torch.Tensor]:
-    return {(int(i), key): value for i, entry in state["state"].items() for key, value in entry.items()}
+def _optimizer_tensors(state: dict) -> dict[tuple[int | str, str], torch.Tensor]:
+    """By (parameter index or name, key)."""
+    return {(i, key): value for i, entry in state["state"].items() for key, value in entry.items()}
 
 
 def _checkpoint_tensors(folder) -> tuple[dict[str, torch.Tensor], dict]:
-    return load_file(str(folder / "model.safetensors")), torch.load(folder / STATE_FILE, weights_only=False)
+    """The weights, and the trainer state with the optimiser state (saved apart, by name) read into it."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    state = torch.load(folder / STATE_FILE, weights_only=False)
+    assert "optimizer" not in state  # each rank wrote its part to optimizer/, none held it whole
+    whole = folder.parent / f"{folder.name}-optimizer.pt"
+    dcp_to_torch_save(folder / OPTIMIZER_DIR, whole)
+    state["optimizer"] = torch.load(whole, weights_only=False)["optimizer"]
+    return load_file(str(folder / "model.safetensors")), state
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -312,3 +322,21 @@ def test_one_rank_is_a_ray_actor_when_it_would_train_on_a_gpu(monkeypatch) -> No
                 assert isinstance(learner, Group)
     assert opened == [1, "closed", 1, "closed"]
     assert learners.learner_in_ray(make_config(world_size=2)) is True
+
+
+def test_one_rank_joins_no_process_group_and_hands_its_weights_on_by_reference(local_ray, tiny_model_path) -> None:
+    """World size 1 in Ray (a GPU learner) is the learner alone: the identity `Ranks`, no process
+    group, no gradient buckets. Its weight sync stays in the object store: the driver gets the
+    header and a reference, and what the reference holds matches the header."""
+    from prompt_r1.rollout.ray_pool import UpdateRef
+    from prompt_r1.training.learner_group import LearnerGroup
+
+    with LearnerGroup(make_config(world_size=1, dist_timeout_s=120), tiny_model_path) as group:
+        kind, joined = ray.get(group.actors[0].__ray_call__.remote(
+            lambda rank: (type(rank.learner.ranks).__name__, torch.distributed.is_initialized())), timeout=60)
+        assert (kind, joined) == ("Ranks", False)
+        update = group.weights_for_sync(1)
+        assert isinstance(update, UpdateRef)
+        sent = ray.get(update.ref, timeout=60)
+        assert update.header == sent.header and update.header.version == 1
+        assert "lm_head.weight" not in sent.tensors  # tied to the embedding: sent once

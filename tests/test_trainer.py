@@ -182,6 +182,9 @@ def test_learner_and_reference_run_on_the_gpu(tiny_model_path) -> None:
     learner = GRPOLearner(cfg, tiny_model_path)
     assert {p.device.type for p in learner.model.parameters()} == {"cuda"}
     assert {p.device.type for p in learner.reference.parameters()} == {"cuda"}
+    # the frozen reference in the compute dtype (half the memory), the policy's master weights float32
+    assert {p.dtype for p in learner.reference.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in learner.model.parameters()} == {torch.float32}
     before = _params(learner.model)
     learner.step(hand_trajectories(learner.tokenizer))
     assert _changed_share(before, _params(learner.model)) > 0.99

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from prompt_r1.config.experiment import parse_config
-from prompt_r1.core.weights import WeightUpdate, tensor_bytes, weights_checksum
+from prompt_r1.core.weights import SAMPLE_ELEMENTS, WeightUpdate, tensor_bytes, weights_checksum
 
 ray = pytest.importorskip("ray")
 
@@ -30,15 +31,25 @@ VLLM_TOLERANCE = 2e-3
 
 
 # -- the checksum rule --------------------------------------------------------------------------
+def sampled_positions(numel: int, sample: int) -> list[int]:
+    """Which flat positions the checksum reads: every one up to `sample` elements, else every
+    ceil(numel / sample)-th from 0, and the last."""
+    if numel <= sample:
+        return list(range(numel))
+    stride = math.ceil(numel / sample)
+    return list(range(0, numel, stride)) + [numel - 1]
+
+
 def restated_checksum(tensors: dict[str, torch.Tensor]) -> str:
     """The rule of `core.weights` written again: BLAKE2b-128 over, in sorted name order, the name,
-    dtype, shape (NUL-separated) and the tensor's bytes as numpy writes them (float tensors here)."""
+    dtype, shape (NUL-separated) and the sampled elements' bytes as numpy writes them (float tensors here)."""
     digest = hashlib.blake2b(digest_size=16)
     for name in sorted(tensors):
         t = tensors[name]
         digest.update(name.encode() + b"\0" + str(t.dtype).split(".")[1].encode() + b"\0"
                       + str(tuple(t.shape)).encode() + b"\0")
-        digest.update(t.numpy().tobytes())
+        flat = t.reshape(-1).numpy()
+        digest.update(flat[sampled_positions(flat.size, SAMPLE_ELEMENTS)].tobytes())
     return digest.hexdigest()
 
 
@@ -69,6 +80,25 @@ def test_checksum_follows_its_rule_and_sees_every_change():
         assert weights_checksum(renamed) != checksum
     bf16 = {"w": torch.randn(3, 3).to(torch.bfloat16)}  # numpy has no bfloat16: the rule still holds
     assert weights_checksum(bf16) == weights_checksum({"w": bf16["w"].clone()})
+
+
+def test_a_large_tensor_is_checksummed_over_its_sample():
+    """Above SAMPLE_ELEMENTS: a sampled element's change is seen, another's is not (the price of a
+    check that costs microseconds); a step, which moves most weights, is always seen."""
+    rng = random.Random(1)
+    for _ in range(10):
+        numel = rng.randint(SAMPLE_ELEMENTS + 1, 5 * SAMPLE_ELEMENTS)
+        w = torch.randn(numel, generator=torch.Generator().manual_seed(rng.randrange(2**31)))
+        checksum = weights_checksum({"w": w})
+        assert checksum == restated_checksum({"w": w})
+        sampled = sampled_positions(numel, SAMPLE_ELEMENTS)
+        assert len(sampled) <= SAMPLE_ELEMENTS + 1 and sampled[-1] == numel - 1
+        for i, seen in ((rng.choice(sampled), True), (rng.choice(sorted(set(range(numel)) - set(sampled))), False)):
+            changed = w.clone()
+            changed[i] += 1.0
+            assert (weights_checksum({"w": changed}) != checksum) is seen, (numel, i)
+        assert weights_checksum({"w": w + 1e-3 * torch.randn(numel)}) != checksum  # an update
+        assert weights_checksum({"w": w[:-1]}) != checksum  # a truncated tensor
 
 
 def test_a_weight_update_checks_its_fields():
@@ -161,10 +191,15 @@ def test_an_engine_that_does_not_answer_fails_the_sync_at_its_deadline(local_ray
 
 
 def test_right_answers_pass(local_ray):
+    from prompt_r1.rollout.ray_pool import UpdateRef
+
     pool = stand_in_pool(["ok", "ok"], sync_timeout_s=30)
     update = WeightUpdate.make(2, "full", {"w": torch.randn(3)})
     try:
         assert pool.broadcast(update) == [update.reply()] * 2
+        # an update a learner rank left in the object store: the engines resolve the reference
+        again = WeightUpdate.make(3, "full", {"w": torch.randn(3)})
+        assert pool.broadcast(UpdateRef(again.header, ray.put(again))) == [again.reply()] * 2
     finally:
         pool.shutdown()
 
@@ -250,9 +285,12 @@ def test_full_fine_tuning_syncs_full_weights_read_back_from_the_model(tiny_model
             param.add_(0.01)
     update = learner.weights_for_sync(1)
     assert update.kind == "full" and update.adapter_config is None
-    assert set(update.tensors) == set(learner.merged_state_dict())
+    # tied weights travel once: the output head is the embedding, which the engine ties itself
+    assert set(update.tensors) == set(learner.merged_state_dict()) - {"lm_head.weight"}
+    assert learner.model.lm_head.weight is learner.model.model.embed_tokens.weight
     policy = TransformersPolicy(tiny_model_path)
     assert policy.apply_update(update) == update.checksum
+    assert torch.equal(policy.model.lm_head.weight, learner.model.model.embed_tokens.weight.detach())
     with torch.no_grad():  # what it reports is what it holds: change one weight, the checksum moves
         next(policy.model.parameters()).add_(1.0)
     assert weights_checksum({k: policy.model.state_dict()[k] for k in update.tensors}) != update.checksum

@@ -73,8 +73,9 @@ class TrainConfig(StrictModel):
     autocast: bool = Field(
         True,
         description="With agent.dtype bfloat16, run the learner's forward/backward under torch autocast "
-        "to bfloat16 where the device supports it (CPU, CUDA with bf16); weights and optimiser "
-        "state stay float32 either way. False = float32 compute.",
+        "to bfloat16 where the device supports it (CPU, CUDA with bf16; FSDP on CUDA gathers the weights "
+        "in bfloat16 through its MixedPrecisionPolicy instead); weights and optimiser state stay float32 "
+        "either way. False = float32 compute.",
     )
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass: less memory, about a third more compute."

@@ -11,9 +11,17 @@ carries the version that sampled it (`Trajectory.policy_version`).
 
 The checksum (`weights_checksum`) is BLAKE2b (16-byte digest) over the tensors in sorted name
 order, each contributing its name, dtype, shape and raw bytes (little-endian, as the CPU holds
-them). Same name -> tensor mapping, same checksum, whatever the dict order; any changed element,
-dtype, shape or name changes it. It reads every byte once: about 1 GB/s on one core, so ~0.5 s
-for the 135M demo agent in float32 and a few milliseconds for its LoRA adapter.
+them): all its bytes when it has at most `SAMPLE_ELEMENTS` elements (a LoRA adapter's tensors,
+norms, biases), else a sample of at most `SAMPLE_ELEMENTS` elements evenly spaced from the first (stride
+`ceil(numel / SAMPLE_ELEMENTS)`) and the last element. Same name -> tensor mapping, same
+checksum, whatever the dict order; any change of name, dtype or shape changes it, and so does any
+changed element of a small tensor or a sampled element of a large one. That is what it is for: an
+engine that missed an update, loaded another version, another model or another dtype, or got a
+truncated tensor, answers another checksum; a training step moves nearly every weight, so a sample
+sees it. It is not a guard against one flipped byte in a large tensor (the object store and the
+network carry their own checks). It costs microseconds per large tensor whatever its size (it
+used to hash every byte: about 1 GB/s on one core, ~8 s per end for a 4B agent in bfloat16; see
+BENCHMARKS.md, "Weight sync").
 
 Imports: torch only (the library's core).
 """
@@ -30,6 +38,25 @@ import torch
 WeightKind = Literal["full", "adapter"]
 
 
+SAMPLE_ELEMENTS = 1 << 14  # elements hashed per large tensor (64 KiB of float32): cheap, and a step moves many
+
+
+def checksum_elements(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements of `tensor` (flattened) that its checksum reads: all of a small tensor, a strided
+    sample and the last element of a large one (see the module docstring).
+
+    >>> checksum_elements(torch.arange(5)).tolist()
+    [0, 1, 2, 3, 4]
+    >>> len(checksum_elements(torch.zeros(10 * SAMPLE_ELEMENTS + 3))) <= SAMPLE_ELEMENTS + 1
+    True
+    """
+    flat = tensor.reshape(-1)
+    if flat.numel() <= SAMPLE_ELEMENTS:
+        return flat
+    stride = -(-flat.numel() // SAMPLE_ELEMENTS)
+    return torch.cat([flat[::stride], flat[-1:]])
+
+
 def weights_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
     """Hex digest of `tensors` (see the module docstring for the rule).
 
@@ -41,17 +68,35 @@ def weights_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
     """
     digest = hashlib.blake2b(digest_size=16)
     for name in sorted(tensors):
-        tensor = tensors[name].detach().to("cpu").contiguous()
+        tensor = tensors[name].detach()
         header = f"{name}\0{str(tensor.dtype).removeprefix('torch.')}\0{tuple(tensor.shape)}\0"
         digest.update(header.encode())
-        # the raw bytes whatever the dtype (numpy has no bfloat16): a uint8 view copies nothing
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+        # only the sampled elements leave the tensor's device; the raw bytes whatever the dtype
+        # (numpy has no bfloat16): a uint8 view copies nothing
+        sample = checksum_elements(tensor).to("cpu").contiguous()
+        digest.update(sample.view(torch.uint8).numpy().data)
     return digest.hexdigest()
 
 
 def tensor_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
     """Bytes the tensors hold (what one sync moves through the object store)."""
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+@dataclass(frozen=True)
+class SyncHeader:
+    """What a sync's receivers are checked against, without its tensors: the driver holds only
+    this while the tensors travel from the learner to the engines (`WeightUpdate.header`)."""
+
+    version: int
+    kind: WeightKind
+    checksum: str
+    nbytes: int
+    tensors: int  # how many
+
+    def reply(self, checksum: str | None = None) -> dict[str, Any]:
+        """An engine's answer after applying it: this version and the checksum of what it now uses."""
+        return {"version": self.version, "checksum": checksum if checksum is not None else self.checksum}
 
 
 @dataclass(frozen=True)
@@ -81,9 +126,13 @@ class WeightUpdate:
     def nbytes(self) -> int:
         return tensor_bytes(self.tensors)
 
+    @property
+    def header(self) -> SyncHeader:
+        return SyncHeader(self.version, self.kind, self.checksum, self.nbytes, len(self.tensors))
+
     def reply(self, checksum: str | None = None) -> dict[str, Any]:
         """An engine's answer after applying it: this version and the checksum of what it now uses."""
-        return {"version": self.version, "checksum": checksum if checksum is not None else self.checksum}
+        return self.header.reply(checksum)
 
 
 def peft_config_dict(peft_config: Any) -> dict[str, Any]:

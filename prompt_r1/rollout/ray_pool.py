@@ -4,10 +4,12 @@ The driver (trainer or CLI) owns a `RolloutPool`. A batch of questions is split 
 chunks (whole GRPO groups stay in one actor), each `RolloutWorker` runs `rollout_batch` on its
 chunk and returns the `Trajectory` objects, each stamped with the policy version the actor holds (Ray pickles them, as it does the questions and the
 config); the driver alone writes them to DuckDB and MLflow, so actors never open the warehouse (and therefore keep no environment reply cache). After a GRPO
-step `broadcast` puts the new weights (a versioned, checksummed `core.weights.WeightUpdate`: full
-weights, or the LoRA adapter alone) in the object store once, every actor loads them and answers
-with its version and checksum, and any answer that differs, fails or comes late is an error
-naming the actor (`WeightSyncError`).
+step `broadcast` sends the new weights (a versioned, checksummed `core.weights.WeightUpdate`: full
+weights, or the LoRA adapter alone) through the object store once, every actor loads them and
+answers with its version and checksum, and any answer that differs, fails or comes late is an
+error naming the actor (`WeightSyncError`). Weights made in this process are put there; weights a
+learner rank made stay where the rank put them (`UpdateRef`): the driver holds only their
+`SyncHeader` and hands the reference on, so it never copies the tensors.
 
 Asynchronous rollouts (`rollout.max_staleness` >= 1): `submit` queues a batch on the actors and
 returns at once, `collect` waits for it. Ray runs one caller's calls to an actor in the order
@@ -57,7 +59,7 @@ from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory
-from prompt_r1.core.weights import WeightUpdate
+from prompt_r1.core.weights import SyncHeader, WeightUpdate
 from prompt_r1.rollout.actor_env import actor_env_vars, apply_secret_env, secret_env
 from prompt_r1.rollout.engine_placement import (actor_location, actor_options, describe_location, place_colocated,
                                                 place_engines, release_all, shared_gpus)
@@ -190,12 +192,22 @@ class PendingRollout:
     loads: list["PendingSync"] = field(default_factory=list)  # weight syncs queued before it, verified with it
 
 
+@dataclass(frozen=True)
+class UpdateRef:
+    """A `WeightUpdate` in the object store, where the learner rank that made it put it: its header
+    (what the engines' answers are checked against) and the reference the engines resolve."""
+
+    header: SyncHeader
+    ref: Any                     # ray.ObjectRef of the WeightUpdate
+
+
 @dataclass(eq=False)
 class PendingSync:
     """A weight sync sent to every actor (`RolloutPool.broadcast`), its answers not yet verified."""
 
-    update: WeightUpdate
+    update: SyncHeader
     refs: list[Any]              # one `load_weights` call per actor
+    weights: Any = None          # the ObjectRef of the tensors, kept alive until the answers are in
 
 
 class RolloutPool:
@@ -308,15 +320,17 @@ class RolloutPool:
             with contextlib.suppress(Exception):
                 ray.cancel(ref)
 
-    def broadcast(self, update: WeightUpdate, wait: bool = True) -> list[dict[str, Any]] | None:
-        """Load a weight sync in every actor (one copy in the object store) and verify each one's
+    def broadcast(self, update: WeightUpdate | UpdateRef, wait: bool = True) -> list[dict[str, Any]] | None:
+        """Load a weight sync in every actor (one copy in the object store: put there now, or where a
+        learner rank put it, `UpdateRef`, never fetched into this process) and verify each one's
         answer: the sent version and checksum, within `rollout.sync_timeout_s` (plus
         `rollout.rollout_timeout_s` for each batch queued ahead of it). An actor that fails, does not
         answer in time, or answers otherwise raises `WeightSyncError` naming it; returns the answers
         (one per actor, in order). `wait=False` returns None at once: the loads run after the batches
         queued before them and are verified by the next `collect` (or the next waiting broadcast)."""
-        ref = ray.put(update)
-        self._loads.append(PendingSync(update, [w.load_weights.remote(ref) for w in self.workers]))
+        header, ref = (update.header, ray.put(update)) if isinstance(update, WeightUpdate) else (update.header,
+                                                                                                 update.ref)
+        self._loads.append(PendingSync(header, [w.load_weights.remote(ref) for w in self.workers], ref))
         if not wait:
             return None
         syncs, self._loads = self._loads, []

@@ -4,8 +4,11 @@ A checkpoint is a folder `ckpt_dir/step-000N/` holding:
 - the weights in HF format: the full model (`save_pretrained`) or, under LoRA, the adapter
   (`adapter_config.json` + `adapter_model.safetensors`, whose base is the run's model path);
 - the tokenizer, the resolved `config.yaml`;
-- `trainer_state.pt`: optimiser, lr scheduler, RNG states (python, numpy, torch), the step
-  and the data position;
+- `optimizer/`: the AdamW state as torch.distributed.checkpoint writes it (parameters by name,
+  each rank writing its own shards under FSDP, one copy of what ranks share under DDP);
+- `trainer_state.pt`: lr scheduler, RNG states (python, numpy, torch), the step and the data
+  position (checkpoints written before `optimizer/` existed hold the whole optimiser state here,
+  keyed by parameter index; they still load);
 - `manifest.json`: the size and CRC-32 of every other file, written last.
 It is written to a hidden temp folder and renamed into place, so a crash never leaves a
 half-written `step-*` folder; only the newest `keep_checkpoints` are kept. A disk that fills
@@ -18,10 +21,13 @@ warns and falls back to the newest intact checkpoint, and fails with `Checkpoint
 none is intact. Checkpoints written before the manifest existed are checked by reading them.
 
 A checkpoint does not depend on the learner's world size: a learner group (`train.world_size`
-> 1) gathers the full, unsharded weights and optimiser state (plain `optimizer.state_dict()`
-format, see `parallel`) and its rank 0 writes them in this same layout; every rank reads the
-checkpoint when resuming. So a run saved with N ranks resumes with M, under ddp or fsdp alike
-(on a cluster of several machines the run folder must be on storage every learner node sees).
+> 1) gathers the full weights to rank 0, which writes them in this same layout, and
+torch.distributed.checkpoint reshards the optimiser state to whatever world size loads it. On
+resume rank 0 alone reads the weights (others receive them, `parallel.Ranks.load_state_dict`)
+and each rank reads only its own part of the optimiser state: no rank holds the whole optimiser
+state at any time. So a run saved with N ranks resumes with M, under ddp or fsdp alike (on a
+cluster of several machines the run folder must be on storage every learner node sees: every
+rank writes into it).
 
 An export carries a marker file; exporting again replaces only such a folder or an empty one,
 never a folder holding anything else.
@@ -29,6 +35,7 @@ never a folder holding anything else.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -37,6 +44,7 @@ import pickle
 import random
 import re
 import shutil
+import warnings
 import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +64,7 @@ log = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_FILE = "trainer_state.pt"
+OPTIMIZER_DIR = "optimizer"  # torch.distributed.checkpoint's folder of the optimiser state
 MANIFEST = "manifest.json"  # size and CRC-32 of every other file of a checkpoint
 ADAPTER_CONFIG = "adapter_config.json"
 DISK_FULL_SLACK = 16 * 2**20  # free bytes below which a failed write counts as a full disk (`disk_full`)
@@ -198,20 +207,31 @@ def save_checkpoint(learner: GRPOLearner, ckpt_dir: Path, step: int, data_positi
                     config: Config) -> Path:
     """Write `ckpt_dir/step-N/` atomically and prune old ones; returns the folder.
 
-    Every rank of a learner group calls it (under FSDP gathering the full state is a collective);
-    rank 0 alone writes."""
+    Every rank of a learner group calls it (gathering the weights and saving the optimiser state
+    are collectives); rank 0 writes the rest and renames the folder into place."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / step_dir_name(step)
     ranks = learner.ranks
     weights = ranks.full_state_dict(learner.model)  # None: this process holds all weights
-    optimizer_state = ranks.optimizer_state(learner.model, learner.optimizer, learner.param_names)
-    if ranks.rank != 0:
-        return final
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_dir(final, replace=True) as tmp:  # re-saving a step (forced final save) replaces it
+    with contextlib.ExitStack() as stack:
+        tmp = None
+        if ranks.rank == 0:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            # re-saving a step (forced final save) replaces it
+            tmp = stack.enter_context(atomic_dir(final, replace=True))
+        tmp = Path(ranks.broadcast_object(None if tmp is None else str(tmp)))
         try:
-            _write_checkpoint(learner, tmp, weights, optimizer_state, step, data_position, config)
-        except Exception as err:  # judged here, while the partial folder still fills the disk
+            # each rank writes its part (its shards under FSDP); rank 0 returns once all are written
+            with _one_process_quiet():
+                dcp.save({"optimizer": get_optimizer_state_dict(learner.model, learner.optimizer)},
+                         checkpoint_id=tmp / OPTIMIZER_DIR)
+            if ranks.rank != 0:
+                return final
+            _write_checkpoint(learner, tmp, weights, step, data_position, config)
+        except (Exception, dcp.api.CheckpointException) as err:  # judged here, while the partial folder fills the disk
             full = disk_full(err, tmp)
             if full is None:
                 raise
@@ -225,8 +245,7 @@ def save_checkpoint(learner: GRPOLearner, ckpt_dir: Path, step: int, data_positi
 
 
 def _write_checkpoint(learner: GRPOLearner, tmp: Path, weights: dict[str, Any] | None,
-                      optimizer_state: dict[str, Any], step: int, data_position: dict[str, Any],
-                      config: Config) -> None:
+                      step: int, data_position: dict[str, Any], config: Config) -> None:
     # full model, or the adapter under LoRA
     learner.model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
     learner.tokenizer.save_pretrained(tmp)
@@ -234,7 +253,6 @@ def _write_checkpoint(learner: GRPOLearner, tmp: Path, weights: dict[str, Any] |
     torch.save({
         "step": step,
         "data_position": dict(data_position),
-        "optimizer": optimizer_state,
         "scheduler": learner.scheduler.state_dict(),
         "rng": rng_state(),
         "base_model_path": learner.model_path,
@@ -249,8 +267,10 @@ def disk_full(err: BaseException, folder: Path) -> str | None:
     (torch's zip writer: `RuntimeError: [enforce fail at inline_container.cc] ... unexpected
     pos`, safetensors) are judged by the free space left, never by their text: a write that ran
     out of space has filled the disk, so less than `DISK_FULL_SLACK` remains."""
-    code = getattr(err, "errno", None)
-    if code in (errno.ENOSPC, errno.EDQUOT):
+    # torch.distributed.checkpoint wraps each rank's error (a BaseException with `failures`)
+    causes = [err, *getattr(err, "failures", {}).values()]
+    code = next((c.errno for c in causes if getattr(c, "errno", None) in (errno.ENOSPC, errno.EDQUOT)), None)
+    if code is not None:
         return f"{os.strerror(code)} ({type(err).__name__})"
     try:
         free = shutil.disk_usage(folder).free
@@ -281,9 +301,15 @@ def _read_state(path: Path) -> dict[str, Any]:
 @torch.no_grad()
 def load_checkpoint(learner: GRPOLearner, path: Path) -> tuple[int, dict[str, Any]]:
     """Restore weights, optimiser, scheduler and RNG into `learner`; returns (step, data_position).
-    Every rank of a learner group calls it and reads the whole checkpoint."""
+    Every rank of a learner group calls it: rank 0 reads the weights, each rank its own part of
+    the optimiser state (older checkpoints, with the whole state in `trainer_state.pt`: every rank
+    reads all of it)."""
     path = Path(path)
     state = _read_state(path)
+    legacy = "optimizer" in state
+    if not legacy and not (path / OPTIMIZER_DIR).is_dir():
+        raise CheckpointError(f"checkpoint {path} is corrupted: it has neither {OPTIMIZER_DIR}/ nor an optimiser "
+                              f"state in {STATE_FILE}; delete the folder (older checkpoints of the run stay usable)")
     is_adapter = (path / ADAPTER_CONFIG).is_file()
     if is_adapter != learner.use_lora:
         raise CheckpointError(f"checkpoint {path} is {'a LoRA adapter' if is_adapter else 'a full model'} but "
@@ -296,12 +322,49 @@ def load_checkpoint(learner: GRPOLearner, path: Path) -> tuple[int, dict[str, An
     else:
         from transformers import AutoModelForCausalLM
 
-        saved = AutoModelForCausalLM.from_pretrained(path, dtype=next(learner.model.parameters()).dtype)
-        learner.ranks.load_state_dict(learner.model, saved.state_dict())
-    learner.ranks.load_optimizer_state(learner.model, learner.optimizer, learner.param_names, state["optimizer"])
+        saved = ({} if learner.ranks.rank != 0 else  # rank 0 reads, the others receive
+                 AutoModelForCausalLM.from_pretrained(path, dtype=next(learner.model.parameters()).dtype).state_dict())
+        learner.ranks.load_state_dict(learner.model, saved)
+        del saved
+    if legacy:
+        learner.ranks.load_optimizer_state(learner.model, learner.optimizer, learner.param_names, state["optimizer"])
+    else:
+        _load_optimizer(learner, path / OPTIMIZER_DIR)
     learner.scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return int(state["step"]), dict(state["data_position"])
+
+
+def _load_optimizer(learner: GRPOLearner, folder: Path) -> None:
+    """Each rank reads its part of a torch.distributed.checkpoint optimiser state, resharded to this
+    world size (the template's tensors, laid out as this rank holds them, say which part)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    # the template: AdamW's state exists only after a step; get_optimizer_state_dict makes it with
+    # a zero-lr step (the weights do not move)
+    state = {"optimizer": get_optimizer_state_dict(learner.model, learner.optimizer)}
+    try:
+        with _one_process_quiet():
+            dcp.load(state, checkpoint_id=folder)
+    except Exception as err:  # a damaged or foreign folder (a resume's manifest check passed it)
+        raise CheckpointError(f"checkpoint {folder.parent}: the optimiser state in {folder.name}/ cannot be read "
+                              f"({type(err).__name__}: {' '.join(str(err).split())[:300]}); use the run's config, "
+                              "or delete the folder") from None
+    set_optimizer_state_dict(learner.model, learner.optimizer, state["optimizer"])
+    # hyperparameters come back rebuilt (AdamW's betas tuple becomes a list): keep the saved values,
+    # so that saving again writes what was loaded
+    for group, saved in zip(learner.optimizer.param_groups, state["optimizer"]["param_groups"]):
+        group.update({key: value for key, value in saved.items() if key != "params"})
+
+
+@contextlib.contextmanager
+def _one_process_quiet():
+    """torch.distributed.checkpoint warns at every call of a learner alone (no process group) that
+    it saves "in a single process": that is the intent, not news."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def load_merged_model(ckpt: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

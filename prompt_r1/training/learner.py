@@ -9,9 +9,18 @@ sum equals the full mini-batch loss). Under LoRA the reference is the same model
 adapter disabled; under full fine-tuning it is a frozen copy of the initial weights.
 
 Precision: weights, gradients and AdamW state are always float32 ("master weights"); with
-`agent.dtype: bfloat16` only the forward/backward compute runs in bfloat16 under autocast. At
-lr 1e-6 a bfloat16 weight cannot take the update (its spacing near 0.02 is about 1e-4), so
-updating bfloat16 weights directly would leave almost every weight unchanged.
+`agent.dtype: bfloat16` only the forward/backward compute runs in bfloat16: under autocast, or,
+for FSDP on a GPU, by FSDP's `MixedPrecisionPolicy` (weights gathered in bfloat16, gradients
+reduced in float32; no autocast, so no second bfloat16 copy of each gathered weight). At lr 1e-6
+a bfloat16 weight cannot take the update (its spacing near 0.02 is about 1e-4), so updating
+bfloat16 weights directly would leave almost every weight unchanged. The frozen reference of full
+fine-tuning is held in bfloat16 on a GPU (it never updates), in float32 on the CPU.
+
+Start-up memory: a learner alone (or a DDP rank) reads the float32 model into host memory and
+moves it to its device (4 bytes a parameter, 8 with the reference before it is cast). FSDP ranks
+build on the meta device; rank 0 alone reads the float32 model into host memory (4 bytes a
+parameter, once per group) and every rank's device receives only its shards, plus one full
+tensor at a time while it is broadcast (`parallel`).
 
 Log-probs (old, new and reference) are those of the sampling distribution, softmax(logits / T)
 at `agent.temperature`, which is what the policy backends report for each sampled token.
@@ -49,7 +58,7 @@ from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
 from prompt_r1.training.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids,
                                         plan_mini_batches, question_order)
-from prompt_r1.training.parallel import Ranks
+from prompt_r1.training.parallel import Ranks, tied_aliases
 
 log = logging.getLogger(__name__)
 
@@ -110,32 +119,43 @@ class GRPOLearner:
         # LoRA's initial weights and dropout masks come from the global torch RNG: seed it from the
         # run seed so two runs learn alike (checkpoints save and restore its state for resumes)
         torch.manual_seed(derive_seed("learner", cfg.seed))
-        # float32 master weights whatever agent.dtype says: that is the rollout/compute dtype
-        with model_load_errors(self.model_path, "agent.model"):
-            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        model.to(self.device)
         self.use_lora = cfg.agent.lora.enabled
+        train = cfg.train
+        # FSDP on a GPU: weights gathered in bfloat16 by FSDP itself, instead of autocast's copies
+        self.mixed_precision = self.compute_dtype if self.ranks.builds_on_meta and self.device.type == "cuda" else None
+        if self.mixed_precision is not None:
+            self.compute_dtype = None
+        # the frozen reference in the compute dtype on a GPU (half the memory; its forward runs
+        # in that dtype anyway); on the CPU in float32, as the tests compare values
+        ref_dtype = torch.bfloat16 if self.device.type == "cuda" and cfg.agent.dtype == "bfloat16" else torch.float32
+        with_reference = not self.use_lora and train.kl_coef > 0
         self.reference: torch.nn.Module | None = None
-        if self.use_lora:
-            from peft import LoraConfig as PeftLoraConfig, get_peft_model
-
-            lora = cfg.agent.lora
-            model = get_peft_model(model, PeftLoraConfig(
-                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                target_modules=lora.target_modules, task_type="CAUSAL_LM"))  # a list, or peft's "all-linear"
-        elif cfg.train.kl_coef > 0:
-            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if self.ranks.builds_on_meta:
+            # FSDP: rank 0 alone reads the weights (host memory); every rank builds empty models
+            # that `distribute` shards and fills from rank 0 (see `parallel`)
+            source = self._build_model(meta=False) if self.ranks.rank == 0 else None
+            torch.set_rng_state(self.ranks.broadcast_object(torch.get_rng_state()))  # as after rank 0's build
+            model = self._build_model(meta=True)
+            if with_reference:
+                self.reference = self._build_model(meta=True, lora=False).to(ref_dtype)
+        else:
+            source = None
+            model = self._build_model(meta=False).to(self.device)
+            if with_reference:
+                self.reference = copy.deepcopy(model).to(ref_dtype)
+        if self.reference is not None:
+            self.reference.eval().requires_grad_(False)
         self.model = model
         self.model.config.use_cache = False
-        train = cfg.train
         if train.gradient_checkpointing:
             # non-reentrant: works with frozen inputs (LoRA) and needs no input-grad hooks
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # the group's layout (FSDP shards, DDP starts every rank from rank 0's trainable weights),
         # before the optimiser sees the parameters; the identity for a learner alone
-        self.model = self.ranks.distribute(self.model)
+        self.model = self.ranks.distribute(self.model, source, self.mixed_precision)
         if self.reference is not None:
-            self.reference = self.ranks.distribute(self.reference)
+            self.reference = self.ranks.distribute(self.reference, source, self.mixed_precision)
+        del source
         # names in the optimiser's order: checkpoints key its state by these positions
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -147,6 +167,29 @@ class GRPOLearner:
         warmup = train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+
+    def _build_model(self, meta: bool, lora: bool | None = None) -> torch.nn.Module:
+        """The policy as the run configures it, on the CPU in float32 (master weights, whatever
+        agent.dtype says: that is the rollout/compute dtype), or empty on the meta device; with the
+        LoRA adapter when `lora` (default: agent.lora.enabled)."""
+        with model_load_errors(self.model_path, "agent.model"):
+            if meta:
+                from transformers import AutoConfig
+
+                config = AutoConfig.from_pretrained(self.model_path)
+                with torch.device("meta"):
+                    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+                model.eval()  # as from_pretrained leaves it
+            else:
+                model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        if self.use_lora if lora is None else lora:
+            from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+            cfg = self.cfg.agent.lora
+            model = get_peft_model(model, PeftLoraConfig(
+                r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                target_modules=cfg.target_modules, task_type="CAUSAL_LM"))  # a list, or peft's "all-linear"
+        return model
 
     # -- log-probs ---------------------------------------------------------------------------
     def _reference_context(self):
@@ -333,10 +376,12 @@ class GRPOLearner:
     def weights_for_sync(self, version: int) -> WeightUpdate | None:
         """The weight sync for the rollout engines, as policy `version` (updates applied): under
         LoRA the adapter alone (PEFT's `get_peft_model_state_dict`, float32, a few MB) with its
-        LoraConfig, else the full weights of `merged_state_dict`. Checksummed here (see
+        LoraConfig, else the full weights of `merged_state_dict`, tied weights once (an engine
+        ties them itself, as it does loading the model's own files). Checksummed here (see
         `core.weights`). Under FSDP every rank must call it; rank 0 gets the update, others None."""
         if not self.use_lora:
-            full = self.merged_state_dict()
+            tied = tied_aliases(self.model)
+            full = {k: v for k, v in self.merged_state_dict().items() if k not in tied}
             return WeightUpdate.make(version, "full", full) if full else None
         from peft import get_peft_model_state_dict
 
@@ -354,7 +399,8 @@ class GRPOLearner:
         if not self.use_lora:
             full = self.ranks.full_state_dict(self.model)  # gathered under FSDP (rank 0; others get {})
             weights = self.model.state_dict() if full is None else full
-            return {k: v.detach().to("cpu", dtype, copy=True) for k, v in weights.items()}
+            # the model's own tensors are copied; gathered ones are fresh already (no second copy)
+            return {k: v.detach().to("cpu", dtype, copy=full is None) for k, v in weights.items()}
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()

@@ -36,10 +36,10 @@ from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
-from prompt_r1.core.weights import WeightUpdate
+from prompt_r1.core.weights import SyncHeader, WeightUpdate
 from prompt_r1.rollout.engine_placement import describe_location
 from prompt_r1.rollout.placement import in_group, release, reserve
-from prompt_r1.rollout.ray_pool import SHUTDOWN_TIMEOUT_S, actor_env_vars
+from prompt_r1.rollout.ray_pool import SHUTDOWN_TIMEOUT_S, UpdateRef, actor_env_vars
 from prompt_r1.training.batches import plan_mini_batches, split_plan
 from prompt_r1.training.rank_gpus import node_gpu_ids
 
@@ -111,9 +111,11 @@ class LearnerRank:
             torch.cuda.empty_cache()  # the step's cached blocks back to the GPU: a colocated engine wakes into them
         return metrics
 
-    def weights_for_sync(self, version: int) -> WeightUpdate | None:
+    def weights_for_sync(self, version: int) -> tuple[SyncHeader | None, WeightUpdate | None]:
+        """Rank 0: the update's header and the update, two Ray return values, so the driver can
+        fetch the small header alone (others: None, None)."""
         update = self.learner.weights_for_sync(version)
-        return update if self.rank == 0 else None
+        return (update.header, update) if self.rank == 0 and update is not None else (None, None)
 
     def merged_state_dict(self) -> dict[str, torch.Tensor] | None:
         state = self.learner.merged_state_dict()
@@ -211,10 +213,13 @@ class LearnerGroup:
         metrics.update(rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap))  # the whole batch's
         return metrics
 
-    def weights_for_sync(self, version: int) -> WeightUpdate:
-        """Rank 0's weight sync for the rollout workers (gathered by every rank under fsdp)."""
+    def weights_for_sync(self, version: int) -> UpdateRef:
+        """Rank 0's weight sync for the rollout workers (gathered by every rank under fsdp), left in
+        the object store: this process fetches its header alone and hands the reference on."""
         actors = self.actors if self.cfg.train.strategy == "fsdp" else self.actors[:1]
-        return self._gather([a.weights_for_sync.remote(version) for a in actors], "gathering the weights")[0]
+        pairs = [a.weights_for_sync.options(num_returns=2).remote(version) for a in actors]
+        header = self._gather([h for h, _ in pairs], "gathering the weights")[0]
+        return UpdateRef(header, pairs[0][1])
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """Rank 0's full (merged) weights (gathered by every rank under fsdp)."""

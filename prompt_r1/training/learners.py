@@ -18,11 +18,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.weights import WeightUpdate
+
+if TYPE_CHECKING:
+    from prompt_r1.rollout.ray_pool import UpdateRef
 
 
 class Learner(Protocol):
@@ -32,8 +35,9 @@ class Learner(Protocol):
         """One GRPO update; returns its metrics."""
         ...
 
-    def weights_for_sync(self, version: int) -> WeightUpdate:
-        """The rollout engines' weight sync as policy `version`: full weights, or the LoRA adapter alone."""
+    def weights_for_sync(self, version: int) -> WeightUpdate | UpdateRef:
+        """The rollout engines' weight sync as policy `version`: full weights, or the LoRA adapter
+        alone (from ranks: left in the object store, see `ray_pool.UpdateRef`)."""
         ...
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, data_position: dict[str, Any]) -> Path:

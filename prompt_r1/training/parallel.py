@@ -18,11 +18,19 @@ Summing is right because the learner weights each micro-batch's loss by the GLOB
 sequence) count of its mini-batch (`sum`): the ranks' gradients add up to the gradient one
 learner computes on the whole batch, and gradient clipping then sees the global norm.
 
-Checkpoints and weight broadcasts need the full weights and optimiser state in the plain
-single-process format (`optimizer.state_dict()` keyed by parameter index), whatever the world
-size: `full_state_dict` and `optimizer_state` gather them (collectives under FSDP: every rank
-calls them, rank 0 gets the result), `load_state_dict` and `load_optimizer_state` put a full
-state back on every rank.
+Start-up under FSDP (`builds_on_meta`): every rank builds the model on the meta device (no
+memory), rank 0 alone reads the weights into host memory, and `distribute` shards the empty model,
+allocates each rank's shards on its device and fills them from rank 0, one tensor at a time
+(`set_model_state_dict(..., broadcast_from_rank0=True)`); the buffers a state dict leaves out
+(rotary frequencies) are broadcast from rank 0 too. No rank but 0 ever holds a full weight but
+the one being broadcast.
+
+Checkpoints and weight broadcasts need the full weights in the plain HF format: `full_state_dict`
+gathers them (a collective under FSDP: every rank calls it, rank 0 gets the result), and
+`load_state_dict` puts a full state that rank 0 read back on every rank (broadcast from rank 0).
+The optimiser state never travels whole: each rank saves and loads its own part with
+torch.distributed.checkpoint (`checkpoint`). `load_optimizer_state` reads the full, index-keyed
+optimiser state that checkpoints held before that (every rank passes all of it).
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ class Ranks:
     rank = 0
     world_size = 1
     matched_forwards = False  # must every rank run the same number of forward passes?
+    builds_on_meta = False  # do ranks build an empty model that `distribute` fills from rank 0?
 
     def sum(self, values: Sequence[float]) -> list[float]:
         """Each value summed over ranks."""
@@ -63,9 +72,17 @@ class Ranks:
         """Each value's maximum over ranks."""
         return [float(v) for v in values]
 
-    def distribute(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The model as this group trains it (sharded under FSDP); call before building the optimiser."""
+    def distribute(self, model: torch.nn.Module, source: torch.nn.Module | None = None,
+                   mixed_precision: torch.dtype | None = None) -> torch.nn.Module:
+        """The model as this group trains it (sharded under FSDP); call before building the optimiser.
+        Under `builds_on_meta`, `model` is built on the meta device and `source` is rank 0's built
+        model (None elsewhere) whose weights fill it; `mixed_precision` is the dtype FSDP gathers
+        weights in for compute (None: as stored)."""
         return model
+
+    def broadcast_object(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank (a small picklable object)."""
+        return value
 
     def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Make every rank's gradients the sum over ranks (FSDP did so in the backward pass)."""
@@ -79,19 +96,14 @@ class Ranks:
         model in this process already holds all of them (save it as it is)."""
         return None
 
-    def optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                        names: Sequence[str]) -> dict[str, Any]:
-        """The full optimiser state in `optimizer.state_dict()`'s format (rank 0; others `{}`);
-        `names` are the trainable parameters' names in the optimiser's order."""
-        return optimizer.state_dict()
-
     def load_state_dict(self, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-        """Load full weights (every rank passes the whole dict)."""
+        """Load full weights: rank 0 passes the whole dict, the others `{}` (they get it from rank 0)."""
         model.load_state_dict(state)
 
     def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                              names: Sequence[str], state: dict[str, Any]) -> None:
-        """Load a full optimiser state saved by `optimizer_state` (every rank passes all of it)."""
+        """Load a full optimiser state in `optimizer.state_dict()`'s format, keyed by the position
+        of the parameter names `names` (older checkpoints; every rank passes all of it)."""
         optimizer.load_state_dict(state)
 
     def close(self) -> None:
@@ -127,7 +139,8 @@ class ReplicatedRanks(Ranks):
         return self._reduce(values, dist.ReduceOp.MAX)
 
     @torch.no_grad()
-    def distribute(self, model: torch.nn.Module) -> torch.nn.Module:
+    def distribute(self, model: torch.nn.Module, source: torch.nn.Module | None = None,
+                   mixed_precision: torch.dtype | None = None) -> torch.nn.Module:
         """Every rank starts from rank 0's trainable weights (as DDP does; they are equal anyway:
         the same file and the same seeded adapter initialisation)."""
         import torch.distributed as dist
@@ -136,6 +149,24 @@ class ReplicatedRanks(Ranks):
             if param.requires_grad:
                 dist.broadcast(param.data, src=0)
         return model
+
+    def broadcast_object(self, value: Any) -> Any:
+        import torch.distributed as dist
+
+        box = [value if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    @torch.no_grad()
+    def load_state_dict(self, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Rank 0 loads the dict, then every weight and buffer is broadcast from it (one host copy
+        of the checkpoint per node's rank 0, not per rank)."""
+        import torch.distributed as dist
+
+        if self.rank == 0:
+            model.load_state_dict(state)
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
 
     @torch.no_grad()
     def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
@@ -187,6 +218,7 @@ class ShardedRanks(ReplicatedRanks):
     """`fsdp`: FSDP2 `fully_shard` per transformer block and at the root, over a 1-D mesh."""
 
     matched_forwards = True
+    builds_on_meta = True
 
     def __init__(self, rank: int, world_size: int, device: torch.device):
         from torch.distributed.device_mesh import init_device_mesh
@@ -196,17 +228,36 @@ class ShardedRanks(ReplicatedRanks):
         # CPU (gloo) group sharding onto CUDA fails (pytorch#132471)
         self.mesh = init_device_mesh(device.type, (world_size,))
 
-    def distribute(self, model: torch.nn.Module) -> torch.nn.Module:
-        from torch.distributed.fsdp import fully_shard
+    @torch.no_grad()
+    def distribute(self, model: torch.nn.Module, source: torch.nn.Module | None = None,
+                   mixed_precision: torch.dtype | None = None) -> torch.nn.Module:
+        import torch.distributed as dist
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        # buffers no state dict holds (rotary frequencies): rank 0's, broadcast below
+        loose = [name for name, _ in model.named_buffers() if name not in model.state_dict()]
+        # weights gathered in the compute dtype, gradients reduced in float32 (master weights stay float32)
+        policy = (MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32)
+                  if mixed_precision is not None else MixedPrecisionPolicy())
         block_types = set(getattr(model, "_no_split_modules", None) or ())  # HF: the decoder layer class
         units = [m for m in model.modules() if type(m).__name__ in block_types]
         for unit in units:
-            fully_shard(unit, mesh=self.mesh)
-        fully_shard(model, mesh=self.mesh)
+            fully_shard(unit, mesh=self.mesh, mp_policy=policy)
+        fully_shard(model, mesh=self.mesh, mp_policy=policy)
         for unit in [*units, model]:
             unit.set_gradient_divide_factor(1.0)  # sum, not mean: the loss already has the global count
             unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+        if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+            model.to_empty(device=self.device)  # this rank's shards only
+            if self.rank == 0 and source is None:
+                raise ValueError("ShardedRanks.distribute: rank 0 needs the source model to fill a meta model")
+            self.load_state_dict(model, source.state_dict() if self.rank == 0 else {})
+            own = dict(model.named_buffers())
+            theirs = dict(source.named_buffers()) if self.rank == 0 else {}
+            for name in loose:
+                if self.rank == 0:
+                    own[name].copy_(theirs[name])
+                dist.broadcast(own[name], src=0)
         return model
 
     def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
@@ -229,19 +280,13 @@ class ShardedRanks(ReplicatedRanks):
                 full[alias] = full[source]
         return full
 
-    def optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                        names: Sequence[str]) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        by_name = get_optimizer_state_dict(model, optimizer,
-                                           options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return optimizer_state_by_index(by_name, names) if self.rank == 0 else {}
-
     def load_state_dict(self, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Rank 0's full dict, broadcast one tensor at a time; each rank keeps its shard."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         # a copy: set_model_state_dict replaces the dict's tensors by DTensors in place
-        set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(model, dict(state),
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
     def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                              names: Sequence[str], state: dict[str, Any]) -> None:
@@ -258,11 +303,14 @@ class ShardedRanks(ReplicatedRanks):
 def join_process_group(strategy: str, rank: int, world_size: int, host: str, port: int,
                        device: torch.device, timeout_s: float) -> Ranks:
     """Join the learner group's process group (rank 0 listens at `host:port`) and return the
-    `Ranks` of `strategy`. Collectives that wait longer than `timeout_s` fail."""
+    `Ranks` of `strategy`. Collectives that wait longer than `timeout_s` fail. One rank joins
+    nothing: it gets the identity `Ranks` (no process group, no gradient buckets, no sharding)."""
     import torch.distributed as dist
 
     if device.type == "cuda":  # before the group: nccl and the device mesh use the current device
         torch.cuda.set_device(device)
+    if world_size == 1:
+        return Ranks()
     where = f"[{host}]" if ":" in host else host  # an IPv6 address
     dist.init_process_group(dist_backend(device), init_method=f"tcp://{where}:{port}", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=timeout_s))
@@ -287,22 +335,9 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
     return aliases
 
 
-def optimizer_state_by_index(state: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """A name-keyed optimiser state (torch.distributed.checkpoint's) in `optimizer.state_dict()`'s
-    format, parameter `names[i]` becoming index i.
-
-    >>> optimizer_state_by_index({"state": {"b": {"step": 1}}, "param_groups": [{"lr": 0.1, "params": ["a", "b"]}]},
-    ...                          ["a", "b"])
-    {'state': {1: {'step': 1}}, 'param_groups': [{'lr': 0.1, 'params': [0, 1]}]}
-    """
-    index = {name: i for i, name in enumerate(names)}
-    return {"state": {index[name]: value for name, value in state["state"].items()},
-            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
-                             for group in state["param_groups"]]}
-
-
 def optimizer_state_by_name(state: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """Inverse of `optimizer_state_by_index`.
+    """A full optimiser state in `optimizer.state_dict()`'s format (parameter `names[i]` at index i)
+    keyed by name, as torch.distributed.checkpoint's `set_optimizer_state_dict` takes it.
 
     >>> optimizer_state_by_name({"state": {1: {"step": 1}}, "param_groups": [{"lr": 0.1, "params": [0, 1]}]},
     ...                         ["a", "b"])

@@ -22,7 +22,7 @@ from prompt_r1.core.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from prompt_r1.core.weights import WeightUpdate
-    from prompt_r1.rollout.ray_pool import PendingRollout, RolloutPool
+    from prompt_r1.rollout.ray_pool import PendingRollout, RolloutPool, UpdateRef
 
 
 @dataclass(eq=False)  # identity: the queue finds a handle in itself
@@ -81,7 +81,7 @@ class RunAhead:
             return self.pool.rollout(batch.questions, batch.step, score=False)
         return self.pool.collect(pending)
 
-    def broadcast(self, weights: WeightUpdate, version: int) -> None:
+    def broadcast(self, weights: WeightUpdate | UpdateRef, version: int) -> None:
         """Queue `weights` (policy `version`: GRPO updates in them) to the actors and measure
         admission against them from now on. With batches in flight it does not wait: each actor
         loads the update after those batches, and the next collection verifies it."""
