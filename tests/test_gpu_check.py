@@ -150,7 +150,7 @@ def test_dry_run_runs_every_part(tiny_model_path, tmp_path):
            "GPU_STAGE_TARGET": str(tmp_path / "site"), "GPU_CHECK_OUT": str(out),
            "GPU_CHECK_SIM": str(tmp_path / "sim"), "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"], capture_output=True,
-                          text=True, env=env, timeout=1800, cwd=ROOT)
+                          text=True, env=env, timeout=3000, cwd=ROOT)
     results = json.loads((out / "gpu_check.json").read_text())
     failed = {k: v.get("error") for k, v in results.items() if isinstance(v, dict) and v.get("status") != "ok"}
     assert done.returncode == 0 and not failed, (failed, done.stdout[-3000:], done.stderr[-3000:])

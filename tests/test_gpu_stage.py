@@ -143,3 +143,9 @@ def test_the_dry_run_venv_sees_only_the_gpu_machines_packages(gpu_stage, tmp_pat
     seen = dict(line.split() for line in done.stdout.splitlines())
     assert seen == {"pydantic": "True", "ray": "True", "duckdb": "True", "torch": "True", "transformers": "True",
                     "mlflow": "False", "prefect": "False", "openai": "False"}, done.stdout + done.stderr
+
+
+def test_the_staged_parts_are_git_ignored():
+    for path in ("runs/gpu_stage/part1/manifest.json", "runs/gpu_check_sim/bin/python"):
+        done = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, timeout=60)
+        assert done.returncode == 0, f"{path} would be committed: .gitignore must cover it"
