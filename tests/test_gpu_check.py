@@ -155,6 +155,7 @@ def test_dry_run_runs_every_part(tiny_model_path, tmp_path):
     failed = {k: v.get("error") for k, v in results.items() if isinstance(v, dict) and v.get("status") != "ok"}
     assert done.returncode == 0 and not failed, (failed, done.stdout[-3000:], done.stderr[-3000:])
     assert results["dry_run"] is True and set("abcde") <= set(results)
-    assert results["c"]["result"]["resumed"] and results["c"]["result"]["sampled_by_previous_version"]
+    c = results["c"]["result"]
+    assert c["resumed"] and c["finished"] and c["sampled_by_previous_version"]
     assert results["e"]["result"]["measured"][1]["bytes"] < results["e"]["result"]["measured"][0]["bytes"]
     assert "| part | status |" in done.stdout and (out / "gpu_check.log").exists()
