@@ -159,3 +159,19 @@ def test_dry_run_runs_every_part(tiny_model_path, tmp_path):
     assert c["resumed"] and c["finished"] and c["sampled_by_previous_version"]
     assert results["e"]["result"]["measured"][1]["bytes"] < results["e"]["result"]["measured"][0]["bytes"]
     assert "| part | status |" in done.stdout and (out / "gpu_check.log").exists()
+
+
+def test_a_parts_commands_share_its_deadline(tmp_path):
+    """A part's cap bounds all its commands together (three shapes of part a cannot take three caps),
+    and a command past it is killed and reported, not waited for."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    runner = gpu_check.Runner(tmp_path, dict(os.environ), budget_s=60, caps={"x": 2, "y": 30})
+    runner.start("x")
+    assert runner.run(["sleep", "0.1"], runner.left("x")).returncode == 0
+    with pytest.raises(TimeoutError):
+        runner.run(["sleep", "30"], runner.left("x"))
+    assert runner.left("x") == 0  # the next command of this part gets nothing
+    runner.start("y")
+    assert 25 < runner.left("y") <= 30
