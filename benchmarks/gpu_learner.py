@@ -90,6 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3, help="timed updates (after one warm-up)")
     p.add_argument("--no-sync", action="store_true", help="skip the weight-sync timings")
     p.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: a trial run of the code (scripts/gpu_check.sh --dry-run), never a figure")
     return p.parse_args(argv)
 
 
@@ -207,6 +209,51 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, value
 
 
+def model_flops(model, batch: list) -> float:
+    """Model FLOPs of one update (MFU's numerator; activation recompute is not counted): the policy's
+    forward and backward (3 passes) and the reference's forward (1), each 2 x matmul weights per
+    token plus causal attention, 2 x layers x heads x head_dim x length^2 per sequence."""
+    config = model.config
+    # matrices only (norms are not matmuls); a tied embedding counts once, as the output matmul
+    n = sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    if not getattr(config, "tie_word_embeddings", False):
+        n -= model.get_input_embeddings().weight.numel()  # a lookup, not a matmul
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    width = config.num_hidden_layers * config.num_attention_heads * head_dim
+    lengths = [len(t.prompt_ids) + len(t.token_ids) for t in batch]
+    one_forward = 2 * n * sum(lengths) + 2 * width * sum(s * s for s in lengths)
+    return 4.0 * one_forward
+
+
+def planned_peak(model_dir: Path, args: argparse.Namespace, batch: list, device: str) -> dict:
+    """What `prompt-r1 plan` predicts for this learner (one rank, this batch's longest prompt and
+    response, this card's memory): its learner GiB and parts, or why it gave none."""
+    import subprocess
+
+    prompt = max(len(t.prompt_ids) for t in batch)
+    response = max(len(t.token_ids) for t in batch)
+    cfg = {"name": "gpu-check",
+           "agent": {"model": str(model_dir), "dtype": args.dtype, "max_response_tokens": response},
+           "environment": {"kind": "inprocess", "model": "tiny"},
+           "train": {"device": device, "micro_batch_size": args.micro_batch, "kl_coef": 0.001,
+                     "gradient_checkpointing": args.gradient_checkpointing}}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "plan.yaml"
+        path.write_text(json.dumps(cfg))  # JSON is YAML
+        memory = ["--gpus-per-node", "1", "--gpu-memory-gib",
+                  f"{gib(torch.cuda.get_device_properties(0).total_memory):.1f}"] if device == "cuda" else \
+            ["--gpus-per-node", "0"]
+        done = subprocess.run([sys.executable, "-m", "prompt_r1.cli", "plan", "-c", str(path), *memory,
+                               "--prompt-tokens", str(prompt), "--json"], capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        plan = json.loads(done.stdout)
+        learner = next(c for c in plan["components"] if c["role"] == "learner")
+        return {"gib": learner["gib"], "parts": learner["parts"], "prompt_tokens": prompt, "response_tokens": response}
+    except (ValueError, KeyError, StopIteration):
+        return {"error": f"plan exited {done.returncode}: {(done.stdout + done.stderr).strip()[-800:]}"}
+
+
 def weight_sync(learner, model_dir: Path, dtype: str, device: str) -> dict:
     """Seconds of the session's broadcast path: the learner's versioned update
     (`weights_for_sync`), then each policy's `apply_update`, whose checksum must equal the sent one."""
@@ -307,11 +354,18 @@ def run(args: argparse.Namespace, device: str = "cuda") -> dict:
             "tokens_per_s": tokens / step_s, "agent_tokens_per_s": agent_tokens / step_s,
             "weights_gib": gib(after_build), "peak_gib": gib(peak()), "peak_reserved_gib": gib(peak_reserved()),
             "changed_fraction": changed / max(total, 1), "loss_finite": finite,
+            "model_flops_per_step": model_flops(learner.model, batch),
         }
+        result["achieved_tflops"] = result["model_flops_per_step"] / step_s / 1e12
+        result["plan"] = planned_peak(model_dir, args, batch, device)
         print(f"step time (median of {len(times)}): {step_s:.3f} s; tokens/s {result['tokens_per_s']:,.0f} "
               f"(agent tokens/s {result['agent_tokens_per_s']:,.0f})")
         print(f"CUDA memory: {result['weights_gib']:.2f} GiB after build (policy + reference), peak allocated "
               f"{result['peak_gib']:.2f} GiB, peak reserved {result['peak_reserved_gib']:.2f} GiB")
+        plan = result["plan"]
+        print(f"model FLOPs {result['model_flops_per_step']:.3g} per step: {result['achieved_tflops']:.1f} TFLOP/s; "
+              + (f"plan predicts {plan['gib']:.2f} GiB for the learner ({plan['parts']})" if "gib" in plan
+                 else f"plan: {plan['error']}"))
         print(f"checks: loss finite {finite}; weights changed in {100 * result['changed_fraction']:.1f}% of "
               f"elements at lr {args.lr:g}")
         if not args.no_sync:
@@ -335,12 +389,12 @@ def run(args: argparse.Namespace, device: str = "cuda") -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu_learner.py measures the learner on a CUDA GPU, and torch {torch.__version__} sees none "
               "(no GPU, a CPU build of torch, or CUDA_VISIBLE_DEVICES hides it). Run it on a machine with "
               "CUDA (scripts/gpu_check.sh); benchmarks/grpo_step.py measures the CPU.", file=sys.stderr)
         return 2
-    result = run(args)
+    result = run(args, device=args.device)
     ok = result["loss_finite"] and result["changed_fraction"] > 0
     if not ok:
         print("FAILED: the loss is not finite or no weight changed", file=sys.stderr)

@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m-protocol", help="agent.model (bundled name or folder)")
     p.add_argument("--r", type=int, default=16, help="agent.lora.r")
     p.add_argument("--targets", default="all-linear", help="agent.lora.target_modules: all-linear or comma-separated")
+    p.add_argument("--device", default="cpu", help="train.device of the learner (cuda on a GPU machine)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="agent.dtype: the dtype full weights are sent in")
     p.add_argument("--repeats", type=int, default=3, help="timed syncs of each kind (median reported)")
     p.add_argument("--json", type=Path, help="also write the figures here as JSON")
     return p.parse_args(argv)
@@ -56,9 +59,9 @@ def config(args: argparse.Namespace, lora: bool):
 
     targets = args.targets if args.targets == "all-linear" else args.targets.split(",")
     return parse_config({
-        "agent": {"model": args.model, "dtype": "float32",
+        "agent": {"model": args.model, "dtype": args.dtype,
                   "lora": {"enabled": lora, "r": args.r, "alpha": 2 * args.r, "target_modules": targets}},
-        "train": {"device": "cpu", "kl_coef": 0.0},
+        "train": {"device": args.device, "kl_coef": 0.0},
         "environment": {"kind": "inprocess", "model": "tiny"},
         "rollout": {"num_workers": 1, "ray_num_cpus": 2},
     })

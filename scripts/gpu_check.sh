@@ -1,84 +1,47 @@
 #!/usr/bin/env bash
-# GPU check: the learner at 1 rank on CUDA, the weight sync to the rollout policies (and to the vLLM
-# engine where vLLM is installed), and a 3-step smoke training on CUDA where the training loop's
-# services (Ray, DuckDB) are installed. Prints step time, tokens/s and peak memory, a table last.
-# CI has no GPU: run this on a CUDA machine whenever one is at hand and record the figures in
-# BENCHMARKS.md ("GPU"). Without CUDA it exits 2.
+# GPU check: the one command of a lent GPU machine's last transfer (docs/scale.md, "Measuring on a
+# GPU"). It installs the staged parts (scripts/gpu_stage.py unstage: every part present, every
+# import loading, before any timing), then runs benchmarks/gpu_check.py: the bf16 peak, then parts
+# a-e (learner at real shapes with MFU and plan's prediction, FSDP2 over NCCL, the smoke training
+# through Ray with --resume, SmolLM2 GRPO steps, full vs LoRA sync at 1.7B), each in its own
+# process under its own deadline. Results: $GPU_CHECK_OUT/gpu_check.json and gpu_check.log. Without
+# CUDA it exits 2 (CI has no GPU).
 #
-#   bash scripts/gpu_check.sh
+#   bash scripts/gpu_check.sh              # on the GPU machine (GPU_CHECK_OUT=$OUT/gpu_check)
+#   bash scripts/gpu_check.sh --dry-run    # here: CPU, tiny shapes, a venv that sees only the GPU
+#                                          # machine's packages; checks the code, measures nothing
 #
 # Settings (environment): PYTHON (default python3), GPU_CHECK_OUT (default runs/gpu_check),
-# GPU_CHECK_SHAPES (default "smollm2-135m qwen3-0.6b qwen3-1.7b"), GPU_CHECK_STEPS (default 3),
-# GPU_CHECK_TOKENIZER (a tokenizer folder for the random-weight shapes; default SmolLM2's from the
-# bundled package), GPU_CHECK_ARGS (more arguments for benchmarks/gpu_learner.py).
+# GPU_STAGE (the parts, default runs/gpu_stage), GPU_STAGE_TARGET (default /tmp/prompt_r1_site),
+# GPU_CHECK_ARGS (more arguments for benchmarks/gpu_check.py, e.g. "--parts ab --budget-s 200").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT_DIR=${GPU_CHECK_OUT:-runs/gpu_check}
-SHAPES=${GPU_CHECK_SHAPES:-"smollm2-135m qwen3-0.6b qwen3-1.7b"}
-STEPS=${GPU_CHECK_STEPS:-3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+STAGE=${GPU_STAGE:-runs/gpu_stage}
+TARGET=${GPU_STAGE_TARGET:-/tmp/prompt_r1_site}
+DRY=
+[ "${1:-}" = "--dry-run" ] && DRY=1
 
-if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    echo "gpu_check.sh needs a CUDA GPU and $PY's torch sees none; nothing was measured" >&2
+if [ -z "$DRY" ] && ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "gpu_check.sh needs a CUDA GPU and $PY's torch sees none; nothing was measured (--dry-run checks the code on CPU)" >&2
     exit 2
 fi
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-mkdir -p "$OUT_DIR"
-rm -f "$OUT_DIR"/learner-*.json "$OUT_DIR"/smoke.json
-status=0
 
-for shape in $SHAPES; do
-    echo; echo "== learner: $shape =="
-    # shellcheck disable=SC2086
-    "$PY" benchmarks/gpu_learner.py --shape "$shape" --steps "$STEPS" --json "$OUT_DIR/learner-$shape.json" \
-        ${GPU_CHECK_TOKENIZER:+--tokenizer "$GPU_CHECK_TOKENIZER"} ${GPU_CHECK_ARGS:-} || status=1
-done
-
-echo; echo "== smoke training (configs/smoke.yaml, 3 steps, train.device=cuda) =="
-if missing=$("$PY" - <<'EOF'
-import importlib.util
-print(" ".join(m for m in ("ray", "duckdb", "pydantic") if importlib.util.find_spec(m) is None))
-EOF
-) && [ -z "$missing" ]; then
-    home=$(mktemp -d)
-    start=$SECONDS
-    if PROMPT_R1_HOME="$home" "$PY" -m prompt_r1.cli train -c configs/smoke.yaml \
-            --set train.steps=3 --set train.device=cuda 2>&1 | tail -n 5; then
-        echo "{\"status\": \"ran\", \"wall_s\": $((SECONDS - start))}" > "$OUT_DIR/smoke.json"
-    else
-        echo '{"status": "failed"}' > "$OUT_DIR/smoke.json"; status=1
-    fi
-    rm -rf "$home"
+if [ -n "$DRY" ]; then
+    # the dry run's interpreter: this venv's Python, seeing only the GPU machine's packages and the staged ones
+    SIM=${GPU_CHECK_SIM:-runs/gpu_check_sim}
+    RUN_PY=$("$PY" scripts/gpu_stage.py simulate "$SIM") || exit 1
+    "$PY" scripts/gpu_stage.py unstage --stage "$STAGE" --target "$TARGET" --dry-run --python "$RUN_PY" || exit $?
+    export PYTHONPATH="$PWD"
 else
-    echo "skipped: the training loop needs Ray and DuckDB, and this machine lacks: ${missing:-?}"
-    echo "{\"status\": \"skipped (missing: ${missing:-?})\"}" > "$OUT_DIR/smoke.json"
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    "$PY" scripts/gpu_stage.py unstage --stage "$STAGE" --target "$TARGET" || exit $?
+    RUN_PY=$PY
+    export PYTHONPATH="$TARGET:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    # models built there (SmolLM2 dequantised from the staged GGUF, the tiny smoke models) go to scratch
+    export PROMPT_R1_MODELS=${PROMPT_R1_MODELS:-/tmp/prompt_r1_models}
 fi
-
-echo; echo "== summary =="
-"$PY" - "$OUT_DIR" <<'EOF'
-import json, sys
-from pathlib import Path
-
-out = Path(sys.argv[1])
-rows = [json.loads(p.read_text()) for p in sorted(out.glob("learner-*.json"))]
-if rows:
-    print(rows[0]["device"])
-print("| model | params | batch (tokens, agent) | compute | step s (median) | tokens/s | agent tok/s "
-      "| peak GiB | weights changed | sync: export / CPU policy / CUDA policy s | vLLM sync |")
-print("| --- " * 11 + "|")
-for r in rows:
-    s = r.get("sync", {})
-    vllm = f"{s['vllm_load_s']:.3f} s" if "vllm_load_s" in s else "not measured"
-    sync = (f"{s['export_s']:.3f} / {s['load_cpu_policy_s']:.3f} / {s['load_cuda_policy_s']:.3f}" if s else "-")
-    name = r["model"] + (" (random init)" if r["random_init"] else "")
-    print(f"| {name} | {r['params_m']:.0f}M | {r['trajectories']} traj ({r['tokens']:,}, {r['agent_tokens']:,}) "
-          f"| {r['dtype']}{' + ckpt' if r['gradient_checkpointing'] else ''} | {r['step_s']:.3f} "
-          f"| {r['tokens_per_s']:,.0f} | {r['agent_tokens_per_s']:,.0f} | {r['peak_gib']:.2f} "
-          f"| {100 * r['changed_fraction']:.1f}% | {sync} | {vllm} |")
-smoke = out / "smoke.json"
-if smoke.exists():
-    s = json.loads(smoke.read_text())
-    print(f"smoke training, 3 steps on CUDA: {s['status']}" + (f", {s['wall_s']:.0f} s wall" if "wall_s" in s else ""))
-EOF
-exit $status
+TOKENIZER="$TARGET-data/smollm2-tokenizer"
+# shellcheck disable=SC2086
+exec "$RUN_PY" benchmarks/gpu_check.py --out "$OUT_DIR" --tokenizer "$TOKENIZER" ${DRY:+--dry-run} ${GPU_CHECK_ARGS:-}

@@ -95,3 +95,83 @@ def test_shapes_have_the_published_sizes(shape):
         model = AutoModelForCausalLM.from_config(config)
     millions = sum(p.numel() for p in model.parameters()) / 1e6
     assert millions == pytest.approx({"smollm2-135m": 134.5, "qwen3-0.6b": 596.0, "qwen3-1.7b": 1720.6}[shape], abs=0.1)
+
+
+def test_model_flops_match_a_flop_counter(tiny_model_path):
+    """MFU's numerator against torch's own count of one forward pass (eager attention, whose full
+    score matrices count twice the causal half the formula charges)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
+
+    gpu_learner = _script()
+    args = gpu_learner.parse_args(["--shape", "tiny", "--questions", "2", "--group", "2", "--prompt-tokens", "8", "12",
+                                   "--agent-turn-tokens", "3", "6", "--env-reply-tokens", "3", "6"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="eager")
+    batch = gpu_learner.make_batch(_Vocab(), args)
+    counted = 0
+    for t in batch:
+        ids = torch.tensor([t.prompt_ids + t.token_ids]) % model.config.vocab_size
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(input_ids=ids)
+        counted += counter.get_total_flops()
+    c = model.config
+    width = c.num_hidden_layers * c.num_attention_heads * (c.hidden_size // c.num_attention_heads)
+    causal_half = sum(2 * width * (len(t.prompt_ids) + len(t.token_ids)) ** 2 for t in batch)
+    assert gpu_learner.model_flops(model, batch) / 4 == pytest.approx(counted - causal_half, rel=1e-3)
+
+
+def test_driver_refuses_without_cuda(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(out),
+                           "--tokenizer", str(tmp_path)], capture_output=True, text=True, env=_no_cuda_env(), timeout=300)
+    assert done.returncode == 2 and "CUDA" in done.stderr and "--dry-run" in done.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_part(tiny_model_path, tmp_path):
+    """`scripts/gpu_check.sh --dry-run`: the same unstaging (a stage holding a tokenizer folder), the
+    same driver and parts, on CPU at tiny shapes, in a venv that sees only the GPU machine's packages:
+    an import the machine lacks or a wrong path fails here, not during the 15 minutes of a GPU."""
+    import json
+    import tarfile
+
+    spec = importlib.util.spec_from_file_location("gpu_stage", ROOT / "scripts" / "gpu_stage.py")
+    gpu_stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_stage)
+    tar = tmp_path / "smollm2-tokenizer.tar"
+    with tarfile.open(tar, "w") as t:
+        for f in Path(tiny_model_path).iterdir():
+            if "token" in f.name or f.name == "chat_template.jinja":
+                t.add(f, arcname=f"smollm2-tokenizer/{f.name}")
+    gpu_stage.pack([tar], tmp_path / "stage", 2**20)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_STAGE": str(tmp_path / "stage"),
+           "GPU_STAGE_TARGET": str(tmp_path / "site"), "GPU_CHECK_OUT": str(out),
+           "GPU_CHECK_SIM": str(tmp_path / "sim"), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"], capture_output=True,
+                          text=True, env=env, timeout=3000, cwd=ROOT)
+    results = json.loads((out / "gpu_check.json").read_text())
+    failed = {k: v.get("error") for k, v in results.items() if isinstance(v, dict) and v.get("status") != "ok"}
+    assert done.returncode == 0 and not failed, (failed, done.stdout[-3000:], done.stderr[-3000:])
+    assert results["dry_run"] is True and set("abcde") <= set(results)
+    c = results["c"]["result"]
+    assert c["resumed"] and c["finished"] and c["sampled_by_previous_version"]
+    assert results["e"]["result"]["measured"][1]["bytes"] < results["e"]["result"]["measured"][0]["bytes"]
+    assert "| part | status |" in done.stdout and (out / "gpu_check.log").exists()
+
+
+def test_a_parts_commands_share_its_deadline(tmp_path):
+    """A part's cap bounds all its commands together (three shapes of part a cannot take three caps),
+    and a command past it is killed and reported, not waited for."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    runner = gpu_check.Runner(tmp_path, dict(os.environ), budget_s=60, caps={"x": 2, "y": 30})
+    runner.start("x")
+    assert runner.run(["sleep", "0.1"], runner.left("x")).returncode == 0
+    with pytest.raises(TimeoutError):
+        runner.run(["sleep", "30"], runner.left("x"))
+    assert runner.left("x") == 0  # the next command of this part gets nothing
+    runner.start("y")
+    assert 25 < runner.left("y") <= 30

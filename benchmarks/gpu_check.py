@@ -1,0 +1,364 @@
+"""The GPU run: every CUDA path of the training loop measured in one command, most valuable first.
+
+Why it exists: a GPU machine is lent rarely and for 15 minutes, so one prepared command measures
+everything, each part in its own process with its own deadline (a part that fails or runs out of
+time is recorded with its error, and the next part runs):
+
+- peak: the bf16 matmul TFLOP/s of this card (8192^3 products), MFU's denominator;
+- a: the learner at SmolLM2-135M, Qwen3-0.6B, Qwen3-1.7B shapes (random weights; gpu_learner.py):
+  step time, tokens/s, MFU, peak memory against `prompt-r1 plan`'s prediction for the same shape;
+- b: one-process FSDP2 over NCCL (gpu_fsdp.py): fully_shard, MixedPrecisionPolicy, clipping, full
+  state dict, a DCP checkpoint written and read back;
+- c: `prompt-r1 train -c configs/smoke.yaml --set train.device=cuda` through Ray (the learner a Ray
+  actor on the GPU Ray counts), stopped after its step-2 checkpoint, then `--resume` to step 4; the
+  warehouse shows each step sampled by the weights of the step before (sync by version; every sync's
+  checksum is checked by the session, which stops the run on a mismatch);
+- d: real SmolLM2 weights (`configs/learning-smollm.yaml`, transformers rollouts, in-process
+  environment) at 16 questions x 8 samples a step, learner on the GPU: seconds per step and the
+  reward per step, from the warehouse;
+- e: full-weight against LoRA sync at the Qwen3-1.7B shape (weight_sync.py): bytes and seconds.
+
+Writes `gpu_check.json` (everything) and `gpu_check.log` (every part's output) into `--out` (on the
+lent machine: a folder under $OUT, which comes back), and prints a summary table. `--dry-run` runs
+the same parts on CPU at tiny shapes (CI's and this machine's check that nothing is missing or
+misnamed); its figures are not measurements.
+
+    python3 benchmarks/gpu_check.py --out $OUT/gpu_check --tokenizer DIR     # scripts/gpu_check.sh runs it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+PARTS = "abcde"
+# Seconds each part may take on the GPU (they sum to the default --budget-s); the dry run's are larger
+# because a shared 2-core machine is slower than the lent one.
+CAPS = {"peak": 20, "a": 150, "b": 40, "c": 100, "d": 110, "e": 70}
+DRY_CAPS = {"peak": 120, "a": 400, "b": 400, "c": 700, "d": 500, "e": 400}
+SHAPES = ["smollm2-135m", "qwen3-0.6b", "qwen3-1.7b"]
+
+PEAK_CODE = """
+import json, sys, time, torch
+n, device = int(sys.argv[1]), sys.argv[2]
+a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+for _ in range(3): a @ b
+sync(); t = time.perf_counter()
+for _ in range(10): a @ b
+sync(); s = (time.perf_counter() - t) / 10
+name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
+memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if device == "cuda" else 0.0
+print(json.dumps({"tflops": 2 * n**3 / s / 1e12, "n": n, "card": name, "gpu_memory_gib": memory,
+                  "torch": torch.__version__, "cuda": torch.version.cuda}))
+"""
+BUILD_CODE = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from gpu_learner import build_random_model
+build_random_model(sys.argv[2], sys.argv[3], Path(sys.argv[4]), sys.argv[5])
+"""
+
+
+class Runner:
+    """Runs each part's commands under the part's deadline, logging their output to one file."""
+
+    def __init__(self, out: Path, env: dict[str, str], budget_s: float, caps: dict[str, float]):
+        self.log = (out / "gpu_check.log").open("a")
+        self.env, self.caps = env, caps
+        self.deadline = time.monotonic() + budget_s
+
+    def start(self, part: str) -> None:
+        """Part `part` begins: its commands share its cap (and the whole run's deadline)."""
+        self.part_deadline = min(self.deadline, time.monotonic() + self.caps[part])
+
+    def left(self, part: str) -> float:
+        return max(0.0, self.part_deadline - time.monotonic())
+
+    def run(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+            watch=None) -> subprocess.CompletedProcess:
+        """`cmd` with its output in the log; past `timeout` its process group is killed (TimeoutError).
+        `watch()`, polled every 0.2 s, may stop it early by returning True (then SIGINT)."""
+        self.log.write(f"\n$ {' '.join(cmd)}\n")
+        self.log.flush()
+        with tempfile.TemporaryFile("w+") as output:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, stdout=output, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+            end, stopped, killed = time.monotonic() + timeout, False, False
+            while proc.poll() is None:
+                if watch is not None and not stopped and watch():
+                    os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: the CLI stops cleanly
+                    stopped = True
+                if time.monotonic() > end:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    killed = True
+                    break
+                time.sleep(0.2)
+            output.seek(0)
+            text = output.read()
+        self.log.write(text)
+        self.log.flush()
+        if killed:
+            raise TimeoutError(f"{' '.join(cmd[1:4])} ran past its {timeout:.0f} s; output tail: {text[-600:]}")
+        return subprocess.CompletedProcess(cmd, proc.returncode, text, "")
+
+    def checked(self, cmd: list[str], timeout: float, **kw) -> str:
+        done = self.run(cmd, timeout, **kw)
+        if done.returncode:
+            raise RuntimeError(f"exit {done.returncode}: {done.stdout.strip()[-800:]}")
+        return done.stdout
+
+
+def part_peak(r: Runner, args) -> dict:
+    n = "8192" if not args.dry_run else "256"
+    out = r.checked([sys.executable, "-c", PEAK_CODE, n, args.device], r.left("peak"))
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def build_model(r: Runner, args, shape: str, folder: Path, part: str) -> Path:
+    if not (folder / "config.json").exists():
+        r.checked([sys.executable, "-c", BUILD_CODE, str(BENCH), shape, args.tokenizer, str(folder), args.device],
+                  r.left(part))
+    return folder
+
+
+def part_a(r: Runner, args, peak: dict | None) -> dict:
+    rows = {}
+    shapes = ["tiny"] if args.dry_run else SHAPES
+    small = ["--questions", "2", "--group", "2", "--prompt-tokens", "8", "12", "--agent-turn-tokens", "3", "6",
+             "--env-reply-tokens", "3", "6", "--env-calls", "1", "2", "--steps", "1"] if args.dry_run else []
+    for shape in shapes:
+        path = args.scratch / f"a-{shape}.json"
+        try:
+            r.checked([sys.executable, str(BENCH / "gpu_learner.py"), "--shape", shape, "--tokenizer", args.tokenizer,
+                       "--device", args.device, "--no-sync", "--json", str(path), *small], r.left("a"))
+            row = json.loads(path.read_text())
+            if peak:
+                row["mfu"] = row["achieved_tflops"] / peak["tflops"]
+            plan = row.get("plan", {})
+            if "gib" in plan:  # torch's peak counts tensors; plan's runtime part (CUDA context, libraries) is not among them
+                plan["tensors_gib"] = plan["gib"] - sum(v for k, v in plan["parts"].items() if k.startswith("runtime"))
+                if row["peak_gib"]:
+                    row["plan_over_measured"] = plan["tensors_gib"] / row["peak_gib"]
+            rows[shape] = row
+        except Exception as err:  # the next shape still runs
+            rows[shape] = {"error": f"{type(err).__name__}: {err}"}
+    if all("error" in v for v in rows.values()):
+        raise RuntimeError("; ".join(f"{k}: {v['error']}" for k, v in rows.items()))
+    return rows
+
+
+def part_b(r: Runner, args) -> dict:
+    shape = "tiny" if args.dry_run else "smollm2-135m"
+    model = build_model(r, args, shape, args.scratch / f"model-{shape}", "b")
+    path = args.scratch / "b.json"
+    r.checked([sys.executable, str(BENCH / "gpu_fsdp.py"), "--model", str(model), "--device", args.device,
+               "--tokens", "64" if args.dry_run else "1024", "--json", str(path)], r.left("b"))
+    return json.loads(path.read_text())
+
+
+def steps_from_warehouse(home: Path, run_id: str) -> list[dict]:
+    from warehouse.store import Warehouse
+
+    with Warehouse(home / "warehouse.duckdb", read_only=True) as wh:
+        return wh.query_dicts(
+            "SELECT step, min(policy_version) AS policy_version, max(policy_version) AS policy_version_max, "
+            "avg(reward_total) AS reward_mean, count(*) AS trajectories, avg(CASE WHEN error IS NULL THEN 0 "
+            "ELSE 1 END) AS env_error_rate, epoch(max(created_at)) AS recorded_at FROM trajectories "
+            "WHERE run_id = ? GROUP BY step ORDER BY step", [run_id])
+
+
+def dry_agent(args) -> list[str]:
+    """The dry run trains the untrained tiny agent: the smoke config's `tiny-protocol` is built by a
+    200-step warm start, seconds on the GPU machine's 16 cores but many minutes on a loaded 2-core one."""
+    return ["agent.model=tiny"] if args.dry_run else []
+
+
+def train_cmd(config: str, sets: list[str], *extra: str) -> list[str]:
+    return [sys.executable, "-m", "prompt_r1.cli", "train", "-c", config, *extra,
+            *[a for s in sets for a in ("--set", s)]]
+
+
+def part_c(r: Runner, args) -> dict:
+    home = args.scratch / "c-home"
+    env = {**r.env, "PROMPT_R1_HOME": str(home)}
+    sets = [f"train.device={args.device}", "train.steps=4", "train.checkpoint_every=1", *dry_agent(args)]
+    run_dir = home / "smoke" / "gpucheck"
+
+    def at_step_2() -> bool:
+        return any(re.fullmatch(r"step-0*2", p.name) for p in run_dir.rglob("step-*"))
+
+    t0 = time.monotonic()
+    first = r.run(train_cmd("configs/smoke.yaml", sets, "--run-id", "gpucheck"), r.left("c"), env=env, watch=at_step_2)
+    first_s = time.monotonic() - t0
+    record = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    if record.get("finished_at"):
+        raise RuntimeError("the run finished all 4 steps before it could be stopped after step 2; no resume tested")
+    if not at_step_2():
+        raise RuntimeError(f"the first run (exit {first.returncode}) left no step-2 checkpoint: "
+                           f"{first.stdout.strip()[-800:]}")
+    t0 = time.monotonic()
+    resumed = r.checked(train_cmd("configs/smoke.yaml", sets, "--run-id", "gpucheck", "--resume"), r.left("c"), env=env)
+    steps = steps_from_warehouse(home, "gpucheck")
+    record = json.loads((run_dir / "run.json").read_text())
+    on_policy = [s["step"] for s in steps if s["policy_version"] == s["policy_version_max"] == s["step"]]
+    return {"first_run_s": first_s, "first_exit": first.returncode, "resume_s": time.monotonic() - t0,
+            "resumed": "resuming run gpucheck" in resumed, "finished": bool(record.get("finished_at")),
+            "steps": steps, "sampled_by_previous_version": len(on_policy) == len(steps) == 4}
+
+
+def part_d(r: Runner, args) -> dict:
+    home = args.scratch / "d-home"
+    env = {**r.env, "PROMPT_R1_HOME": str(home)}
+    if args.dry_run:  # the smoke pair: the real weights would take this machine minutes a step
+        config, sets = "configs/smoke.yaml", ["rollout.batch_questions=2", "rollout.group_size=2", *dry_agent(args)]
+    else:
+        config = "configs/learning-smollm.yaml"
+        sets = ["agent.backend=transformers", "environment.kind=inprocess", "rollout.batch_questions=16",
+                "rollout.group_size=8", "train.mini_batch_questions=16", "train.micro_batch_size=16",
+                "rollout.num_workers=6", "rollout.ray_num_cpus=14", "train.checkpoint_every=100"]
+    sets += [f"train.device={args.device}", f"train.steps={args.d_steps}", *args.d_set]
+    t0 = time.monotonic()
+    error = None
+    try:
+        r.checked(train_cmd(config, sets, "--run-id", "gpucheck"), r.left("d"), env=env)
+    except Exception as err:  # a run cut by its deadline still has its recorded steps
+        error = f"{type(err).__name__}: {err}"
+    wall = time.monotonic() - t0
+    steps = steps_from_warehouse(home, "gpucheck") if (home / "warehouse.duckdb").exists() else []
+    if not steps:
+        raise RuntimeError(error or "no step was recorded")
+    gaps = [b["recorded_at"] - a["recorded_at"] for a, b in zip(steps, steps[1:])]
+    step_s = sum(gaps) / len(gaps) if gaps else None
+    return {"config": config, "sets": sets, "wall_s": wall, "steps_recorded": len(steps), "step_s": step_s,
+            "steps_per_hour": 3600 / step_s if step_s else None, "reward_per_step": [s["reward_mean"] for s in steps],
+            "steps": steps, "cut_short": error}
+
+
+def part_e(r: Runner, args) -> dict:
+    shape = "tiny" if args.dry_run else "qwen3-1.7b"
+    model = build_model(r, args, shape, args.scratch / f"model-{shape}", "e")
+    path = args.scratch / "e.json"
+    r.checked([sys.executable, str(BENCH / "weight_sync.py"), "--model", str(model), "--device", args.device,
+               "--dtype", "float32" if args.dry_run else "bfloat16", "--repeats", "1" if args.dry_run else "2",
+               "--json", str(path)], r.left("e"))
+    return json.loads(path.read_text())
+
+
+def run_part(name: str, fn, results: dict, runner: Runner, *a) -> None:
+    t0 = time.monotonic()
+    runner.start(name)
+    print(f"== part {name} ==", flush=True)
+    try:
+        results[name] = {"status": "ok", "result": fn(*a)}
+    except Exception as err:
+        results[name] = {"status": "timeout" if isinstance(err, TimeoutError) else "failed",
+                         "error": f"{type(err).__name__}: {err}"}
+    results[name]["seconds"] = round(time.monotonic() - t0, 1)
+    print(f"   {results[name]['status']} in {results[name]['seconds']} s"
+          + (f": {results[name]['error'][:300]}" if "error" in results[name] else ""), flush=True)
+
+
+def summary(results: dict) -> str:
+    lines = []
+    peak = results.get("peak", {}).get("result")
+    if peak:
+        lines.append(f"card: {peak['card']} ({peak['gpu_memory_gib']:.0f} GiB), torch {peak['torch']} (CUDA "
+                     f"{peak['cuda']}); bf16 matmul peak {peak['tflops']:.0f} TFLOP/s ({peak['n']}^3)")
+    lines += ["", "| part | status | s | figures |", "| --- | --- | --- | --- |"]
+    for name in ["peak", *PARTS]:
+        p = results.get(name)
+        if p is None:
+            continue
+        figures = p.get("error", "")[:200] if p["status"] != "ok" else describe(name, p["result"])
+        lines.append(f"| {name} | {p['status']} | {p['seconds']} | {figures} |")
+    return "\n".join(lines)
+
+
+def describe(name: str, r: dict) -> str:
+    if name == "peak":
+        return f"{r['tflops']:.1f} TFLOP/s"
+    if name == "a":
+        out = []
+        for shape, row in r.items():
+            if "error" in row:
+                out.append(f"{shape}: {row['error'][:80]}")
+                continue
+            plan = row.get("plan", {})
+            out.append(f"{shape}: {row['step_s']:.2f} s/step, {row['tokens_per_s']:,.0f} tok/s, MFU "
+                       f"{100 * row.get('mfu', 0):.1f}%, peak {row['peak_gib']:.1f} GiB vs plan "
+                       + (f"{plan['tensors_gib']:.1f} (tensors; {plan['gib']:.1f} with runtime)" if "gib" in plan
+                          else "n/a"))
+        return "; ".join(out)
+    if name == "b":
+        return (f"{r['backend']}: steps {', '.join(f'{s:.2f}' for s in r['step_s'])} s, full state dict "
+                f"{r['full_state_dict_gib']:.2f} GiB in {r['full_state_dict_s']:.2f} s, DCP save {r['dcp_save_s']:.2f} s "
+                f"/ load {r['dcp_load_s']:.2f} s, reloaded equal {r['reloaded_equal']}")
+    if name == "c":
+        return (f"stopped after step 2 in {r['first_run_s']:.0f} s, resumed to step 4 in {r['resume_s']:.0f} s, "
+                f"finished {r['finished']}, every step sampled by the previous update's weights "
+                f"{r['sampled_by_previous_version']}")
+    if name == "d":
+        per = f"{r['step_s']:.1f} s/step ({r['steps_per_hour']:.0f}/h)" if r["step_s"] else "one step: no interval"
+        return (f"{r['steps_recorded']} steps, {per}, reward per step "
+                f"{', '.join(f'{x:.3f}' for x in r['reward_per_step'])}" + (" (cut short)" if r["cut_short"] else ""))
+    if name == "e":
+        full, lora = r["measured"]
+        return (f"full {full['bytes'] / 1e6:.0f} MB in {full['sync_s']:.2f} s (build {full['build_s']:.2f} s); "
+                f"LoRA {lora['bytes'] / 1e6:.1f} MB in {lora['sync_s']:.2f} s")
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json and gpu_check.log")
+    p.add_argument("--tokenizer", required=True, help="a tokenizer folder for the random-weight shapes")
+    p.add_argument("--parts", default=PARTS, help="which of a-e to run (default all)")
+    p.add_argument("--budget-s", type=float, help="deadline of the whole run (default: the parts' caps summed)")
+    p.add_argument("--d-steps", type=int, default=2, help="part d's training steps")
+    p.add_argument("--d-set", action="append", default=[], help="more `--set KEY=VALUE` for part d")
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: checks the code, measures nothing")
+    args = p.parse_args(argv)
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check.py needs a CUDA GPU and torch sees none; nothing was measured (--dry-run checks the "
+              "code on CPU)", file=sys.stderr)
+        return 2
+    args.device = "cpu" if args.dry_run else "cuda"
+    caps = DRY_CAPS if args.dry_run else CAPS
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}
+    runner = Runner(args.out, env, args.budget_s or sum(caps.values()), caps)
+    results: dict = {"dry_run": args.dry_run, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        args.scratch = Path(scratch)
+        run_part("peak", part_peak, results, runner, runner, args)
+        peak = results["peak"].get("result")
+        fns = {"a": lambda: part_a(runner, args, peak), "b": lambda: part_b(runner, args),
+               "c": lambda: part_c(runner, args), "d": lambda: part_d(runner, args), "e": lambda: part_e(runner, args)}
+        for name in args.parts:
+            run_part(name, fns[name], results, runner)
+            (args.out / "gpu_check.json").write_text(json.dumps(results, indent=1, default=str))
+    table = summary(results)
+    results["summary"] = table
+    (args.out / "gpu_check.json").write_text(json.dumps(results, indent=1, default=str))
+    print("\n" + table)
+    return 0 if all(results[n]["status"] == "ok" for n in ["peak", *args.parts]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
