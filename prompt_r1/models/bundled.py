@@ -222,9 +222,9 @@ def resolve_model(name: str) -> Path | str:
     if name == SMOLLM2_FOLLOWUP:
         from prompt_r1.models.warm_start import build_protocol_model
 
-        # 3x the plain warm start's examples (two-hop ones have three turns), as many passes over them
+        # 3x the plain warm start's examples (two-hop ones have three turns); 2.5 passes over them
         return build_protocol_model(materialize_gguf(SMOLLM2), bundled_folder(SMOLLM2_FOLLOWUP),
-                                    steps=40, lr=3e-5, copy_question=True, follow_up=True)
+                                    steps=32, lr=3e-5, copy_question=True, follow_up=True)
     if name == "tiny-smollm2":
         return build_tiny_model(bundled_folder("tiny-smollm2"), tokenizer_source="smollm2")
     path = Path(name).expanduser()
