@@ -13,6 +13,10 @@ pass rates per chain and per relation go to `benchmarks/results/compose-screen.j
 
     .venv/bin/python benchmarks/compose_screen.py                 # screen, split, pass rates
     .venv/bin/python benchmarks/compose_screen.py --limit 40      # a quick look at 40 questions
+
+About 3,200 environment calls (429 questions and 359 distinct hops, four phrasings each), asked
+32 prompts at a time; on a loaded machine raise the per-call deadline
+(`--set environment.call_deadline_s=1200`).
 """
 
 from __future__ import annotations
@@ -73,7 +77,8 @@ def summarise(rows: list[dict], key: str) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="configs/demo.yaml", help="Its `environment` is screened.")
+    parser.add_argument("--config", default="configs/learning-compositional.yaml",
+                        help="Its `environment` is screened (the learning run's, so the screen sees the same replies).")
     parser.add_argument("--probe", type=int, default=60, help="Least number of kept questions in the probe set.")
     parser.add_argument("--hop-min", type=float, default=0.25,
                         help="Least pass rate over the phrasings each hop needs (0.25: one phrasing of four).")
