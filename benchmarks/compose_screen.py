@@ -5,7 +5,8 @@ interact over several turns. A question is only worth that when one call fails a
 so every generated question is put to the environment alone (greedy, each phrasing of
 `benchmarks/screen.py`), composed and as each of its two hops. A question is kept when the
 composed question fails in every phrasing and each hop passes in at least `--hop-min` of them
-(a phrasing passes when the reply contains a gold answer, `substring_match`).
+(a phrasing passes when the reply names a gold answer as whole words, `mentions`: plain
+`substring_match` would find the gold `US` in "because").
 
 The kept questions are split by country (`split_by_entity`: no country in both) into a probe set
 (`data/compositional/test`, never trained on) and a training pool (`data/compositional/train`);
@@ -38,8 +39,7 @@ from benchmarks.screen import PHRASINGS, ask_all  # noqa: E402
 from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
 from prompt_r1.config.experiment import load_config, parse_overrides  # noqa: E402
 from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
-from prompt_r1.core.metrics import substring_match  # noqa: E402
-from prompt_r1.data.compositional import generate, split_by_entity  # noqa: E402
+from prompt_r1.data.compositional import generate, mentions, split_by_entity  # noqa: E402
 
 log = logging.getLogger("benchmarks.compose_screen")
 DATASETS = {"test": "compositional_probe", "train": "compositional_train"}
@@ -57,7 +57,7 @@ def pass_rates(env, prompts: dict[str, tuple[str, ...]], chunk: int) -> dict[str
         log.info("screened %d of %d prompts", min(start + chunk, len(texts)), len(texts))
     out = {}
     for text, answered in zip(texts, replies):
-        passes = {name: substring_match(reply, prompts[text]) for name, reply in answered.items()}
+        passes = {name: float(mentions(reply, prompts[text])) for name, reply in answered.items()}
         out[text] = {"passes": passes, "pass_rate": statistics.fmean(passes.values()), "replies": answered}
     return out
 

@@ -136,3 +136,13 @@ def test_follow_up_warm_start_turn_shapes():
 
 def test_question_type():
     assert isinstance(TOKYO, TwoHopQuestion) and TOKYO.answers == ("Asia",)
+
+
+def test_mentions_needs_whole_words():
+    """The screen's pass test: a gold named as words, not as letters inside another word."""
+    from prompt_r1.data.compositional import mentions
+
+    assert mentions("The currency of South Korea is the won.", ["won"])
+    assert not mentions("I won't say; it is wonderful.", ["won"])
+    assert not mentions("Because of Ukraine", ["US", "UK"])
+    assert mentions("It is the U.S. dollar", ["dollar"]) and mentions("The Eiffel Tower", ["eiffel tower"])

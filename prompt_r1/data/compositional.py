@@ -177,11 +177,22 @@ def _values(country: Country, relation: str) -> tuple[str, ...]:
     return country.capital if relation == "capital" else getattr(country, relation)
 
 
+def mentions(text: str, answers: Sequence[str]) -> bool:
+    """Some answer occurs in `text` as whole words (after SQuAD normalisation). Stricter than
+    `substring_match`, which would find the gold `US` in "because" and `won` in "wonderful";
+    short golds (currencies, country abbreviations) are common here.
+
+    >>> mentions("It is in the US.", ["US"]), mentions("Because it is.", ["US"])
+    (True, False)
+    """
+    padded = f" {normalize_answer(text)} "
+    return any(norm and f" {norm} " in padded for norm in (normalize_answer(a) for a in answers))
+
+
 def _leaks(question: str, answers: Sequence[str]) -> bool:
     """A gold answer said in the question itself (`Mexico City` names Mexico): a reply that
     echoes the question would pass, so such questions are left out."""
-    text = f" {normalize_answer(question)} "
-    return any(f" {normalize_answer(a)} " in text for a in answers)
+    return mentions(question, answers)
 
 
 def generate(seed: int = 0, countries: Sequence[Country] = COUNTRIES) -> list[TwoHopQuestion]:
@@ -274,7 +285,5 @@ def follow_up(question: TwoHopQuestion, prompts: Sequence[str], replies: Sequenc
         return FollowUp(calls, calls >= 2, False, False)
     second_words = {w.lower() for w in _WORD.findall(prompts[1])}
     reused = sorted(reply_names(replies[0], question.question) & second_words)
-    first, second = f" {normalize_answer(replies[0])} ", f" {normalize_answer(prompts[1])} "
-    names = question.hops[0].answers
-    bridge = any(f" {normalize_answer(n)} " in first and f" {normalize_answer(n)} " in second for n in names)
+    bridge = any(mentions(replies[0], [n]) and mentions(prompts[1], [n]) for n in question.hops[0].answers)
     return FollowUp(calls, True, bool(reused), bridge, reused)
