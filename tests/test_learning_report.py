@@ -1,0 +1,93 @@
+"""benchmarks/learning.py's report of the mechanism on the compositional task: the shares of probe
+trajectories with a second call / one that uses the first reply, and the best constant answer
+per relation, computed from probe rows (no model runs here).
+
+The constant baseline is checked against a brute force written independently: every string of
+the golds' words scored by token F1 over the questions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from types import SimpleNamespace
+
+import pytest
+
+learning = pytest.importorskip("benchmarks.learning")
+
+from prompt_r1.core.metrics import f1_score  # noqa: E402
+from prompt_r1.data.compositional import generate  # noqa: E402
+
+CONTINENT = [q for q in generate(0) if q.chain == "capital>continent"][:12]
+
+
+def _turns(*prompts: str, answer: str = "Asia") -> list[str]:
+    return [f"<think>t</think><interaction_prompt>{p}</interaction_prompt>" for p in prompts] + \
+        [f"<think>t</think><answer>{answer}</answer>"]
+
+
+def test_interaction_reads_the_calls_and_the_follow_up():
+    q = next(q for q in CONTINENT if q.source == "Tokyo")
+    question = SimpleNamespace(question=q.question, golds=list(q.answers))
+    two = SimpleNamespace(agent_turns=_turns(q.question, "On which continent is Japan?"),
+                          env_replies=["The capital of Japan is Tokyo.", "Asia"])
+    row = learning.interaction(two, question)
+    assert (row["calls"], row["second_call"], row["uses_reply"], row["names_bridge"]) == (2, True, True, True)
+    assert row["relation"] == "continent"
+    one = SimpleNamespace(agent_turns=_turns(q.question), env_replies=["The capital of Japan is Tokyo."])
+    assert learning.interaction(one, question)["second_call"] is False
+    # a prompt in the last turn was never sent: it is no call
+    unsent = SimpleNamespace(agent_turns=_turns(q.question, "Japan?")[:2], env_replies=["Japan."])
+    assert learning.interaction(unsent, question)["calls"] == 1
+    single_hop = SimpleNamespace(question="What is the capital of France?", golds=["Paris"])
+    assert learning.interaction(one, single_hop)["uses_reply"] is None
+
+
+def _rows(scores, second, uses):
+    return [{"question_id": f"q{i}", "answer_score": s, "format_valid": 1.0, "second_call": c, "calls": 1 + c,
+             "uses_reply": u, "names_bridge": u, "relation": "continent", "golds": list(q.answers)}
+            for i, (q, s, c, u) in enumerate(zip(CONTINENT, scores, second, uses))]
+
+
+def test_mechanism_shares():
+    rows = _rows([0, 1, 0, 1], [True, True, False, False], [True, False, False, False])
+    m = learning.mechanism(rows)
+    assert (m["second_call"], m["uses_reply"], m["answer_score"], m["mean_calls"]) == (0.5, 0.25, 0.5, 1.5)
+
+
+def test_best_constant_is_the_brute_force_best():
+    rows = _rows([0] * len(CONTINENT), [False] * 12, [False] * 12)
+    got = learning.best_constant(rows)
+    words = sorted({w for r in rows for g in r["golds"] for w in g.split()})
+    phrases = {" ".join(p) for k in (1, 2, 3) for p in itertools.permutations(words, k)}
+    brute = max(statistics.fmean(f1_score(c, r["golds"]) for r in rows) for c in phrases)
+    assert got["score"] == pytest.approx(brute, abs=1e-3)
+    assert got["score"] == pytest.approx(statistics.fmean(f1_score(got["answer"], r["golds"]) for r in rows), abs=1e-3)
+
+
+def test_best_constant_stated_case():
+    """Two Europe, one Asia: "Europe" scores 2/3; hedging with "Europe Asia" scores 2/3 as well
+    (F1 2/3 on each); nothing scores more. South / North America: "America North South" has
+    precision 2/3 and recall 1 on each, F1 0.8, above "America" (2/3)."""
+    rows = [{"golds": ["Europe"]}, {"golds": ["Europe"]}, {"golds": ["Asia"]}]
+    assert learning.best_constant(rows)["score"] == pytest.approx(0.667, abs=1e-3)
+    assert learning.best_constant([{"golds": ["South America"]}, {"golds": ["North America"]}]) == \
+        {"answer": "America North South", "score": pytest.approx(0.8, abs=1e-3)}
+
+
+def test_judge_reports_the_mechanism_and_the_constant():
+    n = len(CONTINENT)
+    before = _rows([0.0] * n, [False] * n, [False] * n)
+    after = _rows([1.0] * n, [True] * n, [True] * n)
+    results = {"trained": {"probe_before": before, "probe_after": after, "train_s": 60.0},
+               "control": {"probe_before": before, "probe_after": before, "train_s": 60.0}}
+    verdict = learning.judge(results)
+    assert verdict["mechanism"]["trained"]["before"]["uses_reply"] == 0.0
+    assert verdict["mechanism"]["trained"]["after"]["uses_reply"] == 1.0
+    assert verdict["mechanism"]["control"]["after"]["second_call"] == 0.0
+    entry = verdict["by_relation"]["continent"]
+    assert (entry["n"], entry["before"], entry["after"]) == (n, 0.0, 1.0)
+    assert 0 < entry["best_constant"]["score"] < 1
+    text = learning.report(verdict)
+    assert "second call 0.0 -> 1.0" in text and "best constant" in text
