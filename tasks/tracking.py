@@ -1,8 +1,11 @@
 """MLflow tracking for the flows: runs, params, metrics, artifacts and the agent registry.
 
-Only the driver logs. One experiment per config name; a parent run per flow run; nested runs
-per environment (and per method inside it) in evaluation, tagged `env_model`, `method`,
-`suite` so the MLflow UI compares environment LLMs with one filter. Training metrics are
+Only the driver logs. One experiment per config name, tagged as model training so the UI opens
+on its runs; a parent run per flow run; nested runs per environment (and per method inside it)
+in evaluation, tagged `env_model`, `method`, `suite`, `agent_checkpoint`, each method run with
+`headline/<suite>` metrics, so the MLflow UI compares environment LLMs with one filter and one
+group-by; agent episodes as traces of their method's run (`tasks.tracing`); the evaluation's
+cells as one MLflow table. Training metrics are
 buffered and flushed at each checkpoint: a crashed run that resumes from its checkpoint never
 logs a step twice. API keys never reach MLflow: only the *name* of the key's variable is a
 config field.
