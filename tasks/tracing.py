@@ -16,6 +16,7 @@ itself carries no tracing work. A trace is:
   feedback from code. An episode ended by a failed call has no score: its trace is in ERROR.
 
 `pick_evenly` bounds the work: at most `eval.trace_episodes` traces per environment run.
+`trace_answer` does the same for an `ask` / `serve` episode (`--trace`; no gold, no score).
 """
 
 from __future__ import annotations
@@ -124,8 +125,9 @@ def _env_call_span(root, call: dict[str, Any], prompt: str, earlier: int, reply:
 
 
 def log_assessments(trace_id: str, episode: dict[str, Any]) -> None:
-    """The gold answers (expectation) and, for a scored episode, its score (feedback)."""
-    mlflow.log_expectation(trace_id=trace_id, name="gold_answers", value=list(episode["golds"]), source=SCORER)
+    """The gold answers (expectation, when known) and, for a scored episode, its score (feedback)."""
+    if episode["golds"]:
+        mlflow.log_expectation(trace_id=trace_id, name="gold_answers", value=list(episode["golds"]), source=SCORER)
     if episode.get("error") or episode.get("score") is None:
         return
     scores = {m: episode.get(m) for m in ("em", "f1", "substring", "ssim")}
@@ -137,3 +139,27 @@ def log_assessments(trace_id: str, episode: dict[str, Any]) -> None:
 def trace_episodes(episodes: list[dict[str, Any]]) -> list[str]:
     """Log `episodes` as traces in the active run. Returns the trace ids."""
     return [log_episode_trace(e) for e in episodes]
+
+
+_tracked: set[str] = set()  # config names whose experiment `trace_answer` has set up
+
+
+def trace_answer(source: str, cfg: Any, env_cfg: Any, question: str, traj: Any) -> str:
+    """An `ask` / `serve` episode (`prompt_r1.serving.service.report_episode`) as a trace in the
+    config's experiment, tagged `method` = `source`; no gold, no score. Returns the trace id."""
+    from prompt_r1.env.base import cost_usd
+    from prompt_r1.evaluation.evaluate import EPISODE_DROPS
+    from prompt_r1.serving.service import env_failure
+    from tasks.tracking import setup_mlflow
+
+    if cfg.name not in _tracked:
+        setup_mlflow(cfg.name)
+        _tracked.add(cfg.name)
+    record = traj.to_record()
+    calls = [dict(c, input_cost_usd=cost_usd(env_cfg, c["prompt_tokens"], 0),
+                  output_cost_usd=cost_usd(env_cfg, 0, c["completion_tokens"])) for c in record["env_calls"]]
+    return log_episode_trace({
+        "env_name": env_cfg.name, "env_model": env_cfg.model, "method": source, "dataset": "adhoc",
+        "question_id": traj.question_id, "question": question, "golds": [], "primary_metric": "",
+        "answer": traj.answer, "error": env_failure(traj), "score": None, "env_calls": calls,
+        "trajectory": {k: v for k, v in record.items() if k not in (*EPISODE_DROPS, "env_calls")}})
