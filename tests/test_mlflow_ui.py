@@ -130,7 +130,7 @@ def test_smoke_evaluation_is_seen_in_mlflow_as_a_user_would(home):
         (env["model"], m) for env in SMOKE_ENVS for m in ("direct", "cot", "agent:base", "agent_only:base")}
     for r in method_runs:  # one headline metric per suite, one name for every environment
         assert 0.0 <= r.data.metrics["headline/sample"] <= 1.0, r.info.run_name
-        assert ("agent_checkpoint" in r.data.tags) == ":" in r.data.tags["method"]
+        assert ("agent_checkpoint" in r.data.tags) == (":" in r.data.tags["method"])
     agent_run = next(r for r in method_runs if r.data.tags["method"] == "agent:base")
     assert agent_run.data.tags["agent_checkpoint"] == result["agents"]["base"]
 
@@ -152,7 +152,7 @@ def test_smoke_evaluation_is_seen_in_mlflow_as_a_user_would(home):
     priced = [s for t in by_env["tiny-smollm2"] for s in t.data.spans if s.span_type == "LLM"]
     assert all(s.get_attribute("mlflow.llm.cost")["total_cost"] > 0 for s in priced)
 
-    table = mlflow.load_table(RESULTS_TABLE, run_ids=[result["run_id"]])
+    table = client.load_table(exp.experiment_id, RESULTS_TABLE, run_ids=[result["run_id"]])
     assert len(table) == len(result["results"]) == 2 * 4 * 4  # environments x methods x sample datasets
     assert {"env_model", "method", "dataset", "score", "ci_low", "ci_high", "n", "cost_usd"} <= set(table.columns)
 
