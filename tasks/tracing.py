@@ -141,7 +141,7 @@ def trace_episodes(episodes: list[dict[str, Any]]) -> list[str]:
     return [log_episode_trace(e) for e in episodes]
 
 
-_tracked: set[str] = set()  # config names whose experiment `trace_answer` has set up
+_tracked: set[str] = set()  # "<tracking uri>#<config name>" experiments `trace_answer` has set up
 
 
 def trace_answer(source: str, cfg: Any, env_cfg: Any, question: str, traj: Any) -> str:
@@ -150,11 +150,12 @@ def trace_answer(source: str, cfg: Any, env_cfg: Any, question: str, traj: Any) 
     from prompt_r1.env.base import cost_usd
     from prompt_r1.evaluation.evaluate import EPISODE_DROPS
     from prompt_r1.serving.service import env_failure
-    from tasks.tracking import setup_mlflow
+    from tasks.tracking import setup_mlflow, tracking_uri
 
-    if cfg.name not in _tracked:
+    where = f"{tracking_uri()}#{cfg.name}"  # PROMPT_R1_HOME may move within one process
+    if where not in _tracked or mlflow.get_tracking_uri() != tracking_uri():
         setup_mlflow(cfg.name)
-        _tracked.add(cfg.name)
+        _tracked.add(where)
     record = traj.to_record()
     calls = [dict(c, input_cost_usd=cost_usd(env_cfg, c["prompt_tokens"], 0),
                   output_cost_usd=cost_usd(env_cfg, 0, c["completion_tokens"])) for c in record["env_calls"]]
