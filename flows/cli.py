@@ -15,6 +15,7 @@ import typer
 from prompt_r1.cli import ConfigOpt, SetOpt, _fail, _fail_environment, _load, app, console
 from prompt_r1.config.experiment import parse_overrides
 from prompt_r1.models.resolver import register_scheme
+from prompt_r1.serving.observers import observe_episodes
 from prompt_r1.core.failures import EnvironmentFailure
 
 
@@ -139,6 +140,15 @@ def rerun_mlflow_run(run_id: str) -> dict:
         _fail(f"run {run_id} has no `flow` tag (pipeline/train/evaluate); it was not made by prompt-r1")
     MlflowClient().set_tag(result["run_id"], "rerun_of", run_id)
     return result
+
+
+def _trace_episode(*episode) -> None:
+    from tasks.tracing import trace_answer  # MLflow loads only when an episode is traced
+
+    trace_answer(*episode)
+
+
+observe_episodes(_trace_episode)  # `ask --trace` / `serve --trace`: each episode an MLflow trace
 
 
 def main() -> None:

@@ -21,8 +21,9 @@ from prompt_r1.core.failures import EnvironmentFailure
 from tasks.artifacts import publish_eval_table
 from tasks.evaluate import evaluate_environment
 from tasks.ingest import ingest_sources
-from tasks.tracking import (install_registry_resolver, log_datasets, log_eval_environment, log_run_identity,
-                            metric_key, setup_mlflow)
+from tasks.tracing import episodes_to_trace
+from tasks.tracking import (install_registry_resolver, log_datasets, log_eval_environment, log_results_table,
+                            log_run_identity, metric_key, setup_mlflow)
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,11 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
                         mlflow.log_metric(metric_key(env_cfg.name, "env_error_rate"), err.error_rate)
                         mlflow.set_tag("env_failure", str(err)[:5000])
                         raise
+                    # held_out: whether training saw this environment; set once training draws from a pool
                     log_eval_environment(run_id, env_cfg.name, env_cfg.model, cfg.eval.suites, outcome.results,
-                                         outcome.baselines)
+                                         outcome.baselines, outcome.suites, resolved,
+                                         episodes_to_trace(outcome.episodes, cfg.eval.trace_episodes),
+                                         held_out=None)
                     total.results += outcome.results
                     total.predictions += outcome.predictions
                     total.examples += outcome.examples
@@ -73,6 +77,8 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
         files = write_report(total.results, total.examples, out, total.seconds, total.predictions,
                              total.baselines)
         mlflow.log_artifacts(str(out), artifact_path="eval")
+        log_results_table(total.results, {e.name: e.model for e in cfg.eval_environments()})
+        mlflow.flush_trace_async_logging()  # traces are exported in the background: all stored on return
         publish_eval_table(total.results, key=f"eval-{cfg.name}")
         print(markdown_table(total.results))
     return {"run_id": run_id, "results": total.results, "report": str(files["markdown"]),

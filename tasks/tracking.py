@@ -1,8 +1,11 @@
 """MLflow tracking for the flows: runs, params, metrics, artifacts and the agent registry.
 
-Only the driver logs. One experiment per config name; a parent run per flow run; nested runs
-per environment (and per method inside it) in evaluation, tagged `env_model`, `method`,
-`suite` so the MLflow UI compares environment LLMs with one filter. Training metrics are
+Only the driver logs. One experiment per config name, tagged as model training so the UI opens
+on its runs; a parent run per flow run; nested runs per environment (and per method inside it)
+in evaluation, tagged `env_model`, `method`, `suite`, `agent_checkpoint`, each method run with
+`headline/<suite>` metrics, so the MLflow UI compares environment LLMs with one filter and one
+group-by; agent episodes as traces of their method's run (`tasks.tracing`); the evaluation's
+cells as one MLflow table. Training metrics are
 buffered and flushed at each checkpoint: a crashed run that resumes from its checkpoint never
 logs a step twice. API keys never reach MLflow: only the *name* of the key's variable is a
 config field.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -30,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "prompt-r1-agent"
+# MLflow's experiment-kind tag: the UI opens a model-training experiment on its runs (an untagged
+# experiment holding traces opens on the GenAI overview instead).
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 CHAMPION = "champion"
 SETUP_LOCK = "mlflow.db.setup.lock"  # serialises the tracking store's first use (setup_mlflow)
 SETUP_LOCK_WAIT_S = 300.0  # a first creation of MLflow's tables takes seconds; a loaded machine, more
@@ -60,9 +67,14 @@ def setup_mlflow(config_name: str) -> str:
                     config_name, artifact_location=(home / "mlartifacts" / config_name).as_uri())
             else:
                 exp_id = exp.experiment_id
+            if EXPERIMENT_KIND not in (exp.tags if exp is not None else {}):  # a kind the user picked in the UI stays
+                client.set_experiment_tag(exp_id, EXPERIMENT_KIND, MODEL_TRAINING)
     except LockBusy as err:
         raise RuntimeError(f"MLflow set-up: {err}; another prompt-r1 process is creating the tracking "
                            "database or an experiment and has not finished; retry when it has") from None
+    # Traces are exported in the background; one writer, as SQLite takes one at a time (MLflow's
+    # default of 10 threads loses traces to "database is locked").
+    os.environ.setdefault("MLFLOW_ASYNC_TRACE_LOGGING_MAX_WORKERS", "1")
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 
@@ -160,18 +172,29 @@ def logged_steps(run_id: str, key: str = "reward_mean") -> list[int]:
 
 
 def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suites: list[str],
-                         results: list[dict[str, Any]], baselines: list[dict[str, Any]] | None = None) -> str:
+                         results: list[dict[str, Any]], baselines: list[dict[str, Any]] | None = None,
+                         suite_datasets: dict[str, list[str]] | None = None,
+                         agents: dict[str, str] | None = None, episodes: list[dict[str, Any]] | None = None,
+                         held_out: bool | None = None) -> str:
     """A nested run for one environment, with a nested run per method; returns its run id.
 
+    Every run is tagged `env_model`, `env_name`, `suite`, `method`; an agent method's run also
+    `agent_checkpoint` (its spec in `agents`, label -> spec), and all of them `held_out` when
+    given (whether training saw this environment: the hook for environment pools). Each method
+    run logs `headline/<suite>` (`headline_metrics`), the same name for every environment.
     `baselines` (`EvalOutcome.baselines`): each optimised instruction goes to its method's run as
     params (`instruction`, `cache_key`), metrics (`train_score`, `opt_*` spend) and, all together,
-    to the environment run as `baselines/<env>.json`."""
+    to the environment run as `baselines/<env>.json`. `episodes` (`episode_record`s, already
+    capped) are logged as traces of their method's run (`tasks.tracing`)."""
     from prompt_r1.evaluation.report import averages
+    from tasks.tracing import trace_episodes
 
     rows = [r for r in results if r["env_name"] == env_name]
     suite = ",".join(suites)
+    common = {"env_model": env_model, "env_name": env_name, "suite": suite,
+              **({"held_out": str(held_out).lower()} if held_out is not None else {})}
     with mlflow.start_run(run_name=f"eval-{env_name}", nested=True, parent_run_id=parent_run_id) as env_run:
-        mlflow.set_tags({"env_model": env_model, "env_name": env_name, "suite": suite, "method": "all"})
+        mlflow.set_tags({**common, "method": "all"})
         metrics = {metric_key(r["method"], r["dataset"], "score"): r["score"] for r in rows
                    if r["score"] is not None}  # None: every row of the cell failed
         with_env = [r for r in rows if not r["method"].startswith("agent_only")]
@@ -181,8 +204,12 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
             metrics.update({metric_key(method, f"avg_{g}"): v for g, v in avg.items() if v is not None})
             with mlflow.start_run(run_name=f"eval-{env_name}-{method}", nested=True,
                                   parent_run_id=env_run.info.run_id):
-                mlflow.set_tags({"env_model": env_model, "env_name": env_name, "suite": suite, "method": method})
+                label = method.partition(":")[2]
+                mlflow.set_tags({**common, "method": method,
+                                 **({"agent_checkpoint": str(agents[label])} if label in (agents or {}) else {})})
                 per = [r for r in rows if r["method"] == method]
+                headline = headline_metrics(per, suite_datasets or {})
+                metrics.update({metric_key(method, k): v for k, v in headline.items()})
                 m = {metric_key(r["dataset"], k): r[k] for r in per for k in ("score", "em", "f1", "substring", "ssim",
                                                                             "ci_low", "ci_high")
                      if r.get(k) is not None}
@@ -191,7 +218,9 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
                 m["env_prompt_tokens"] = sum(r["env_prompt_tokens"] for r in per)
                 m["env_completion_tokens"] = sum(r["env_completion_tokens"] for r in per)
                 m["cost_usd"] = sum(r["cost_usd"] for r in per)
+                m.update(headline)
                 mlflow.log_metrics(m)
+                trace_episodes([e for e in episodes or [] if e["method"] == method])
                 for b in (b for b in baselines or [] if b["env_name"] == env_name and b["method"] == method):
                     _log_baseline(b)
         mine = [b for b in baselines or [] if b["env_name"] == env_name]
@@ -199,6 +228,37 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
             mlflow.log_dict(mine, f"baselines/{env_name}.json")
         mlflow.log_metrics(metrics)
         return env_run.info.run_id
+
+
+RESULTS_TABLE = "eval/results_table.json"
+
+
+def log_results_table(results: list[dict[str, Any]], env_models: dict[str, str]) -> None:
+    """The evaluation's cells as one MLflow table in the active run (`RESULTS_TABLE`): environment
+    x method x dataset with the environment's model (`env_models`: name -> model), score, 95% interval, n, failed rows and cost,
+    which the run's artifact view sorts and filters."""
+    import pandas as pd
+
+    from tasks.artifacts import eval_table_rows
+
+    rows = [{"env_model": env_models.get(r["env_name"], ""), **r} for r in eval_table_rows(results)]
+    mlflow.log_table(pd.DataFrame(rows), artifact_file=RESULTS_TABLE)
+
+
+def headline_metrics(cells: list[dict[str, Any]], suite_datasets: dict[str, list[str]]) -> dict[str, float]:
+    """`headline/<suite>`: the mean primary score of one method's cells over the suite's datasets
+    (cells whose every row failed are left out; a suite with none gets no metric).
+
+    >>> cells = [{"dataset": "a", "score": 0.2}, {"dataset": "b", "score": 0.6}, {"dataset": "c", "score": None}]
+    >>> headline_metrics(cells, {"sample": ["a", "b", "c"], "ood": ["c"]})
+    {'headline/sample': 0.4}
+    """
+    out = {}
+    for suite, datasets in suite_datasets.items():
+        scores = [c["score"] for c in cells if c["dataset"] in datasets and c["score"] is not None]
+        if scores:
+            out[metric_key("headline", suite)] = sum(scores) / len(scores)
+    return out
 
 
 def _log_baseline(b: dict[str, Any]) -> None:

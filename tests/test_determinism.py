@@ -28,9 +28,11 @@ def reproducible(key: str) -> bool:
 
 
 def stable(traj) -> dict:
-    """A trajectory's record without its environment calls' wall-clock latencies."""
+    """A trajectory's record without its wall-clock times (call latencies and start times, turn times)."""
     record = traj.to_record()
-    record["env_calls"] = [{k: v for k, v in c.items() if k != "latency_s"} for c in record["env_calls"]]
+    record["env_calls"] = [{k: v for k, v in c.items() if k not in ("latency_s", "started_at")}
+                           for c in record["env_calls"]]
+    record.pop("turn_times")
     return record
 
 

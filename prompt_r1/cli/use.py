@@ -60,6 +60,8 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="Print the whole episode as JSON (turns, token ids, "
                                  "environment calls, tokens, cost) instead of the turns as they happen. Stdout "
                                  "holds only that JSON; a failure is a JSON object with `error` and `exit_code`."),
+    trace: bool = typer.Option(False, "--trace", help="Log the episode as an MLflow trace in the config's "
+                               "experiment (runs/mlflow.db)."),
     set_: list[str] = SetOpt,
 ) -> None:
     """Ask a trained agent one question: it prompts the environment LLM, then answers.
@@ -85,6 +87,10 @@ def ask(
         console.print(f"{label} {escape_markup(text.strip() or '(empty)')}", soft_wrap=True, highlight=False)
 
     reply = api.Agent(folder, cfg).ask(question, env_cfg.name, on_event=None if as_json else show)
+    if trace:
+        from prompt_r1.serving.observers import report_episode
+
+        report_episode("ask", cfg, env_cfg, question, reply.trajectory)
     report = reply.report(tokens=True)
     failure = (EnvironmentFailure(f"environment {env_cfg.name!r} failed: {reply.error}", env_cfg.name,
                                   reply.error, 1.0) if reply.error else None)
@@ -115,6 +121,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port."),
     max_concurrent: int = typer.Option(64, "--max-concurrent", min=1, help="Episodes running at once."),
+    trace: bool = typer.Option(False, "--trace", help="Log each request's episode as an MLflow trace in the "
+                               "config's experiment (runs/mlflow.db)."),
     set_: list[str] = SetOpt,
 ) -> None:
     """Serve the agent as an OpenAI-compatible API: one model `prompt-r1:<env>` per environment."""
@@ -127,7 +135,8 @@ def serve(
     console.print(f"agent {folder}; models {models}; http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)
     try:
         # the question limit is the config's data.max_question_chars, as for ingested questions
-        limits = ServeConfig(max_concurrent=max_concurrent, max_question_chars=cfg.data.max_question_chars)
+        limits = ServeConfig(max_concurrent=max_concurrent, max_question_chars=cfg.data.max_question_chars,
+                             trace=trace)
         serve_agent(cfg, folder, host, port, limits, log_dir=logs_dir())
     except KeyboardInterrupt:
         pass

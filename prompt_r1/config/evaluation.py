@@ -58,6 +58,12 @@ class EvalConfig(StrictModel):
         "or any agent spec: a bundled model, a folder, a training run id or a models:/ URI.",
     )
     examples_per_dataset: int = Field(2, ge=0, description="Trajectories kept for reading.")
+    trace_episodes: int = Field(
+        50, ge=0,
+        description="Agent episodes logged as MLflow traces per environment of an evaluation run (each "
+        "environment's nested run), picked evenly over its episodes in method, dataset and question order; "
+        "0 = no traces. Every episode stays in the warehouse either way.",
+    )
     temperature: float = Field(
         0.0, ge=0.0, description="Agent sampling temperature in evaluation (0 = greedy; the reference uses 0.7)."
     )

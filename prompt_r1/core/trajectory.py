@@ -36,6 +36,7 @@ class EnvCall:
     attempts: int = 1
     cached: bool = False
     error: str | None = None
+    started_at: float = 0.0  # wall clock (epoch seconds) when the call began: for traces, never for results
 
 
 @dataclass
@@ -54,6 +55,8 @@ class Trajectory:
     stop_reason: str = ""                 # answered / max_turns / token_budget / invalid_turn / env_error
     error: str | None = None              # why an environment call ended it (stop_reason env_error): no reward
     policy_version: int = 0               # GRPO updates applied to the weights that sampled it (stamped by the engine)
+    turn_times: list[list[float]] = field(default_factory=list)  # [start, end] wall clock (epoch s) of each agent
+    # generation (the batch's generate call it was part of): for traces, never for results
 
     def to_record(self) -> dict[str, Any]:
         """JSON-able dict (the `rollout --out` line and the warehouse row)."""

@@ -71,6 +71,8 @@ class EvalOutcome:
     seconds: dict[str, float] = field(default_factory=dict)
     env_error_rates: dict[str, float] = field(default_factory=dict)  # env name -> share of failed rows
     baselines: list[dict[str, Any]] = field(default_factory=list)  # optimised instructions and their spend
+    episodes: list[dict[str, Any]] = field(default_factory=list)  # every agent episode, `episode_record`s
+    suites: dict[str, list[str]] = field(default_factory=dict)  # suite -> its datasets, as evaluated
 
 
 def suite_datasets(warehouse: Warehouse, suites: Sequence[str]) -> list[tuple[str, str]]:
@@ -323,12 +325,13 @@ def evaluate(
     warehouse per environment (one transaction each), so a failure keeps earlier environments.
     """
     from prompt_r1.env import open_environment
+    from prompt_r1.env.base import cost_usd
 
     questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset)
     if not questions:
         raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
     environments = list(environments or cfg.eval_environments())
-    outcome = EvalOutcome()
+    outcome = EvalOutcome(suites={s: sorted({d for d, _ in suite_datasets(warehouse, [s])}) for s in cfg.eval.suites})
     opened = agents if isinstance(agents, EvalAgents) else EvalAgents(cfg, agents)
     try:
         agent_only_rows = opened.agent_only_rows(questions, outcome.seconds) if "agent_only" in cfg.eval.methods else {}
@@ -342,6 +345,12 @@ def evaluate(
                 r["env_name"] = env_cfg.name
             for e in outcome.examples:
                 e.setdefault("env_name", env_cfg.name)
+            for e in outcome.episodes:
+                if "env_name" not in e:
+                    e.update(env_name=env_cfg.name, env_model=env_cfg.model)
+                    for call in e["env_calls"]:  # prices are per environment: input and output apart
+                        call["input_cost_usd"] = cost_usd(env_cfg, call["prompt_tokens"], 0)
+                        call["output_cost_usd"] = cost_usd(env_cfg, 0, call["completion_tokens"])
             results = aggregate(env_rows, env_cfg)
             warehouse.write_eval(run_id, env_rows, results)  # failures included: recorded before any stop
             outcome.predictions += env_rows
@@ -388,8 +397,10 @@ async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, 
                 rows = []
                 for label, policy in policies.items():
                     preds = await _agent_method(policy, env, questions, cfg, label, cfg.seed)
-                    rows += score_predictions(preds)
+                    scored = score_predictions(preds)
+                    rows += scored
                     outcome.examples += _examples(preds, cfg.eval.examples_per_dataset)
+                    outcome.episodes += [episode_record(p, r) for p, r in zip(preds, scored, strict=True)]
             else:
                 rows = [dict(r) for label in policies for r in agent_only_rows[label]]
             outcome.seconds[f"{env.name}:{method}"] = time.perf_counter() - t0
@@ -397,6 +408,31 @@ async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, 
     finally:
         await env.aclose()
     return env_rows
+
+
+EPISODE_DROPS = ("prompt_ids", "token_ids", "loss_mask", "logprobs")  # the learner's data, not a reader's
+
+
+def episode_record(pred: Prediction, row: dict[str, Any]) -> dict[str, Any]:
+    """One agent episode as plain data, for whoever shows episodes (the flows trace them in
+    MLflow): the question and its golds, each agent turn with its wall-clock span, each
+    environment call (usage, latency, start time, error; `input_cost_usd` / `output_cost_usd`
+    once its environment is known), the final answer and its scores. `env_name` / `env_model` are set per environment.
+
+    >>> from prompt_r1.core.questions import QuestionRow
+    >>> q = QuestionRow("q1", "nq", "test", "Capital of France?", ["Paris"], "qa", "em")
+    >>> r = episode_record(Prediction(q, "agent:base", "Paris", 1, trajectory={"agent_turns": ["t"],
+    ...     "token_ids": [1, 2], "env_calls": []}), {"score": 1.0, "em": 1.0, "error": None})
+    >>> r["golds"], r["trajectory"], r["env_calls"], r["score"]
+    (['Paris'], {'agent_turns': ['t']}, [], 1.0)
+    """
+    record = pred.trajectory or {}
+    trajectory = {k: v for k, v in record.items() if k not in EPISODE_DROPS and k != "env_calls"}
+    return {"method": pred.method, "dataset": pred.question.dataset, "question_id": pred.question.question_id,
+            "question": pred.question.question, "golds": list(pred.question.golds),
+            "primary_metric": pred.question.primary_metric, "answer": pred.text, "error": pred.error,
+            "env_calls": [dict(c) for c in record.get("env_calls", [])], "trajectory": trajectory,
+            **{m: row.get(m) for m in METRICS}}
 
 
 def _examples(preds: list[Prediction], per_dataset: int) -> list[dict[str, Any]]:

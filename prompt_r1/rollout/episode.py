@@ -66,7 +66,7 @@ class _Episode:
 
 async def _call_env(env: "Environment", messages: list[dict[str, str]], turn: int) -> tuple[str, EnvCall]:
     """One environment call that never raises: a failure becomes an error text and EnvCall.error."""
-    started = time.perf_counter()
+    started, wall = time.perf_counter(), time.time()
     try:
         reply = await env.reply(messages, turn=turn)
         text, call = reply.text, reply.call
@@ -77,6 +77,7 @@ async def _call_env(env: "Environment", messages: list[dict[str, str]], turn: in
         call = EnvCall(turn=turn, env_name=getattr(env, "name", ""), model=getattr(env, "model", ""),
                        latency_s=time.perf_counter() - started, error=reason)
     call.turn = turn
+    call.started_at = wall
     call.env_name = call.env_name or getattr(env, "name", "")
     call.model = call.model or getattr(env, "model", "")
     return text, call
@@ -194,9 +195,12 @@ async def rollout_batch(
             limits = [min(agent_cfg.max_new_tokens, loop.room(e)) for e in batch]
             seeds = [draw_seed(seed, step, e.trajectory.question_id, e.trajectory.group_index,
                                len(e.trajectory.agent_turns)) for e in batch]
+            began = time.time()
             samples = await asyncio.to_thread(
                 policy.generate, [e.trajectory.prompt_ids + e.trajectory.token_ids for e in batch], limits, seeds)
+            ended = time.time()
             for episode, sample in zip(batch, samples, strict=True):
+                episode.trajectory.turn_times.append([began, ended])
                 messages = loop.absorb_turn(episode, sample)
                 if messages is not None:
                     turn = len(episode.env_prompts) - 1

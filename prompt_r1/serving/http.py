@@ -57,6 +57,8 @@ class ServeConfig(BaseModel):
                                              "the agent reads (the config's when lower or unset).")
     batch_window_s: float = Field(0.01, ge=0, description="How long the agent waits to batch generation "
                                   "steps of concurrent episodes.")
+    trace: bool = Field(False, description="Hand each episode, failed ones included, to the registered episode "
+                        "observers (`prompt-r1 serve --trace`: one MLflow trace per request).")
     max_batch_rows: int = Field(64, ge=1, description="Most episodes in one agent generation batch.")
 
 
@@ -191,6 +193,10 @@ class AgentServer:
                               code="environment_timeout") from None
         finally:
             self.slots.release()
+        if self.limits.trace:
+            from prompt_r1.serving.observers import report_episode
+
+            await asyncio.to_thread(report_episode, "serve", self.cfg, self.env_cfgs[env_name], question, traj)
         failure = env_failure(traj)
         if failure:
             raise env_http_failure(env_name, failure)
