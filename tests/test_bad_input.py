@@ -58,6 +58,8 @@ def test_ask_refuses_an_empty_question(home, question):
 def test_rollout_whose_environment_calls_all_failed_exits_3_and_says_so(home):
     import socket
 
+    import ray
+
     from warehouse.store import Warehouse
 
     with socket.socket() as s:
@@ -65,9 +67,12 @@ def test_rollout_whose_environment_calls_all_failed_exits_3_and_says_so(home):
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
     dead = ["environment.kind=openai", f"environment.base_url=http://127.0.0.1:{port}/v1",
             "environment.model=nobody-home", "environment.max_retries=0", "environment.timeout_s=5"]
-    text = _refused(["rollout", *SMOKE, "--run-id", "dead", "--workers", "1",
-                     *[arg for item in dead for arg in ("--set", item)]], "environment `tiny-env`",
-                    "calls failed in the rollout", "first error:", code=3)
+    try:  # the command runs in this process: the Ray instance it started must not outlive the test
+        text = _refused(["rollout", *SMOKE, "--run-id", "dead", "--workers", "1",
+                         *[arg for item in dead for arg in ("--set", item)]], "environment `tiny-env`",
+                        "calls failed in the rollout", "first error:", code=3)
+    finally:
+        ray.shutdown()
     assert "error:" in text
     with Warehouse(home / "warehouse.duckdb", read_only=True) as wh:  # the failed calls are recorded
         calls = wh.query("SELECT error FROM env_calls WHERE run_id = 'dead'")
