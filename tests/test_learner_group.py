@@ -299,7 +299,7 @@ def test_one_rank_is_a_ray_actor_when_it_would_train_on_a_gpu(monkeypatch) -> No
     from prompt_r1.training import learners
 
     monkeypatch.setattr(learners, "LocalLearner", lambda cfg, path: ("local", cfg.train.world_size))
-    monkeypatch.setattr("prompt_r1.rollout.ray_pool.init_ray", lambda rollout_cfg: None)
+    monkeypatch.setattr("prompt_r1.rollout.ray_pool.init_ray", lambda rollout_cfg, cpus_needed=0.0: None)
     opened = []
 
     class Group:
