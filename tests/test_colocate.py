@@ -136,8 +136,10 @@ def test_evaluation_engines_in_one_process_split_the_share(monkeypatch):
 
 
 # -- where Ray puts a colocated engine (fake GPUs) -----------------------------------------------
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fake_gpu_ray():
+    """A local Ray with two fake GPUs for one test (shut down after it: a later training run in this
+    module must not find GPUs and move its learner into Ray)."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
