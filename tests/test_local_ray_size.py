@@ -58,6 +58,7 @@ def test_paper_config_is_admitted_on_a_fake_8_gpu_node(two_cores, caplog) -> Non
     from prompt_r1.rollout.engine_placement import engine_bundle
     from prompt_r1.rollout.placement import release, reserve_groups
     from prompt_r1.rollout.ray_connect import check_local_cpus, cpus_needed, local_cpus
+    from ray.util import placement_group_table
 
     cfg = load_config("configs/paper.yaml")
     assert cfg.rollout.ray_num_cpus is None and cfg.rollout.ray_address is None
@@ -72,7 +73,11 @@ def test_paper_config_is_admitted_on_a_fake_8_gpu_node(two_cores, caplog) -> Non
     ranks = [[{"CPU": cfg.train.cpus_per_rank, "GPU": 1}] * cfg.train.world_size]
     groups = reserve_groups(engines + ranks, what="paper.yaml", timeout_s=30, field="test", fix="-", name="paper")
     try:
-        assert len(groups) == 5 and ray.available_resources().get("GPU", 0) == 0
+        # the placement-group table, not available_resources(): the latter is refreshed by the raylet's
+        # periodic report and can still show the GPUs free just after the groups were placed
+        tables = [placement_group_table(group) for group in groups]
+        assert len(groups) == 5 and all(t["state"] == "CREATED" for t in tables)
+        assert sum(b.get("GPU", 0) for t in tables for b in t["bundles"].values()) == 8
     finally:
         for group in groups:
             release(group)
