@@ -122,3 +122,17 @@ class EnvConfig(StrictModel):
         if self.kind == "openai" and not self.base_url:
             raise ValueError("kind=openai needs base_url")
         return self
+
+
+class PoolEnvConfig(EnvConfig):
+    """One environment of the training pool (`train.environments`): an environment and how often it is drawn."""
+
+    weight: float = Field(
+        1.0, gt=0,
+        description="Sampling weight in the training pool: each question (and so its whole GRPO group) "
+        "draws one environment with probability weight / sum of weights.",
+    )
+
+    def env(self) -> EnvConfig:
+        """The environment itself, without the pool's weight."""
+        return EnvConfig.model_validate(self.model_dump(exclude={"weight"}))

@@ -75,6 +75,8 @@ class Config(StrictModel):
         data = self.model_dump(mode="json")
         for key in LAYOUT_KEYS:
             data["train"].pop(key)
+        if not data["train"]["environments"]:  # a pool of one is today's run, with today's hash
+            data["train"].pop("environments")
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -84,6 +86,14 @@ class Config(StrictModel):
 
     def eval_environments(self) -> list[EnvConfig]:
         return self.eval.environments or [self.environment]
+
+    def training_environments(self) -> list[EnvConfig]:
+        """The environments training draws from: `train.environments`, or the one `environment`."""
+        return [entry.env() for entry in self.train.environments] or [self.environment]
+
+    def training_weights(self) -> list[float]:
+        """Sampling weights of `training_environments()`, in the same order."""
+        return [entry.weight for entry in self.train.environments] or [1.0]
 
     def training_problems(self) -> list[str]:
         """Why this config cannot train (empty = it can).

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from prompt_r1.config.base import StrictModel
+from prompt_r1.config.env import PoolEnvConfig
 
 
 class TrainConfig(StrictModel):
@@ -114,6 +115,22 @@ class TrainConfig(StrictModel):
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
     validate_every: int = Field(0, ge=0, description="Validation every N steps (0 = only at the end).")
     validation_questions: int = Field(8, ge=1, description="Validation questions per check.")
+    environments: list[PoolEnvConfig] = Field(
+        default_factory=list,
+        description="The training pool of environment LLMs, each with a sampling `weight` (empty = the one "
+        "`environment`, a pool of one). Names must be unique; evaluation reports environments outside "
+        "the pool as held out.",
+    )
+
+    @field_validator("environments")
+    @classmethod
+    def _unique_names(cls, pool: list[PoolEnvConfig]) -> list[PoolEnvConfig]:
+        names = [env.name for env in pool]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"environment name(s) {repeated} appear more than once in the pool; give each a "
+                             "unique `name` (it keys trajectories, metrics and the held-out report)")
+        return pool
 
 
 # `train` keys that say how the learner is laid out (ranks, placement, deadlines), not what it
