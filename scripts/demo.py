@@ -35,7 +35,7 @@ def main() -> int:
     os.chdir(ROOT)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry errors
-    from prompt_r1.config.experiment import load_config, runs_home
+    from prompt_r1.config.experiment import load_config
     from prompt_r1.cli.logging_setup import setup_logging
 
     setup_logging()
@@ -74,8 +74,14 @@ def main() -> int:
     print(f"Plots and tables: {report.parent}")
     print(f"Registered agent: prompt-r1-agent version {result['train']['model_version']}"
           f" (champion: {result['train']['champion']})")
+    from mlflow import MlflowClient
+    from tasks.tracking import compare_url, tracking_uri
+
+    experiment = MlflowClient(tracking_uri()).get_experiment_by_name(base.name)
     print("Look at the runs:\n"
-          f"  .venv/bin/mlflow ui --backend-store-uri sqlite:///{runs_home() / 'mlflow.db'} --port 5000\n"
+          f"  .venv/bin/mlflow ui --backend-store-uri {tracking_uri()} --port 5000\n"
+          f"  then open {compare_url(experiment.experiment_id)}\n"
+          "  (the environment LLMs side by side: evaluation runs grouped by environment and method, headline charts)\n"
           "  .venv/bin/prefect server start   # then http://127.0.0.1:4200 (see docs/deployments.md)")
     return 0
 

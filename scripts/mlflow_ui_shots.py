@@ -6,11 +6,10 @@ It starts `mlflow ui` on the given mlflow.db (127.0.0.1 only, a free port, a dea
 answer, stopped at the end), drives Chromium over the DevTools protocol (a free port, a
 throw-away profile) and writes:
 
-- `mlflow-experiment.png`: the experiment as it opens (MLflow 3.17.2 with its GenAI switch on:
-  the GenAI overview, whatever the experiment-kind tag says);
-- `mlflow-runs-chart.png`: the chart view of the runs of `--method`; it presets grouping by
-  `env_model` and the chart search `headline` through the page state the UI keeps in
-  localStorage, which 3.17.2 did not pick up (the page is shot anyway and named at the end);
+- `mlflow-experiment.png`: the experiment on MLflow's model-training side (`workflowType=
+  machine_learning` in the address: MLflow 3.17 otherwise opens its GenAI overview);
+- `mlflow-runs-chart.png`: the saved comparison view (`compare_url` in tasks/tracking.py, the address
+  the demo prints): the `eval-<environment>` runs grouped by `env_model`, headline charts only;
 - `mlflow-trace.png`: one agent episode's trace (its spans, the environment call's tokens and cost,
   the score and gold answers);
 - `mlflow-results-table.png`: the evaluation's results table in the run's artifact view.
@@ -35,6 +34,9 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 INSTALL_HINT = "install it with: apt-get update && apt-get install -y chromium"
@@ -161,16 +163,10 @@ def pick_objects(db: Path, experiment: str | None, method: str) -> dict[str, Any
         raise SystemExit(f"{db}: experiment {exp.name} holds no traces (eval.trace_episodes > 0?)")
     # the richest one: most environment calls, scored
     trace = max(traces, key=lambda t: (t.info.state.value == "OK", len(t.data.spans), t.info.request_time))
+    from tasks.tracking import save_compare_view
+
+    save_compare_view(client, exp.experiment_id, exp.tags)  # a database from before the view existed
     return {"experiment": exp, "eval_run": evals[0], "trace": trace}
-
-
-def run_page_state(exp_id: str) -> tuple[str, str]:
-    """localStorage key and value that make the runs page show the chart view grouped by
-    `env_model`, with only the headline charts (the UI keeps this state per experiment there)."""
-    key = f"MLflowLocalStorage-1.1-ExperimentPage-{exp_id}-ReactComponentState"
-    state = {"groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "env_model"}]},
-             "chartsSearchFilter": "headline", "useGroupedValuesInCharts": True, "hideEmptyCharts": True}
-    return key, json.dumps(state)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experiment", help="Experiment name (default: the first one besides Default).")
     ap.add_argument("--method", default="agent:base", help="Method whose runs and trace are shown.")
     ap.add_argument("--out", type=Path, default=Path("docs/images"), help="Folder for the PNGs.")
-    ap.add_argument("--width", type=int, default=1400)
+    ap.add_argument("--width", type=int, default=1600)
     ap.add_argument("--height", type=int, default=820)
     ap.add_argument("--deadline", type=float, default=300.0, help="Seconds each server and page may take.")
     args = ap.parse_args(argv)
@@ -225,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 def shoot(page: Page, base: str, exp_id: str, run_id: str, trace, args) -> None:
     """Each page, waited for until it shows what it should; one that never does is still shot
     (to see why) and named at the end, with a non-zero exit."""
-    from urllib.parse import quote
+    from tasks.tracking import compare_url
 
     out, method, missed = args.out, args.method, []
 
@@ -236,12 +232,17 @@ def shoot(page: Page, base: str, exp_id: str, run_id: str, trace, args) -> None:
             missed.append(f"{name}: {err}")
         page.shot(out / name)
 
-    take(f"{base}/#/experiments/{exp_id}", ["smoke" if not args.experiment else args.experiment], "mlflow-experiment.png")
-    key, value = run_page_state(exp_id)
-    page.js(f"localStorage.setItem({json.dumps(key)}, {json.dumps(value)})")
-    search = quote(f"tags.method = '{method}'")
-    take(f"{base}/#/experiments/{exp_id}/runs?searchFilter={search}&compareRunsMode=CHART", ["headline/"],
-         "mlflow-runs-chart.png", settle_s=5.0)
+    take(f"{base}/#/experiments/{exp_id}?workflowType=machine_learning",
+         ["smoke" if not args.experiment else args.experiment, "Run Name"], "mlflow-experiment.png")
+    # the view every experiment holds (tasks/tracking.py: COMPARE_VIEW), the address the demo prints
+    try:
+        page.goto(compare_url(exp_id, base), ["Group by: env_model", "eval-"], args.deadline, settle_s=5.0)
+        for component in ("mlflow.assistant.chat_panel.close", "mlflow.experiment_page.shared_view.dismiss"):
+            page.js(f"document.querySelector('[data-component-id=\"{component}\"]')?.click()")  # room for charts
+        time.sleep(2.0)
+    except SystemExit as err:
+        missed.append(f"mlflow-runs-chart.png: {err}")
+    page.shot(out / "mlflow-runs-chart.png")
     tid = trace.info.trace_id
     take(f"{base}/#/experiments/{exp_id}/traces?selectedEvaluationId={tid}&traceId={tid}", ["environment call"],
          "mlflow-trace.png")

@@ -14,6 +14,7 @@ config field.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
 import os
 import re
@@ -37,6 +38,19 @@ MODEL_NAME = "prompt-r1-agent"
 # MLflow's experiment-kind tag: the UI opens a model-training experiment on its runs (an untagged
 # experiment holding traces opens on the GenAI overview instead).
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+# A view of the runs page saved in the experiment, as the UI's own "share" button saves one: the
+# `eval-<environment>` runs (each holds `<method>/headline-<suite>`) grouped by environment LLM, in
+# the chart view with only the headline charts: one chart per method and suite, a bar per
+# environment. `compare_url` opens it on the runs (not the GenAI overview).
+SHARED_VIEW_PREFIX, COMPARE_VIEW = "mlflow.sharedViewState.", "compare-environments"
+COMPARE_VIEW_STATE = {
+    "searchFilter": "tags.method = 'all' and attributes.run_name LIKE 'eval-%'",
+    "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "env_model"}]},
+    "chartsSearchFilter": "headline",
+    "useGroupedValuesInCharts": True,
+    "hideEmptyCharts": True,
+    "runsHiddenMode": "SHOW_ALL",
+}
 CHAMPION = "champion"
 SETUP_LOCK = "mlflow.db.setup.lock"  # serialises the tracking store's first use (setup_mlflow)
 SETUP_LOCK_WAIT_S = 300.0  # a first creation of MLflow's tables takes seconds; a loaded machine, more
@@ -67,8 +81,10 @@ def setup_mlflow(config_name: str) -> str:
                     config_name, artifact_location=(home / "mlartifacts" / config_name).as_uri())
             else:
                 exp_id = exp.experiment_id
-            if EXPERIMENT_KIND not in (exp.tags if exp is not None else {}):  # a kind the user picked in the UI stays
+            tags = exp.tags if exp is not None else {}
+            if EXPERIMENT_KIND not in tags:  # a kind the user picked in the UI stays
                 client.set_experiment_tag(exp_id, EXPERIMENT_KIND, MODEL_TRAINING)
+            save_compare_view(client, exp_id, tags)
     except LockBusy as err:
         raise RuntimeError(f"MLflow set-up: {err}; another prompt-r1 process is creating the tracking "
                            "database or an experiment and has not finished; retry when it has") from None
@@ -77,6 +93,22 @@ def setup_mlflow(config_name: str) -> str:
     os.environ.setdefault("MLFLOW_ASYNC_TRACE_LOGGING_MAX_WORKERS", "1")
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
+
+
+def save_compare_view(client: MlflowClient, exp_id: str, tags: dict[str, str]) -> None:
+    """Save the environment comparison view in the experiment, unless it holds one (a user's edit stays)."""
+    if SHARED_VIEW_PREFIX + COMPARE_VIEW not in tags:
+        client.set_experiment_tag(exp_id, SHARED_VIEW_PREFIX + COMPARE_VIEW, json.dumps(COMPARE_VIEW_STATE))
+
+
+def compare_url(exp_id: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The `mlflow ui` address of the saved environment comparison of experiment `exp_id`.
+
+    `workflowType=machine_learning` picks the UI's model-training side, whatever its GenAI/model
+    training switch was last set to in this browser (MLflow 3.17 opens on the GenAI overview
+    otherwise, experiment-kind tag or not)."""
+    return (f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning&compareRunsMode=CHART"
+            f"&viewStateShareKey={COMPARE_VIEW}")
 
 
 def metric_key(*parts: str) -> str:

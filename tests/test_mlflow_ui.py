@@ -113,7 +113,7 @@ def test_smoke_evaluation_is_seen_in_mlflow_as_a_user_would(home):
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.evaluate import evaluate_flow
-    from tasks.tracking import EXPERIMENT_KIND, MODEL_TRAINING, RESULTS_TABLE
+    from tasks.tracking import COMPARE_VIEW, EXPERIMENT_KIND, MODEL_TRAINING, RESULTS_TABLE, SHARED_VIEW_PREFIX, compare_url
 
     cap = 3
     overrides = {"eval.agent_checkpoints": ["base"], "eval.environments": SMOKE_ENVS, "eval.trace_episodes": cap}
@@ -131,6 +131,16 @@ def test_smoke_evaluation_is_seen_in_mlflow_as_a_user_would(home):
     for r in method_runs:  # one headline metric per suite, one name for every environment
         assert -1.0 <= r.data.metrics["headline/sample"] <= 1.0, r.info.run_name  # SSim is a cosine
         assert ("agent_checkpoint" in r.data.tags) == (":" in r.data.tags["method"])
+    # the saved comparison view the demo's address opens: its filter finds one run per environment,
+    # each holding the headline of every method under the same names
+    view = json.loads(exp.tags[SHARED_VIEW_PREFIX + COMPARE_VIEW])
+    in_view = client.search_runs([exp.experiment_id], view["searchFilter"], max_results=200)
+    assert sorted(r.data.tags["env_model"] for r in in_view) == sorted(env["model"] for env in SMOKE_ENVS)
+    for r in in_view:
+        assert {k for k in r.data.metrics if "headline" in k} == {
+            f"{m}/headline-sample" for m in ("direct", "cot", "agent-base", "agent_only-base")}
+    assert [k["groupByData"] for k in view["groupBy"]["groupByKeys"]] == ["env_model"]
+    assert "workflowType=machine_learning" in compare_url(exp.experiment_id)
     agent_run = next(r for r in method_runs if r.data.tags["method"] == "agent:base")
     assert agent_run.data.tags["agent_checkpoint"] == result["agents"]["base"]
 
