@@ -2,8 +2,8 @@
 
 Only the driver logs. One experiment per config name, tagged as model training so the UI opens
 on its runs; a parent run per flow run; nested runs per environment (and per method inside it)
-in evaluation, tagged `env_model`, `method`, `suite`, `agent_checkpoint`, each method run with
-`headline/<suite>` metrics, so the MLflow UI compares environment LLMs with one filter and one
+in evaluation, tagged `env_model`, `method`, `suite`, `agent_checkpoint`, `held_out`, each method run with
+`headline/<suite>` metrics and its cost per correct answer, the held-out comparisons as `heldout/*` metrics, so the MLflow UI compares environment LLMs with one filter and one
 group-by; agent episodes as traces of their method's run (`tasks.tracing`); the evaluation's
 cells as one MLflow table. Training metrics are
 buffered and flushed at each checkpoint: a crashed run that resumes from its checkpoint never
