@@ -214,3 +214,42 @@ def test_held_out_tags_and_metrics_reach_mlflow(home):
             next(r["diff"] for r in rows if r["method"] == method and r["env_name"] == "c" and r["scope"] == "env"))
     assert client.get_run(parent.info.run_id).data.tags["heldout/worst/sample/vs_direct/env"] == \
         want[("direct", "held-out worst")]["env_name"]
+
+
+@pytest.mark.slow
+def test_the_evaluate_flow_marks_what_the_trained_agents_run_never_drew(home, tmp_path):
+    """The evaluate flow on configs/smoke.yaml with an `agent:trained` whose carried training pool
+    is {tiny-smollm2-env}: the opposite of the smoke config's own pool ({tiny-env}), so the tags
+    and metrics can only come from the agent's config."""
+    import shutil
+
+    import yaml
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.evaluate import evaluate_flow
+    from prompt_r1.models.bundled import resolve_model
+    from prompt_r1.models.resolver import TRAINING_CONFIG
+    from tests.test_mlflow_ui import SMOKE_ENVS, _client
+
+    trained = tmp_path / "trained"
+    shutil.copytree(resolve_model("tiny-protocol"), trained)
+    pool = parse_config({"train": {"environments": [SMOKE_ENVS[1]]}})
+    (trained / TRAINING_CONFIG).write_text(yaml.safe_dump(pool.model_dump(mode="json")))
+    overrides = {"eval.environments": SMOKE_ENVS, "eval.methods": ["direct", "agent"], "eval.trace_episodes": 0}
+    with prefect_test_harness(server_startup_timeout=180):
+        result = evaluate_flow("configs/smoke.yaml", agents={"trained": str(trained)}, overrides=overrides)
+    client = _client()
+    exp = client.get_experiment_by_name("smoke")
+    runs = [r for r in client.search_runs([exp.experiment_id], max_results=200)
+            if r.data.tags.get("method") not in (None, "all")]
+    assert {(r.data.tags["env_name"], r.data.tags["held_out"]) for r in runs} == {
+        ("tiny-env", "true"), ("tiny-smollm2-env", "false")}
+    parent = client.get_run(result["run_id"]).data
+    for key in ("vs_direct", "vs_agent-base"):
+        assert -1 <= parent.metrics[f"heldout/mean/sample/{key}"] <= 1
+        assert parent.metrics[f"heldout/worst/sample/{key}"] == parent.metrics[f"heldout/mean/sample/{key}"]  # one held out
+        assert parent.tags[f"heldout/worst/sample/{key}/env"] == "tiny-env"
+        assert f"trainedon/mean/sample/{key}" in parent.metrics
+    assert str(trained) in parent.tags["held_out_from"]
+    text = open(result["report"]).read()
+    assert "Held out: tiny-env; trained on: tiny-smollm2-env" in text and "(held out: yes)" in text
