@@ -17,13 +17,14 @@ from prompt_r1 import load_config
 from prompt_r1.config.experiment import default_db_path, run_dir
 from prompt_r1.evaluation.report import markdown_table, write_report
 from prompt_r1.evaluation.evaluate import EvalAgents, EvalOutcome
+from prompt_r1.evaluation.heldout import environment_split, heldout_comparisons
 from prompt_r1.core.failures import EnvironmentFailure
 from tasks.artifacts import publish_eval_table
 from tasks.evaluate import evaluate_environment
 from tasks.ingest import ingest_sources
 from tasks.tracing import episodes_to_trace
-from tasks.tracking import (install_registry_resolver, log_datasets, log_eval_environment, log_results_table,
-                            log_run_identity, metric_key, setup_mlflow)
+from tasks.tracking import (install_registry_resolver, log_datasets, log_eval_environment, log_heldout_metrics,
+                            log_results_table, log_run_identity, metric_key, setup_mlflow)
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
     ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)
     install_registry_resolver()  # `champion` and `models:/` specs resolve through the registry
     resolved = resolve_agents(cfg, agents, labels=["champion"] if use_champion else None)
+    split = environment_split(cfg, resolved)  # held out = not in the pool agent:trained was trained on
     suite = ",".join(cfg.eval.suites)
     with mlflow.start_run(run_name=f"evaluate-{cfg.name}", nested=parent_run_id is not None,
                           parent_run_id=parent_run_id,
@@ -64,22 +66,24 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
                         mlflow.log_metric(metric_key(env_cfg.name, "env_error_rate"), err.error_rate)
                         mlflow.set_tag("env_failure", str(err)[:5000])
                         raise
-                    # held_out: whether training saw this environment; set once training draws from a pool
                     log_eval_environment(run_id, env_cfg.name, env_cfg.model, cfg.eval.suites, outcome.results,
                                          outcome.baselines, outcome.suites, resolved,
                                          episodes_to_trace(outcome.episodes, cfg.eval.trace_episodes),
-                                         held_out=None)
+                                         held_out=split.held_out[env_cfg.name])
                     total.results += outcome.results
                     total.predictions += outcome.predictions
                     total.examples += outcome.examples
                     total.baselines += outcome.baselines
                     total.seconds.update(outcome.seconds)
+                    total.suites = outcome.suites
         files = write_report(total.results, total.examples, out, total.seconds, total.predictions,
-                             total.baselines)
+                             total.baselines, split, total.suites)
         mlflow.log_artifacts(str(out), artifact_path="eval")
-        log_results_table(total.results, {e.name: e.model for e in cfg.eval_environments()})
+        log_results_table(total.results, {e.name: e.model for e in cfg.eval_environments()}, split.held_out)
+        log_heldout_metrics(heldout_comparisons(total.predictions, split, total.suites))
+        mlflow.set_tag("held_out_from", split.source[:5000])
         mlflow.flush_trace_async_logging()  # traces are exported in the background: all stored on return
         publish_eval_table(total.results, key=f"eval-{cfg.name}")
-        print(markdown_table(total.results))
+        print(markdown_table(total.results, split.held_out))
     return {"run_id": run_id, "results": total.results, "report": str(files["markdown"]),
             "report_dir": str(out), "agents": resolved}

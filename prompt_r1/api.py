@@ -165,8 +165,10 @@ def evaluate(cfg: Config, *, agents: Mapping[str, str] | Sequence[str] = (), run
     with open_warehouse(warehouse) as wh:
         _ingest_sources(wh, cfg, only_if_empty=True)
         outcome = run_evaluation(cfg, wh, run_id, folders, log_dir=folder / "logs", concurrent=concurrent)
+    from prompt_r1.evaluation.heldout import environment_split
+
     files = write_report(outcome.results, outcome.examples, folder, outcome.seconds, outcome.predictions,
-                         outcome.baselines)
+                         outcome.baselines, environment_split(cfg, folders), outcome.suites)
     return EvalResult(run_id, folder, files, outcome)
 
 

@@ -2,8 +2,8 @@
 
 Only the driver logs. One experiment per config name, tagged as model training so the UI opens
 on its runs; a parent run per flow run; nested runs per environment (and per method inside it)
-in evaluation, tagged `env_model`, `method`, `suite`, `agent_checkpoint`, each method run with
-`headline/<suite>` metrics, so the MLflow UI compares environment LLMs with one filter and one
+in evaluation, tagged `env_model`, `method`, `suite`, `agent_checkpoint`, `held_out`, each method run with
+`headline/<suite>` metrics and its cost per correct answer, the held-out comparisons as `heldout/*` metrics, so the MLflow UI compares environment LLMs with one filter and one
 group-by; agent episodes as traces of their method's run (`tasks.tracing`); the evaluation's
 cells as one MLflow table. Training metrics are
 buffered and flushed at each checkpoint: a crashed run that resumes from its checkpoint never
@@ -212,12 +212,15 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
 
     Every run is tagged `env_model`, `env_name`, `suite`, `method`; an agent method's run also
     `agent_checkpoint` (its spec in `agents`, label -> spec), and all of them `held_out` when
-    given (whether training saw this environment: the hook for environment pools). Each method
-    run logs `headline/<suite>` (`headline_metrics`), the same name for every environment.
+    given (`true` when the training run of `agent:trained` never drew this environment,
+    `prompt_r1.evaluation.heldout`). Each method run logs `headline/<suite>` (`headline_metrics`),
+    the same name for every environment, and its cost (`cost_usd`, `usd_per_question`, `correct`,
+    `usd_per_correct` when anything was correct: `compare.cost_points`).
     `baselines` (`EvalOutcome.baselines`): each optimised instruction goes to its method's run as
     params (`instruction`, `cache_key`), metrics (`train_score`, `opt_*` spend) and, all together,
     to the environment run as `baselines/<env>.json`. `episodes` (`episode_record`s, already
     capped) are logged as traces of their method's run (`tasks.tracing`)."""
+    from prompt_r1.evaluation.compare import cost_points
     from prompt_r1.evaluation.report import averages
     from tasks.tracing import trace_episodes
 
@@ -249,7 +252,9 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
                 m.update({metric_key(f"avg_{g}"): v for g, v in avg.items() if v is not None})
                 m["env_prompt_tokens"] = sum(r["env_prompt_tokens"] for r in per)
                 m["env_completion_tokens"] = sum(r["env_completion_tokens"] for r in per)
-                m["cost_usd"] = sum(r["cost_usd"] for r in per)
+                (cost,) = cost_points(per)
+                m.update({k: cost[k] for k in ("cost_usd", "usd_per_question", "correct", "usd_per_correct")
+                          if cost[k] is not None})
                 m.update(headline)
                 mlflow.log_metrics(m)
                 trace_episodes([e for e in episodes or [] if e["method"] == method])
@@ -265,16 +270,53 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
 RESULTS_TABLE = "eval/results_table.json"
 
 
-def log_results_table(results: list[dict[str, Any]], env_models: dict[str, str]) -> None:
+def log_results_table(results: list[dict[str, Any]], env_models: dict[str, str],
+                      held_out: dict[str, bool] | None = None) -> None:
     """The evaluation's cells as one MLflow table in the active run (`RESULTS_TABLE`): environment
-    x method x dataset with the environment's model (`env_models`: name -> model), score, 95% interval, n, failed rows and cost,
+    x method x dataset with the environment's model (`env_models`: name -> model), whether it was
+    held out from training (`held_out`: name -> bool), score, 95% interval, n, failed rows and cost,
     which the run's artifact view sorts and filters."""
     import pandas as pd
 
     from tasks.artifacts import eval_table_rows
 
-    rows = [{"env_model": env_models.get(r["env_name"], ""), **r} for r in eval_table_rows(results)]
+    rows = [{"env_model": env_models.get(r["env_name"], ""),
+             **({"held_out": str(held_out[r["env_name"]]).lower()} if r["env_name"] in (held_out or {}) else {}),
+             **r} for r in eval_table_rows(results)]
     mlflow.log_table(pd.DataFrame(rows), artifact_file=RESULTS_TABLE)
+
+
+def heldout_metric_names(row: dict[str, Any]) -> str:
+    """The MLflow name of one `heldout_comparisons` row: `heldout/mean/<suite>/vs_<method>`,
+    `heldout/worst/...`, `trainedon/mean/...`, `heldout/env/<env>/...` (every environment, held out or not).
+
+    >>> heldout_metric_names({"scope": "held-out worst", "suite": "sample", "method": "agent:base", "env_name": "e"})
+    'heldout/worst/sample/vs_agent-base'
+    >>> heldout_metric_names({"scope": "env", "suite": "sample", "method": "direct", "env_name": "e"})
+    'heldout/env/e/sample/vs_direct'
+    """
+    vs = f"vs_{row['method']}"
+    if row["scope"] == "env":
+        return metric_key("heldout", "env", row["env_name"], row["suite"], vs)
+    group, stat = {"held-out mean": ("heldout", "mean"), "held-out worst": ("heldout", "worst"),
+                   "trained-on mean": ("trainedon", "mean")}[row["scope"]]
+    return metric_key(group, stat, row["suite"], vs)
+
+
+def log_heldout_metrics(rows: list[dict[str, Any]]) -> None:
+    """`agent:trained` − method on held-out environments (`heldout_comparisons` rows) as metrics of
+    the active run: the difference under `heldout_metric_names`, its interval as `.../ci_low`,
+    `.../ci_high`; the worst environment's name as the tag `heldout/worst/<suite>/vs_<method>/env`."""
+    metrics = {}
+    for r in rows:
+        if r["diff"] is None:
+            continue
+        name = heldout_metric_names(r)
+        metrics.update({name: r["diff"], f"{name}/ci_low": r["ci_low"], f"{name}/ci_high": r["ci_high"]})
+        if r["scope"] == "held-out worst":
+            mlflow.set_tag(f"{name}/env", r["env_name"])
+    if metrics:
+        mlflow.log_metrics(metrics)
 
 
 def headline_metrics(cells: list[dict[str, Any]], suite_datasets: dict[str, list[str]]) -> dict[str, float]:
@@ -394,8 +436,12 @@ def register_agent(run_id: str, checkpoint: Path, val_score: float | None,
 
 
 def _run_config_text(agent_dir: Path) -> str:
-    """The training config beside an exported agent (`run/agent` -> `run/checkpoints/step-*/config.yaml`)."""
-    found = sorted(Path(agent_dir).parent.glob("checkpoints/step-*/config.yaml"))
+    """The training config of an exported agent: the one it carries (`training_config_file`), or
+    for an export made before exports carried it, the one beside it (`run/checkpoints/step-*/config.yaml`)."""
+    from prompt_r1.models.resolver import training_config_file
+
+    carried = training_config_file(agent_dir)
+    found = [carried] if carried is not None else sorted(Path(agent_dir).parent.glob("checkpoints/step-*/config.yaml"))
     if not found:
         raise FileNotFoundError(f"no config for agent {agent_dir}: pass cfg to register_agent")
     return found[-1].read_text()

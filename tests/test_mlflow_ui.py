@@ -131,6 +131,9 @@ def test_smoke_evaluation_is_seen_in_mlflow_as_a_user_would(home):
     for r in method_runs:  # one headline metric per suite, one name for every environment
         assert -1.0 <= r.data.metrics["headline/sample"] <= 1.0, r.info.run_name  # SSim is a cosine
         assert ("agent_checkpoint" in r.data.tags) == (":" in r.data.tags["method"])
+        # no agent:trained: the smoke config's own training pool (tiny-env) is what was trained on
+        assert r.data.tags["held_out"] == ("false" if r.data.tags["env_name"] == "tiny-env" else "true")
+        assert ("usd_per_correct" in r.data.metrics) == (r.data.metrics["correct"] > 0)
     # the saved comparison view the demo's address opens: its filter finds one run per environment,
     # each holding the headline of every method under the same names
     view = json.loads(exp.tags[SHARED_VIEW_PREFIX + COMPARE_VIEW])
@@ -164,7 +167,7 @@ def test_smoke_evaluation_is_seen_in_mlflow_as_a_user_would(home):
 
     table = client.load_table(exp.experiment_id, RESULTS_TABLE, run_ids=[result["run_id"]])
     assert len(table) == len(result["results"]) == 2 * 4 * 4  # environments x methods x sample datasets
-    assert {"env_model", "method", "dataset", "score", "ci_low", "ci_high", "n", "cost_usd"} <= set(table.columns)
+    assert {"env_model", "held_out", "method", "dataset", "score", "ci_low", "ci_high", "n", "cost_usd"} <= set(table.columns)
 
 
 def _traces(experiment: str):

@@ -5,7 +5,10 @@ primary metric x 100 in each cell with its 95% bootstrap interval over questions
 each agent method over `direct`. Plots: per-environment bars with and without the agent, and
 the OOD averages across environments (the transfer picture), and accuracy versus environment
 cost. Given the per-question rows, paired comparisons of `agent:trained` with every other method
-(`prompt_r1.evaluation.compare`).
+(`prompt_r1.evaluation.compare`). Given the environment split (`prompt_r1.evaluation.heldout`),
+each environment is marked held out or trained on (block titles, a `held_out` column in
+results.csv, the cost table) and the trained agent's differences on held-out environments get
+their own section.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import csv
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prompt_r1.data.rows import OOD
+
+if TYPE_CHECKING:
+    from prompt_r1.evaluation.heldout import EnvSplit
 
 REPORT_MARKER = ".prompt-r1-report.json"  # marks folders an evaluation report may be written over (--overwrite)
 LONG_COLUMNS = ["env_name", "dataset", "method", "n", "primary_metric", "score", "em", "f1",
                 "substring", "ssim", "ci_low", "ci_high", "errors", "env_prompt_tokens", "env_completion_tokens",
-                "cost_usd"]
+                "cost_usd", "held_out"]
 
 
 def _methods(results: list[dict[str, Any]]) -> list[str]:
@@ -55,14 +62,22 @@ def _cell_text(row: dict[str, Any] | None) -> str:
     return text + (f" ({row['errors']} err)" if row.get("errors") else "")
 
 
-def markdown_table(results: list[dict[str, Any]]) -> str:
-    """Results as Markdown, one block per environment (scores x 100)."""
+def _held_text(held_out: Mapping[str, bool] | None, env_name: str) -> str:
+    """The held-out column's text: yes, no, or empty when the split is unknown."""
+    return {True: "yes", False: "no"}.get((held_out or {}).get(env_name), "")
+
+
+def markdown_table(results: list[dict[str, Any]], held_out: Mapping[str, bool] | None = None) -> str:
+    """Results as Markdown, one block per environment (scores x 100), its title saying whether
+    the environment was held out from training (`held_out`: env name -> held out)."""
     methods = _methods(results)
     lines: list[str] = []
     for env_name in sorted({r["env_name"] for r in results}):
         cell = {(r["dataset"], r["method"]): r for r in results if r["env_name"] == env_name}
         datasets = sorted({d for d, _ in cell}, key=lambda d: (d in OOD, d))
-        lines += [f"### environment: {env_name}", "",
+        held = _held_text(held_out, env_name)
+        title = f"### environment: {env_name}" + (f" (held out: {held})" if held else "")
+        lines += [title, "",
                   "| dataset | metric | " + " | ".join(methods) + " |",
                   "|---|---|" + "---:|" * len(methods)]
         for d in datasets:
@@ -84,17 +99,30 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def cost_table(results: list[dict[str, Any]]) -> str:
-    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
+def cost_table(results: list[dict[str, Any]], held_out: Mapping[str, bool] | None = None) -> str:
+    """Per environment and method: tokens, dollars, dollars per question and per correct answer
+    (`compare.cost_points`: correct = the sum of primary scores; n/a when nothing was correct).
+
+    >>> print(cost_table([{"env_name": "e", "method": "direct", "score": 0.5, "n": 4, "errors": 0,
+    ...     "env_prompt_tokens": 10, "env_completion_tokens": 6, "cost_usd": 0.02}], {"e": True}))
+    | environment | held out | method | prompt tokens | completion tokens | cost (USD) | questions | correct | USD per question | USD per correct |
+    |---|---|---|---:|---:|---:|---:|---:|---:|---:|
+    | e | yes | direct | 10 | 6 | 0.0200 | 4 | 2.0 | 0.005000 | 0.010000 |
+    """
+    from prompt_r1.evaluation.compare import cost_points
+
+    tokens: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     for r in results:
-        t = totals[(r["env_name"], r["method"])]
-        t[0] += r["env_prompt_tokens"]
-        t[1] += r["env_completion_tokens"]
-        t[2] += r["cost_usd"]
-    lines = ["| environment | method | prompt tokens | completion tokens | cost (USD) |",
-             "|---|---|---:|---:|---:|"]
-    for (env_name, method), (pt, ct, cost) in sorted(totals.items()):
-        lines.append(f"| {env_name} | {method} | {int(pt)} | {int(ct)} | {cost:.4f} |")
+        tokens[(r["env_name"], r["method"])][0] += r["env_prompt_tokens"]
+        tokens[(r["env_name"], r["method"])][1] += r["env_completion_tokens"]
+    lines = ["| environment | held out | method | prompt tokens | completion tokens | cost (USD) | questions | correct "
+             "| USD per question | USD per correct |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in cost_points(results):
+        pt, ct = tokens[(p["env_name"], p["method"])]
+        per_correct = "n/a" if p["usd_per_correct"] is None else f"{p['usd_per_correct']:.6f}"
+        lines.append(f"| {p['env_name']} | {_held_text(held_out, p['env_name'])} | {p['method']} | {int(pt)} | {int(ct)} "
+                     f"| {p['cost_usd']:.4f} | {p['questions']} | {p['correct']:.1f} | {p['usd_per_question']:.6f} "
+                     f"| {per_correct} |")
     return "\n".join(lines)
 
 
@@ -174,30 +202,40 @@ def plot_results(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], out_dir: Path,
                  seconds: dict[str, float] | None = None,
                  predictions: list[dict[str, Any]] | None = None,
-                 baselines: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+                 baselines: list[dict[str, Any]] | None = None, split: EnvSplit | None = None,
+                 suites: Mapping[str, Sequence[str]] | None = None) -> dict[str, Path]:
     """Write results.md / results.csv / costs.md / examples.json / plots into `out_dir`, and with
     the per-question `predictions`, paired comparisons (in results.md and comparisons.csv); with
-    `baselines`, the optimised instructions (results.md and baselines.json). A folder the user named
+    `baselines`, the optimised instructions (results.md and baselines.json); with the environment
+    `split`, held-out marks and the trained agent on held-out environments per suite (`suites`:
+    suite -> datasets; results.md and heldout.csv). A folder the user named
     is checked first (`check_report_folder`)."""
     from prompt_r1.evaluation.compare import comparison_table, paired_comparisons, plot_accuracy_vs_cost
+    from prompt_r1.evaluation.heldout import heldout_comparisons, heldout_table
 
     mark_report_folder(out_dir)
     files = {"markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
              "costs": out_dir / "costs.md", "examples": out_dir / "examples.json"}
     timing = "".join(f"\n- {k}: {v:.1f} s" for k, v in sorted((seconds or {}).items()))
     comparisons = paired_comparisons(predictions) if predictions else []
+    held_out = split.held_out if split is not None else None
+    heldout_rows = heldout_comparisons(predictions, split, suites) if split is not None and predictions else []
+    heldout_md = ("\n## Held-out environments (agent:trained − method, same questions)\n\n"
+                  "Differences x 100 over each suite's datasets; 95% bootstrap interval over questions (the worst "
+                  "environment's interval is that of the minimum).\n\n" + heldout_table(heldout_rows, split)
+                  ) if split is not None else ""
     paired = ("\n## Paired comparisons (agent:trained − method, same questions)\n\n"
               "Differences x 100; 95% bootstrap interval over questions; two-sided sign-flip p-value; "
               "`answers differ`: of the `n` questions, how many got a different final answer; "
               "`dropped`: questions left out because an environment call failed under either method.\n\n"
               + comparison_table(comparisons)) if predictions is not None else ""
     files["markdown"].write_text("# Evaluation results\n\nPrimary metric x 100 [95% bootstrap interval over "
-                                 "questions].\n\n" + markdown_table(results) + paired
+                                 "questions].\n\n" + markdown_table(results, held_out) + heldout_md + paired
                                  + ("\n## Optimised instructions (prompt-optimisation baselines)\n\n"
                                     "Optimised on training questions; spend = optimisation only (the evaluation "
                                     "is in the cost table).\n\n" + baseline_table(baselines) + "\n"
                                     if baselines else "")
-                                 + "\n## Environment tokens and cost\n\n" + cost_table(results) + "\n"
+                                 + "\n## Environment tokens and cost\n\n" + cost_table(results, held_out) + "\n"
                                  + (f"\n## Time per stage\n{timing}\n" if timing else ""))
     if comparisons:
         files["comparisons"] = out_dir / "comparisons.csv"
@@ -205,12 +243,18 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
             writer = csv.DictWriter(fh, fieldnames=list(comparisons[0]))
             writer.writeheader()
             writer.writerows(comparisons)
-    files["accuracy_vs_cost"] = plot_accuracy_vs_cost(results, out_dir)
+    if heldout_rows:
+        files["heldout"] = out_dir / "heldout.csv"
+        with files["heldout"].open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(heldout_rows[0]))
+            writer.writeheader()
+            writer.writerows(heldout_rows)
+    files["accuracy_vs_cost"] = plot_accuracy_vs_cost(results, out_dir, held_out)
     with files["csv"].open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=LONG_COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(results)
-    files["costs"].write_text(cost_table(results) + "\n")
+        writer.writerows({**r, "held_out": _held_text(held_out, r["env_name"])} for r in results)
+    files["costs"].write_text(cost_table(results, held_out) + "\n")
     files["examples"].write_text(json.dumps(examples, indent=2, ensure_ascii=False))
     if baselines:
         files["baselines"] = out_dir / "baselines.json"

@@ -9,6 +9,8 @@ so every table cell carries one, and method differences are judged on the same q
   interval and a two-sided sign-flip permutation p-value (exact enumeration for small samples).
   Several datasets are strata: the statistic is the mean of the per-dataset mean differences
   (the paper's average over datasets), and resampling/flipping happens within each dataset.
+- `paired_worst`: the smallest of several paired differences (the worst environment) with the
+  bootstrap interval of that minimum.
 
 Everything is seeded: the same inputs and seed give the same numbers. Callers drop questions
 whose environment call failed before calling (a failure is not a score of 0).
@@ -115,12 +117,42 @@ def paired_comparison(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]
     n = int(sum(d.size for d in diffs))
     if n == 0:
         return {"diff": None, "ci_low": None, "ci_high": None, "p_value": None, "n": 0}
-    rng = np.random.default_rng(seed)
-    boot = np.zeros(resamples)
-    for d in diffs:
-        boot += d[rng.integers(0, d.size, size=(resamples, d.size))].mean(axis=1)
-    boot /= len(diffs)
+    boot = _resampled_means(diffs, np.random.default_rng(seed), resamples).mean(axis=1)
     alpha = (1 - level) / 2
     lo, hi = np.quantile(boot, [alpha, 1 - alpha])
     return {"diff": _stratified_stat(diffs), "ci_low": float(lo), "ci_high": float(hi),
             "p_value": sign_flip_p(diffs, derive_seed("sign_flip", seed), resamples), "n": n}
+
+
+def _resampled_means(diffs: list[np.ndarray], rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """(resamples, strata): each stratum's mean difference over questions resampled within it."""
+    return np.stack([d[rng.integers(0, d.size, size=(resamples, d.size))].mean(axis=1) for d in diffs], axis=1)
+
+
+def paired_worst(groups: Sequence[tuple[Sequence[Sequence[float]], Sequence[Sequence[float]]]], seed: int = 0,
+                 resamples: int = RESAMPLES, level: float = LEVEL) -> dict[str, float | int | None]:
+    """The worst of several paired comparisons (e.g. one per environment): each group is
+    (A's strata, B's strata) as `paired_comparison` takes them; `diff` is the smallest group
+    difference, `index` the group it comes from, and the interval is the bootstrap interval of
+    that minimum (questions resampled within each stratum of each group, the minimum taken in
+    every resample), not the worst group's own interval, which would ignore that it was picked
+    for being worst.
+
+    >>> r = paired_worst([([[1, 1]], [[0, 0]]), ([[1, 0]], [[1, 0]])])
+    >>> r["diff"], r["index"], r["ci_low"], r["ci_high"], r["n"]
+    (0.0, 1, 0.0, 0.0, 4)
+    """
+    kept = [(i, [np.asarray(x, dtype=float) - np.asarray(y, dtype=float) for x, y in zip(a, b) if len(x)])
+            for i, (a, b) in enumerate(groups)]
+    kept = [(i, diffs) for i, diffs in kept if diffs]
+    if not kept:
+        return {"diff": None, "ci_low": None, "ci_high": None, "index": None, "n": 0}
+    stats = [_stratified_stat(diffs) for _, diffs in kept]
+    rng = np.random.default_rng(seed)
+    boot = np.min(np.stack([_resampled_means(diffs, rng, resamples).mean(axis=1) for _, diffs in kept], axis=1),
+                  axis=1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(boot, [alpha, 1 - alpha])
+    worst = int(np.argmin(stats))
+    return {"diff": stats[worst], "ci_low": float(lo), "ci_high": float(hi), "index": kept[worst][0],
+            "n": int(sum(d.size for _, diffs in kept for d in diffs))}

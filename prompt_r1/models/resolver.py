@@ -15,7 +15,8 @@ A spec is, in this order:
 `resolve_agent(None, default_model=...)` is the default agent: the registry's champion
 (`DEFAULT_REGISTRY_URI`) when a registry is installed and holds one, else `default_model`
 (usually the config's `agent.model`). `resolve_agents` applies it to evaluation's labelled
-agents (`eval.agent_checkpoints`, `--agent LABEL=SPEC`).
+agents (`eval.agent_checkpoints`, `--agent LABEL=SPEC`). `training_config_file` finds the config a
+resolved agent was trained with (evaluation reads its training pool to mark held-out environments).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ DEFAULT_REGISTRY_URI = "models:/prompt-r1-agent@champion"
 BUNDLED = BUNDLED_NAMES
 # Files that mark a folder under the run home as a training run (not the model cache or registry).
 RUN_MARKERS = ("run.json", "agent", "checkpoints")
+# The training config an exported agent carries (`export_checkpoint` copies its checkpoint's
+# `config.yaml` here), so it travels with the agent: to the registry, to another machine.
+TRAINING_CONFIG = "prompt-r1-training-config.yaml"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 # scheme -> function(uri) returning the local agent folder, or None when the registry lacks it.
@@ -179,6 +183,21 @@ def resolve_agent(spec: str | None, default_model: str | None = None, config_nam
     if HUB_ID.match(spec):
         return spec
     raise AgentSpecError(f"agent {spec!r} is not {accepted_forms()}")
+
+
+def training_config_file(agent: Path | str) -> Path | None:
+    """The config the agent in folder `agent` was trained with: the `TRAINING_CONFIG` an export
+    carries, or a checkpoint folder's own `config.yaml`; None for a model no training run of this
+    project wrote (a bundled or hub model, an export made before exports carried their config).
+
+    >>> training_config_file("org/name") is None
+    True
+    """
+    folder = Path(agent)
+    for candidate in (folder / TRAINING_CONFIG, folder / "config.yaml"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def check_agent_spec(spec: str, config_name: str | None = None) -> None:

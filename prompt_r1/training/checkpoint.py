@@ -3,7 +3,8 @@
 A checkpoint is a folder `ckpt_dir/step-000N/` holding:
 - the weights in HF format: the full model (`save_pretrained`) or, under LoRA, the adapter
   (`adapter_config.json` + `adapter_model.safetensors`, whose base is the run's model path);
-- the tokenizer, the resolved `config.yaml`;
+- the tokenizer, the resolved `config.yaml` (an export carries it too, as the resolver's
+  `TRAINING_CONFIG`: evaluation reads the training pool from it);
 - `optimizer/`: the AdamW state as torch.distributed.checkpoint writes it (parameters by name,
   each rank writing its own shards under FSDP, one copy of what ranks share under DDP);
 - `trainer_state.pt`: lr scheduler, RNG states (python, numpy, torch), the step and the data
@@ -56,6 +57,7 @@ import yaml
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.fsutil import atomic_dir, check_output_folder
+from prompt_r1.models.resolver import TRAINING_CONFIG
 
 if TYPE_CHECKING:
     from prompt_r1.training.learner import GRPOLearner
@@ -414,6 +416,8 @@ def export_checkpoint(ckpt: Path, out_dir: Path, overwrite: bool = False) -> Pat
     with atomic_dir(out_dir, replace=True) as tmp:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(ckpt).save_pretrained(tmp)
+        if (ckpt / "config.yaml").is_file():  # the pool it was trained on travels with the agent
+            shutil.copy(ckpt / "config.yaml", tmp / TRAINING_CONFIG)
         for extra in ("generation_config.json",):
             source = Path(state.get("base_model_path", ckpt)) / extra
             if source.is_file() and not (tmp / extra).exists():
