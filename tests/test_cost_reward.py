@@ -347,3 +347,26 @@ def test_the_cost_part_reaches_the_warehouse(warehouse) -> None:
     warehouse.replace_step("run", 0, rows + [old], calls)
     got = warehouse.query("SELECT group_index, reward_total, reward_cost FROM trajectories ORDER BY group_index")
     assert got == [(0, 0.7, -0.3), (1, None, None), (2, 0.5, 0.0)]
+
+
+def test_a_scored_rollout_prices_its_calls_at_its_environment(tiny_model_path) -> None:
+    """Validation and probes score inside the rollout: the calls are priced at that environment's
+    `price_per_1k_*` (here the penalty, whose value shows the price)."""
+    from test_rollout import ANSWER, ASK, ScriptedEnv, ScriptedPolicy, question
+    from transformers import AutoTokenizer
+
+    from prompt_r1.config.env import EnvConfig
+    from prompt_r1.config.experiment import AgentConfig, RolloutConfig
+    from prompt_r1.rollout.episode import run_rollout
+
+    env = ScriptedEnv()
+    env.cfg = EnvConfig(name=env.name, price_per_1k_prompt=10.0, price_per_1k_completion=20.0)
+    policy = ScriptedPolicy(AutoTokenizer.from_pretrained(tiny_model_path),
+                            lambda text, n: ASK.format(n=n, q="France") if n < 2 else ANSWER)
+    reward_cfg = RewardConfig(cost={"mode": "penalty", "penalty_scale": 1.0, "penalty_cap": 5.0})
+    trajs = run_rollout(policy, env, [question(0)], AgentConfig(max_new_tokens=64), RolloutConfig(group_size=1),
+                        reward_cfg, seed=0)
+    (t,) = trajs
+    usd = sum(c.prompt_tokens * 10.0 / 1000 + c.completion_tokens * 20.0 / 1000 for c in t.env_calls)
+    assert len(t.env_calls) == 2 and usd > 0
+    assert t.reward.answer == 1.0 and t.reward.total == pytest.approx(1.0 - usd, abs=1e-12)
