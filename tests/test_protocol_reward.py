@@ -116,8 +116,8 @@ def test_config_defaults_are_the_reward_defaults():
     from prompt_r1.config.experiment import RewardConfig
 
     params = inspect.signature(compute_reward).parameters
-    defaults = RewardConfig().model_dump()
-    assert defaults == {name: params[name].default for name in defaults}
+    defaults = RewardConfig().format_weights()  # the weights compute_reward takes (cost is apart)
+    assert defaults == {name: params[name].default for name in params if name not in ("agent_turns", "golds")}
     assert defaults == {"think_prompt_score": 0.4, "nonblank_answer_score": 0.5, "final_format_score": 0.1,
                         "format_cap": 1.0}
 

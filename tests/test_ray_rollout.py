@@ -176,7 +176,7 @@ def test_cli_rollout_writes_jsonl_and_warehouse(local_ray, home, tmp_path):
     for r in records:
         assert {"question_id", "token_ids", "loss_mask", "logprobs", "agent_turns", "env_replies", "answer",
                 "reward", "env_calls", "stop_reason"} <= set(r)
-        assert set(r["reward"]) == {"format", "answer", "total"}
+        assert set(r["reward"]) == {"format", "answer", "total", "cost"}
     with Warehouse(db) as wh:
         rows = wh.query("SELECT COUNT(*), MIN(step), MAX(step) FROM trajectories WHERE run_id = 'cli-test'")[0]
         assert rows == (len(records), 0, 0)

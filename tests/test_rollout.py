@@ -130,7 +130,8 @@ def test_masks_spans_and_tokens_are_exact(tokenizer):
             assert t.logprobs[s:e] == pytest.approx(expected)
         assert [c.turn for c in t.env_calls] == [0, 1]
         assert all(c.env_name == "scripted-env" for c in t.env_calls)
-    assert trajs[0].answer == "Paris" and trajs[0].reward.as_dict() == {"format": 1.0, "answer": 1.0, "total": 1.0}
+    assert trajs[0].answer == "Paris" and trajs[0].reward.as_dict() == {"format": 1.0, "answer": 1.0, "total": 1.0,
+                                                                        "cost": 0.0}
     assert trajs[2].reward.answer == 0.0 and trajs[2].reward.total == 0.0
     # the environment saw its own history: prompts as user turns, its replies as assistant turns
     second = [m for m, turn in env.calls if turn == 1][0]

@@ -149,3 +149,7 @@ ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS ci_high DOUBLE;
 
 -- Warehouses made before weight syncs were versioned: trajectories of those runs keep NULL.
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS policy_version INTEGER;
+
+-- The reward's cost part (`reward.cost`; 0 when off). NULL when `error` is set, and in rows written
+-- before the column existed (every file, new or old, gets it here).
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS reward_cost DOUBLE;

@@ -7,6 +7,7 @@ experiment config (`prompt_r1.config.experiment`), which holds it in `environmen
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -136,3 +137,13 @@ class PoolEnvConfig(EnvConfig):
     def env(self) -> EnvConfig:
         """The environment itself, without the pool's weight."""
         return EnvConfig.model_validate(self.model_dump(exclude={"weight"}))
+
+
+def env_prices(envs: Iterable[EnvConfig]) -> dict[str, tuple[float, float]]:
+    """Environment name -> (price_per_1k_prompt, price_per_1k_completion): how `reward.cost` prices
+    each call of a trajectory (`core.cost_reward.trajectory_cost`).
+
+    >>> env_prices([EnvConfig(name="big", price_per_1k_completion=0.6)])
+    {'big': (0.0, 0.6)}
+    """
+    return {env.name: (env.price_per_1k_prompt, env.price_per_1k_completion) for env in envs}

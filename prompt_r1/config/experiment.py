@@ -77,6 +77,10 @@ class Config(StrictModel):
             data["train"].pop(key)
         if not data["train"]["environments"]:  # a pool of one is today's run, with today's hash
             data["train"].pop("environments")
+        if data["reward"]["cost"]["mode"] == "off":  # the cost-free reward is today's, with today's hash
+            data["reward"].pop("cost")
+        if not data["reward"]["normalize_parts"]:
+            data["reward"].pop("normalize_parts")
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

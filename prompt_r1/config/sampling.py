@@ -189,8 +189,54 @@ class RolloutConfig(StrictModel):
         return self
 
 
+class CostRewardConfig(StrictModel):
+    """What environment calls cost in the reward (`reward.cost`); formulas in docs/training.md, "Cost-aware reward"."""
+
+    mode: Literal["off", "bonus", "penalty"] = Field(
+        "off",
+        description="`off`: the reward is the dual-constrained one, unchanged. `bonus` (Router-R1): a right answer's "
+        "total becomes total x (1 - alpha) + cheapness x alpha, cheapness = 1 - sqrt(cost) min-max scaled between "
+        "percentiles of a rolling window of past trajectories' sqrt(cost). `penalty` (xRouter): at the format cap "
+        "the answer score is multiplied by (penalty_keep - min(penalty_scale x cost, penalty_cap)). Cost = USD of "
+        "the trajectory's successful environment calls at each environment's `price_per_1k_*`.",
+    )
+    alpha: float = Field(
+        0.6, ge=0.0, le=1.0,
+        description="`bonus`: weight of the cheapness in a right answer's reward (Router-R1's cost coefficient; "
+        "it found a sharp knee between 0.6 and 0.7).",
+    )
+    correct_at: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="`bonus`: answer score (token F1) at or above which an answer counts as right and earns the "
+        "bonus; 1.0 = exact match after normalisation, as Router-R1's exact-match reward.",
+    )
+    window: int = Field(
+        1000, ge=1,
+        description="`bonus`: trajectories in the rolling window of sqrt(cost) (Router-R1: 1000). The window is "
+        "state of the training session, saved in each checkpoint, so `--resume` scales alike.",
+    )
+    low_percentile: float = Field(5.0, ge=0.0, lt=100.0, description="`bonus`: lower bound of the scale, a percentile of the window.")
+    high_percentile: float = Field(95.0, gt=0.0, le=100.0, description="`bonus`: upper bound of the scale, a percentile of the window.")
+    penalty_scale: float = Field(
+        2.0, ge=0.0, description="`penalty`: USD-to-penalty factor lambda (xRouter's README: 2.0; its code: 3.0).",
+    )
+    penalty_cap: float = Field(
+        0.6, ge=0.0, description="`penalty`: largest penalty, cost_max (xRouter's README: 0.6; its code: 0.8).",
+    )
+    penalty_keep: float = Field(
+        1.0, gt=0.0, description="`penalty`: K, the factor at zero cost (xRouter: 1).",
+    )
+
+    @model_validator(mode="after")
+    def _percentiles_ordered(self) -> "CostRewardConfig":
+        if self.low_percentile >= self.high_percentile:
+            raise ValueError(f"reward.cost.low_percentile ({self.low_percentile}) must be below "
+                             f"reward.cost.high_percentile ({self.high_percentile})")
+        return self
+
+
 class RewardConfig(StrictModel):
-    """Weights of the dual-constrained reward; the defaults are the reference's."""
+    """Weights of the dual-constrained reward (the defaults are the reference's), and its optional cost part."""
 
     think_prompt_score: float = Field(
         0.4, description="Per non-final turn that is exactly `<think>..</think>`, optional white space, then "
@@ -204,3 +250,17 @@ class RewardConfig(StrictModel):
         "ends with `</answer>`.",
     )
     format_cap: float = Field(1.0, description="Cap of the format score (epsilon); the answer F1 counts only at the cap.")
+    cost: CostRewardConfig = Field(
+        default_factory=CostRewardConfig, description="What environment calls cost in the reward (off by default).",
+    )
+    normalize_parts: bool = Field(
+        False,
+        description="GDPO (arXiv 2601.05242): the advantage is the sum over the reward's parts (format, gated answer, "
+        "cost) of each part's group-normalised advantage, instead of the advantage of their sum. False = GRPO on "
+        "the total, as before.",
+    )
+
+    def format_weights(self) -> dict[str, float]:
+        """The keyword arguments of `core.reward.compute_reward` (the dual-constrained reward's weights)."""
+        return {"think_prompt_score": self.think_prompt_score, "nonblank_answer_score": self.nonblank_answer_score,
+                "final_format_score": self.final_format_score, "format_cap": self.format_cap}

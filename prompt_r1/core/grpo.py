@@ -4,7 +4,8 @@ Kept free of models, configs and I/O so the maths that must be exactly right (th
 below, as in the Prompt-R1 reference) can be checked against hand-computed values in isolation:
 
 - advantage of trajectory i = (r_i - mean(r_group)) / (std(r_group) + eps), unbiased std, or
-  r_i - mean(r_group) without std scaling ("Dr.GRPO"); a group of one gets 0;
+  r_i - mean(r_group) without std scaling ("Dr.GRPO"); a group of one gets 0; with
+  `reward.normalize_parts` (GDPO) the sum of that advantage taken over each reward part alone;
 - a group is informative when it has >= 2 members whose rewards are not all equal; the others
   have advantage 0 everywhere (DAPO's dynamic sampling drops them, `informative_groups`);
 - loss per token = max(-A*rho, -A*clip(rho, 1-eps_low, 1+eps_high)) + beta * k3-KL to the
@@ -56,6 +57,29 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale_by_st
         std = torch.sqrt(squares / (counts_f - 1).clamp(min=1.0))  # unbiased, like torch.std
         centered = centered / (std[inverse] + eps)
     return torch.where(counts[inverse] > 1, centered, torch.zeros_like(centered))
+
+
+def decoupled_advantages(parts: torch.Tensor, group_ids: torch.Tensor, scale_by_std: bool = True,
+                         eps: float = 1e-6) -> torch.Tensor:
+    """GDPO (arXiv 2601.05242): the sum over reward parts (columns of `parts`, [N, K]) of each
+    part's own group advantage, so distinct combinations of parts keep distinct advantages.
+
+    Group 0: one trajectory has both parts; group 1: one has only the first. GRPO on the sums
+    gives both the same advantage, GDPO gives the first twice as much:
+
+    >>> parts = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    >>> ids = torch.tensor([0, 0, 1, 1])
+    >>> [round(a, 3) for a in group_advantages(parts.sum(1), ids).tolist()]
+    [0.707, -0.707, 0.707, -0.707]
+    >>> [round(a, 3) for a in decoupled_advantages(parts, ids).tolist()]
+    [1.414, -1.414, 0.707, -0.707]
+    """
+    if parts.dim() != 2:
+        raise ValueError(f"parts must be [trajectories, parts], got shape {tuple(parts.shape)}")
+    out = torch.zeros(parts.shape[0], dtype=torch.float32)
+    for k in range(parts.shape[1]):
+        out += group_advantages(parts[:, k], group_ids, scale_by_std=scale_by_std, eps=eps)
+    return out
 
 
 def informative_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:

@@ -25,12 +25,27 @@ GATE_TOLERANCE = 1e-9
 
 @dataclass(frozen=True)
 class RewardBreakdown:
+    """The reward's parts: `total` = -1 + format + answer (answer only at the format cap) + cost.
+
+    `cost` is the part `reward.cost` adds (0.0 when it is off; `core.cost_reward`); records written
+    before it existed lack the key and read as 0.0."""
+
     format: float
     answer: float
     total: float
+    cost: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    def parts(self, format_cap: float) -> tuple[float, float, float]:
+        """(format, answer as it counts: 0 below the format cap, cost); total = -1 + their sum.
+
+        >>> RewardBreakdown(format=0.4, answer=0.7, total=-0.6).parts(format_cap=1.0)
+        (0.4, 0.0, 0.0)
+        """
+        gated = self.answer if self.format >= format_cap - GATE_TOLERANCE else 0.0
+        return self.format, gated, self.cost
 
 
 def format_score(
@@ -78,9 +93,9 @@ def compute_reward(
 
     >>> ask = "<think>t</think><interaction_prompt>q</interaction_prompt>"
     >>> compute_reward([ask, "<think>t</think>\\nFinal answer: <answer>Paris</answer>"], ["Paris"])
-    RewardBreakdown(format=1.0, answer=1.0, total=1.0)
+    RewardBreakdown(format=1.0, answer=1.0, total=1.0, cost=0.0)
     >>> compute_reward([ask, "<think>t</think><answer>  </answer>"], ["Paris"])
-    RewardBreakdown(format=0.4, answer=0.0, total=-0.6)
+    RewardBreakdown(format=0.4, answer=0.0, total=-0.6, cost=0.0)
     >>> compute_reward(["<think>t</think><answer>Paris</answer>"], ["Paris"]).total
     -0.4
     """

@@ -81,7 +81,7 @@ def rollout_stats(trajectories: Sequence[Trajectory], format_cap: float) -> dict
     """Numbers describing one batch of trajectories, for training metrics, validation and the CLI.
 
     Reward figures average over the scored trajectories only (one ended by an environment failure
-    has no reward); `format_valid_rate` is the share of them whose format score reached
+    has no reward; `reward_cost` is the mean part `reward.cost` adds, 0 when it is off); `format_valid_rate` is the share of them whose format score reached
     `format_cap` (`reward.format_cap`), the gate that lets the answer score count. The rest average
     over all trajectories: agent turns, environment calls and their tokens, agent-sampled tokens
     (`response_length`) and all response tokens (`response_tokens`); `env_error_rate` is the share
@@ -108,6 +108,7 @@ def rollout_stats(trajectories: Sequence[Trajectory], format_cap: float) -> dict
         "format_mean": sum(r.format for r in scored) / m,
         "format_valid_rate": sum(1 for r in scored if r.format >= format_cap - GATE_TOLERANCE) / m,
         "answer_score": sum(r.answer for r in scored) / m,
+        "reward_cost": sum(r.cost for r in scored) / m,
         "turns": sum(len(t.agent_turns) for t in trajectories) / n,
         "env_calls": len(calls) / n,
         "env_error_rate": error_rate(call_errors(trajectories)),

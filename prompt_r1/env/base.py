@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prompt_r1.core.cost_reward import call_cost
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.trajectory import EnvCall
 
@@ -126,7 +127,7 @@ def cost_usd(cfg: EnvConfig, prompt_tokens: int, completion_tokens: int) -> floa
     >>> round(cost_usd(cfg, 2000, 500), 6)
     0.6
     """
-    return (prompt_tokens * cfg.price_per_1k_prompt + completion_tokens * cfg.price_per_1k_completion) / 1000.0
+    return call_cost(prompt_tokens, completion_tokens, cfg.price_per_1k_prompt, cfg.price_per_1k_completion)
 
 
 class Environment(abc.ABC):

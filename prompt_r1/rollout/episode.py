@@ -34,15 +34,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from prompt_r1.config.env import env_prices
 from prompt_r1.config.experiment import AgentConfig, RewardConfig, RolloutConfig
 from prompt_r1.env.base import error_text, short_reason
 from prompt_r1.policy.base import Policy, Sample
 from prompt_r1.core.protocol import env_messages, extract_answer, parse_turn, wrap_env_reply
+from prompt_r1.core.cost_reward import (CostWindow, Prices, bonus_reward, cheapness, penalty_reward,
+                                        trajectory_cost)
 from prompt_r1.core.reward import compute_reward
 from prompt_r1.core.seeding import NO_STEP, draw_seed
 from prompt_r1.core.tokens import agent_prompt_ids, text_ids
@@ -213,17 +217,25 @@ async def rollout_batch(
     for traj in trajectories:
         if traj.error is None:  # a failure is not an answer
             traj.answer = extract_answer(traj.agent_turns[-1]) if traj.agent_turns else ""
-    if score:
-        score_trajectories(trajectories, {q.question_id: q.golds for q in questions}, reward_cfg)
+    if score:  # priced at this environment's prices (validation, evaluation); training scores apart
+        score_trajectories(trajectories, {q.question_id: q.golds for q in questions}, reward_cfg,
+                           prices=env_prices([env.cfg]) if reward_cfg.cost.mode != "off" else None)
     return trajectories
 
 
 def score_trajectories(trajectories: Sequence[Trajectory], golds_by_question_id: Mapping[str, Sequence[str]],
-                       reward_cfg: RewardConfig) -> None:
+                       reward_cfg: RewardConfig, prices: Prices | None = None,
+                       cost_window: CostWindow | None = None) -> None:
     """The reward stage: set each trajectory's `reward` from its agent turns and its question's
-    golds (`compute_reward` with `reward_cfg`). Trajectories ended by an environment failure
-    (`error` set) are left unscored: a failure is not an answer."""
-    weights = reward_cfg.model_dump()
+    golds (`compute_reward` with `reward_cfg`'s weights). Trajectories ended by an environment failure
+    (`error` set) are left unscored: a failure is not an answer.
+
+    With `reward_cfg.cost.mode` other than `off`, the scored trajectories' costs (their successful
+    calls at `prices`, env name -> per-1k prices) then enter the reward (`core.cost_reward`):
+    `bonus` first adds every scored trajectory's sqrt(cost) to `cost_window` (the training
+    session's rolling window; None = a window of this batch alone), then scales each against
+    the window's percentiles; `penalty` needs no window."""
+    weights = reward_cfg.format_weights()
     for traj in trajectories:
         if traj.error is not None:
             continue
@@ -231,6 +243,23 @@ def score_trajectories(trajectories: Sequence[Trajectory], golds_by_question_id:
             raise KeyError(f"no gold answers for question {traj.question_id!r}: pass the golds of every "
                            "question the trajectories answer")
         traj.reward = compute_reward(traj.agent_turns, golds_by_question_id[traj.question_id], **weights)
+    cost = reward_cfg.cost
+    if cost.mode == "off":
+        return
+    if prices is None:
+        raise ValueError(f"reward.cost.mode is {cost.mode!r} but no environment prices were passed to score_trajectories")
+    scored = [t for t in trajectories if t.reward is not None]
+    costs = [trajectory_cost(t.env_calls, prices) for t in scored]
+    cap = reward_cfg.format_cap
+    if cost.mode == "penalty":
+        for traj, usd in zip(scored, costs, strict=True):
+            traj.reward = penalty_reward(traj.reward, usd, cost.penalty_scale, cost.penalty_cap, cost.penalty_keep, cap)
+        return
+    window = cost_window if cost_window is not None else CostWindow(cost.window)
+    window.add(costs)  # the whole batch first: a group's members are scaled alike, whatever their order
+    low, high = window.bounds(cost.low_percentile, cost.high_percentile)
+    for traj, usd in zip(scored, costs, strict=True):
+        traj.reward = bonus_reward(traj.reward, cheapness(math.sqrt(usd), low, high), cost.alpha, cap, cost.correct_at)
 
 
 def run_rollout(*args: Any, **kwargs: Any) -> list[Trajectory]:

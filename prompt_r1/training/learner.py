@@ -50,7 +50,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import Config
-from prompt_r1.core.grpo import group_advantages, policy_loss, token_logprobs, truncated_is_weights
+from prompt_r1.core.grpo import (decoupled_advantages, group_advantages, policy_loss, token_logprobs,
+                                 truncated_is_weights)
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import torch_dtype
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
@@ -246,8 +247,14 @@ class GRPOLearner:
         question_index = {q: i for i, q in enumerate(question_order(trajectories))}
         rewards = torch.tensor([t.reward.total if t.reward else 0.0 for t in trajectories])
         groups = torch.tensor([question_index[t.question_id] for t in trajectories], dtype=torch.long)
-        advantages = (group_advantages(rewards, groups, scale_by_std=train.scale_by_std) if trajectories
-                      else torch.zeros(0))  # per group: a rank holds whole groups, so these are global
+        if not trajectories:
+            advantages = torch.zeros(0)
+        elif self.cfg.reward.normalize_parts:  # GDPO: each part normalised within its group, then summed
+            cap = self.cfg.reward.format_cap
+            parts = torch.tensor([t.reward.parts(cap) if t.reward else (0.0, 0.0, 0.0) for t in trajectories])
+            advantages = decoupled_advantages(parts, groups, scale_by_std=train.scale_by_std)
+        else:  # per group: a rank holds whole groups, so these are global
+            advantages = group_advantages(rewards, groups, scale_by_std=train.scale_by_std)
         informative_questions = informative_question_ids(trajectories)
         n_groups, n_informative = self.ranks.sum([len(question_index), len(informative_questions)])
         group_metrics = {"groups": n_groups, "groups_informative": n_informative,

@@ -4,8 +4,8 @@
 order), exposes each stage as a method, and `run()` is the one schedule of those stages:
 `prompt-r1 train` calls it with the default hooks, the Prefect flow with hooks that run every
 stage as a task and send metrics to MLflow. Resuming loads the newest intact checkpoint
-(weights, optimiser, RNG, data position; a corrupted newer one is named in a warning and passed
-over) and drops warehouse rows of steps after it, so a resumed run reaches the same step count
+(weights, optimiser, RNG, data position, the cost reward's rolling window; a corrupted newer
+one is named in a warning and passed over) and drops warehouse rows of steps after it, so a resumed run reaches the same step count
 with no repeated or skipped data; it continues only the same run (same config and training
 pool, see `run_record`) unless forced. The learner is this process or `train.world_size` Ray
 ranks, behind one interface (`learners.Learner`); checkpoints resume at any world size.
@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prompt_r1.config.experiment import Config
-from prompt_r1.config.env import EnvConfig
+from prompt_r1.config.env import EnvConfig, env_prices
+from prompt_r1.core.cost_reward import CostWindow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
 from prompt_r1.core.questions import QuestionRow
@@ -125,6 +126,8 @@ class TrainingSession:
         self.step = 0
         self.position = 0
         self.ahead: RunAhead | None = None  # batches of the next steps in flight (max_staleness >= 1)
+        # reward.cost `bonus`: sqrt(cost) of past trajectories, across steps; saved in checkpoints
+        self.cost_window = CostWindow(cfg.reward.cost.window)
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> "TrainingSession":
@@ -167,9 +170,7 @@ class TrainingSession:
         # the newest intact checkpoint: a damaged newer one is named in a warning and passed over
         latest = resume_checkpoint(self.ckpt_dir) if self.resume else None
         if latest is not None:  # saved at any world size
-            self.step, data_position = self.learner.load_checkpoint(latest)
-            self.position = int(data_position.get("position", 0))
-            log.info("resumed from %s: next step %d, data position %d", latest, self.step, self.position)
+            self.restore(latest)
         if self.resume:  # rows of steps after the checkpoint (or of all steps, without one) are redone
             self.warehouse.delete_steps_after(self.run_id, self.step - 1)
         self.env_cfg = self._start_environment()
@@ -178,6 +179,14 @@ class TrainingSession:
         self._stack.callback(self.ahead.drop)  # runs before the pool stops (the stack is LIFO)
         if latest is not None:
             self.broadcast()
+
+    def restore(self, checkpoint: Path) -> None:
+        """Continue from `checkpoint`: the learner's state, the step, the data position and the cost
+        reward's window (a checkpoint written before the window existed restores an empty one)."""
+        self.step, data_position = self.learner.load_checkpoint(checkpoint)
+        self.position = int(data_position.get("position", 0))
+        self.cost_window.load(data_position.get("cost_window", []))
+        log.info("resumed from %s: next step %d, data position %d", checkpoint, self.step, self.position)
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()
@@ -240,7 +249,8 @@ class TrainingSession:
         from prompt_r1.rollout.episode import score_trajectories
 
         golds = {t.question_id: self.by_id[t.question_id].golds for t in trajectories}
-        score_trajectories(trajectories, golds, self.cfg.reward)
+        score_trajectories(trajectories, golds, self.cfg.reward, prices=env_prices(self.cfg.training_environments()),
+                           cost_window=self.cost_window)
 
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """The GRPO update on the trajectories no environment failure ended (see `usable_for_update`).
@@ -298,9 +308,11 @@ class TrainingSession:
 
     def checkpoint(self) -> Path:
         """Save weights, optimiser, RNG and data position after `step` updates (`run` decides when).
-        The position is that of the first batch not trained yet: batches in flight are redone on resume."""
+        The position is that of the first batch not trained yet: batches in flight are redone on resume
+        (they were not scored yet, so the cost window holds the trained steps' trajectories only)."""
         position = self.position - len(self.ahead or ())
-        return self.learner.save_checkpoint(self.ckpt_dir, self.step, {"position": position})
+        return self.learner.save_checkpoint(self.ckpt_dir, self.step,
+                                            {"position": position, "cost_window": self.cost_window.values()})
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts on held-out questions, scored over the questions the environment
