@@ -72,3 +72,11 @@ class EvalConfig(StrictModel):
         None, ge=1, le=100,
         description="Agent generations per question in evaluation (None = rollout.max_turns; the reference uses 10).",
     )
+    agent_placement: Literal["auto", "driver", "ray"] = Field(
+        "auto",
+        description="Where the agent engines under evaluation run. `driver`: in this process, sharing its first "
+        "GPU (agent.vllm_gpu_memory_utilization split between them). `ray`: each a Ray actor in a placement group "
+        "of its own with agent.tensor_parallel_size GPUs (on a cluster without GPUs: rollout.cpus_per_worker CPUs), "
+        "taking the whole share of its GPUs; a cluster with fewer GPUs than the engines need falls back to `driver` "
+        "with a warning. `auto`: `ray` for the vllm backend when Ray counts GPUs, else `driver`.",
+    )

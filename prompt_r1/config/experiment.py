@@ -71,12 +71,14 @@ class Config(StrictModel):
 
         The learner's layout (`LAYOUT_KEYS`: world size, strategy, CPUs per rank, deadlines) is
         left out: it changes how the same update is computed, not which, and checkpoints do not
-        depend on it, so a run may resume with another world size as the same run."""
+        depend on it, so a run may resume with another world size as the same run. So is
+        `eval.agent_placement`: evaluation's engines give the same predictions wherever they run."""
         data = self.model_dump(mode="json")
         for key in LAYOUT_KEYS:
             data["train"].pop(key)
         if not data["train"]["environments"]:  # a pool of one is today's run, with today's hash
             data["train"].pop("environments")
+        data["eval"].pop("agent_placement")  # where evaluation's engines run, not what they answer
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
