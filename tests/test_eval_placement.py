@@ -143,3 +143,41 @@ def test_the_placement_leaves_the_run_s_hash_alone():
     hashes = {parse_config({"eval": {"agent_placement": mode}}).hash() for mode in ("auto", "driver", "ray")}
     assert len(hashes) == 1
     assert parse_config({"eval": {"temperature": 0.7}}).hash() not in hashes
+
+
+def test_the_placement_rule_against_its_statement():
+    """`engine_place` (what `evaluate` and `plan` both follow) for every mix: the driver when asked,
+    when there is no engine, or for `auto` with the transformers backend or without GPUs; shared
+    when Ray was the choice but the GPUs are fewer than engines x tensor-parallel size; else Ray."""
+    from prompt_r1.config.evaluation import engine_place
+
+    for placement in ("auto", "driver", "ray"):
+        for backend in ("transformers", "vllm"):
+            for engines in (0, 1, 2, 3):
+                for tp in (1, 2):
+                    for gpus in (0, 1, 2, 4, 8):
+                        got = engine_place(placement, backend, engines, tp, gpus)
+                        ray_asked = placement == "ray" or (placement == "auto" and backend == "vllm" and gpus > 0)
+                        if engines == 0 or not ray_asked:
+                            assert got == "driver"
+                        elif gpus and gpus < engines * tp:
+                            assert got == "shared"
+                        else:
+                            assert got == "ray"
+
+
+def test_plan_says_where_evaluation_places_its_engines():
+    from prompt_r1.training.memory import Machine
+    from prompt_r1.training.plan import agent_architecture, make_plan
+
+    paper, one = load_config(ROOT / "configs" / "paper.yaml"), load_config(ROOT / "configs" / "one-gpu.yaml")
+    plan = make_plan(paper, agent_architecture(paper), Machine(gpus_per_node=8, gpu_memory_gib=80))
+    assert plan.fits and "each placed by Ray on 1 GPU of its own" in plan.evaluation
+    assert plan.to_dict()["evaluation"] == plan.evaluation and "evaluation (after training): 2" in plan.render()
+    roomy = make_plan(one, agent_architecture(one), Machine(gpus_per_node=1, gpu_memory_gib=80))
+    assert "share the driver's first GPU" in roomy.evaluation and "0.3 each" in roomy.evaluation  # 0.6 / 2
+    assert "too little" not in roomy.evaluation
+    small = make_plan(one, agent_architecture(one), Machine(gpus_per_node=1, gpu_memory_gib=24))
+    assert "too little for a vLLM engine" in small.evaluation and "eval.agent_checkpoints" in small.evaluation
+    smoke = load_config(ROOT / "configs" / "smoke.yaml")
+    assert make_plan(smoke, agent_architecture(smoke), Machine()).evaluation.endswith("in the driver's process, on CPU")

@@ -284,3 +284,17 @@ def run_dir(config_name: str, run_id: str) -> Path:
             raise ConfigError(f"{part!r} cannot name a run folder (a config name or --run-id): use 1-64 "
                               "letters, digits, `.`, `_`, `-`, starting with a letter or digit")
     return runs_home() / config_name / run_id
+
+
+def in_process_share(cfg: Config, engines: int) -> float:
+    """Each of `engines` vLLM agent engines sharing one GPU (built in one process, on its first
+    GPU; or 1, an engine placed by Ray on a GPU of its own, where the driver's server may be too):
+    their part of `agent.vllm_gpu_memory_utilization`, less what a managed vLLM environment server
+    takes there.
+
+    >>> from prompt_r1.config.experiment import parse_config
+    >>> in_process_share(parse_config({}), 2), in_process_share(parse_config({"environment": {"kind": "vllm"}}), 2)
+    (0.45, 0.3)
+    """
+    server = max((e.gpu_memory_utilization for e in cfg.eval_environments() if e.kind == "vllm"), default=0.0)
+    return round(max(0.05, (cfg.agent.vllm_gpu_memory_utilization - server) / max(1, engines)), 4)

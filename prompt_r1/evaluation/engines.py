@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,36 +42,25 @@ FIX = ("set eval.agent_placement to driver, lower agent.tensor_parallel_size or 
        "other Ray jobs hold, or raise rollout.actor_start_timeout_s if nodes are still joining")
 
 
-def engine_gpus(cfg: Config, engines: int) -> int:
-    """GPUs the evaluation engines ask of Ray: `agent.tensor_parallel_size` each.
-
-    >>> from prompt_r1.config.experiment import parse_config
-    >>> engine_gpus(parse_config({"agent": {"backend": "vllm", "tensor_parallel_size": 2}}), 2)
-    4
-    """
-    return engines * cfg.agent.tensor_parallel_size
-
-
 def engines_in_ray(cfg: Config, engines: int) -> bool:
-    """Whether evaluation's `engines` agent engines run as Ray actors (see the module docstring);
-    starts Ray (`init_ray`) unless the placement is `driver` or `auto` with the transformers backend."""
-    mode = cfg.eval.agent_placement
-    if mode == "driver" or engines == 0 or (mode == "auto" and cfg.agent.backend != "vllm"):
+    """Whether evaluation's `engines` agent engines run as Ray actors (`config.evaluation.engine_place`,
+    with the GPUs Ray counts); starts Ray (`init_ray`) only where the answer depends on them."""
+    from prompt_r1.config.evaluation import engine_place
+
+    tp = cfg.agent.tensor_parallel_size
+    if engine_place(cfg.eval.agent_placement, cfg.agent.backend, engines, tp, math.inf) == "driver":
         return False
     from prompt_r1.rollout.ray_connect import init_ray
 
     init_ray(cfg.rollout, engines * cfg.rollout.cpus_per_worker)
     gpus = ray.cluster_resources().get("GPU", 0.0)
-    if mode == "auto" and gpus == 0:
-        return False
-    if 0 < gpus < engine_gpus(cfg, engines):
+    place = engine_place(cfg.eval.agent_placement, cfg.agent.backend, engines, tp, gpus)
+    if place == "shared":
         log.warning("evaluation: %d agent engine(s) x agent.tensor_parallel_size %d need %d GPUs but the Ray cluster "
                     "has %g: they run in this process and share its first GPU (agent.vllm_gpu_memory_utilization "
                     "split between them); add GPUs, or evaluate fewer agents (eval.agent_checkpoints) to give each "
-                    "engine a GPU of its own", engines, cfg.agent.tensor_parallel_size, engine_gpus(cfg, engines),
-                    gpus)
-        return False
-    return True
+                    "engine a GPU of its own", engines, tp, engines * tp, gpus)
+    return place == "ray"
 
 
 def eval_bundle(cfg: Config, cluster_gpus: float) -> dict[str, float]:

@@ -35,7 +35,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig
+from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig, in_process_share
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.failures import UserError, check_error_rate
 from prompt_r1.data.rows import IN_DOMAIN, OOD
@@ -143,20 +143,6 @@ def eval_agent(cfg: Config) -> AgentConfig:
     ((0.7, 0.8), (0.0, 1.0))
     """
     return cfg.agent.model_copy(update={"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p})
-
-
-def in_process_share(cfg: Config, engines: int) -> float:
-    """Each of `engines` vLLM agent engines sharing one GPU (built in one process, on its first
-    GPU; or 1, an engine placed by Ray on a GPU of its own, where the driver's server may be too):
-    their part of `agent.vllm_gpu_memory_utilization`, less what a managed vLLM environment server
-    takes there.
-
-    >>> from prompt_r1.config.experiment import parse_config
-    >>> in_process_share(parse_config({}), 2), in_process_share(parse_config({"environment": {"kind": "vllm"}}), 2)
-    (0.45, 0.3)
-    """
-    server = max((e.gpu_memory_utilization for e in cfg.eval_environments() if e.kind == "vllm"), default=0.0)
-    return round(max(0.05, (cfg.agent.vllm_gpu_memory_utilization - server) / max(1, engines)), 4)
 
 
 def eval_rollout(cfg: Config) -> RolloutConfig:
