@@ -12,7 +12,8 @@ GPU, which Ray may give to an engine). The driver keeps only a `RemotePolicy` pe
 tokenizer, and `generate` forwarded to the actor within `rollout.rollout_timeout_s`, so episodes
 and `agent_only` run unchanged and the driver touches no CUDA.
 
-Where they run (`eval.agent_placement`, decided by `engines_in_ray`): `driver` keeps today's
+Where they run (`eval.agent_placement`; the rule is `config.evaluation.engine_place`, which `plan`
+follows too, applied here by `engines_in_ray` to the GPUs Ray counts): `driver` keeps today's
 in-process engines; `ray` uses actors; `auto` uses actors for the vllm backend when Ray (started
 here if need be, sized as `init_ray` sizes it) counts GPUs, else the driver. When the cluster has
 fewer GPUs than the engines need, the engines share the driver's GPU as before, with a warning
