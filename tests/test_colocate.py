@@ -125,11 +125,12 @@ def test_evaluation_engines_in_one_process_split_the_share(monkeypatch):
     shares = []
     monkeypatch.setattr(policy_module, "make_policy", lambda agent, path, seed=0: (
         shares.append(agent.vllm_gpu_memory_utilization), types.SimpleNamespace(close=lambda: None))[1])
-    cfg = parse_config({"agent": {"backend": "vllm", "vllm_gpu_memory_utilization": 0.8}})
+    cfg = parse_config({"agent": {"backend": "vllm", "vllm_gpu_memory_utilization": 0.8},
+                        "eval": {"agent_placement": "driver"}})
     with EvalAgents(cfg, {"base": "/a", "trained": "/b"}) as agents:
         assert len(agents.policies) == 2 and shares == [0.4, 0.4]
     shares.clear()
-    served = parse_config({"agent": {"backend": "vllm"},
+    served = parse_config({"agent": {"backend": "vllm"}, "eval": {"agent_placement": "driver"},
                            "environment": {"kind": "vllm", "gpu_memory_utilization": 0.3}})
     with EvalAgents(served, {"base": "/a", "trained": "/b"}) as agents:
         assert len(agents.policies) == 2 and shares == [0.3, 0.3]  # (0.9 - 0.3) / 2

@@ -1,4 +1,6 @@
-"""How a run is evaluated: the `eval` section and its prompt-optimisation `baselines`.
+"""How a run is evaluated: the `eval` section and its prompt-optimisation `baselines`, and the
+rule of where its agent engines run (`engine_place`), stated here for both `evaluate` and `plan`
+(the share each takes is `experiment.in_process_share`, which needs the whole config).
 """
 
 from __future__ import annotations
@@ -72,3 +74,29 @@ class EvalConfig(StrictModel):
         None, ge=1, le=100,
         description="Agent generations per question in evaluation (None = rollout.max_turns; the reference uses 10).",
     )
+    agent_placement: Literal["auto", "driver", "ray"] = Field(
+        "auto",
+        description="Where the agent engines under evaluation run. `driver`: in this process, sharing its first "
+        "GPU (agent.vllm_gpu_memory_utilization split between them). `ray`: each a Ray actor in a placement group "
+        "of its own with agent.tensor_parallel_size GPUs (on a cluster without GPUs: rollout.cpus_per_worker CPUs), "
+        "taking the whole share of its GPUs; a cluster with fewer GPUs than the engines need falls back to `driver` "
+        "with a warning. `auto`: `ray` for the vllm backend when Ray counts GPUs, else `driver`.",
+    )
+
+
+def engine_place(placement: str, backend: str, engines: int, tensor_parallel_size: int, cluster_gpus: float) -> str:
+    """Where evaluation's `engines` agent engines run under `eval.agent_placement` (stated once, for
+    `evaluation.engines` and `plan`): `ray` (each in a placement group of its own), `driver` (in the
+    driver's process), or `shared` (Ray was the choice but the cluster has fewer GPUs than the
+    engines need: in the driver, splitting its first GPU, with a warning).
+
+    >>> [engine_place("auto", "vllm", engines, 1, gpus) for engines, gpus in ((2, 8), (2, 0), (3, 2))]
+    ['ray', 'driver', 'shared']
+    >>> engine_place("auto", "transformers", 2, 1, 8), engine_place("ray", "transformers", 2, 1, 0)
+    ('driver', 'ray')
+    """
+    if placement == "driver" or engines == 0 or (placement == "auto" and backend != "vllm"):
+        return "driver"
+    if cluster_gpus == 0:
+        return "driver" if placement == "auto" else "ray"  # `ray` without GPUs: CPU actors
+    return "shared" if cluster_gpus < engines * tensor_parallel_size else "ray"

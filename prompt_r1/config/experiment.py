@@ -71,7 +71,8 @@ class Config(StrictModel):
 
         The learner's layout (`LAYOUT_KEYS`: world size, strategy, CPUs per rank, deadlines) is
         left out: it changes how the same update is computed, not which, and checkpoints do not
-        depend on it, so a run may resume with another world size as the same run."""
+        depend on it, so a run may resume with another world size as the same run. So is
+        `eval.agent_placement`: evaluation's engines give the same predictions wherever they run."""
         data = self.model_dump(mode="json")
         for key in LAYOUT_KEYS:
             data["train"].pop(key)
@@ -81,6 +82,7 @@ class Config(StrictModel):
             data["reward"].pop("cost")
         if not data["reward"]["normalize_parts"]:
             data["reward"].pop("normalize_parts")
+        data["eval"].pop("agent_placement")  # where evaluation's engines run, not what they answer
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -286,3 +288,17 @@ def run_dir(config_name: str, run_id: str) -> Path:
             raise ConfigError(f"{part!r} cannot name a run folder (a config name or --run-id): use 1-64 "
                               "letters, digits, `.`, `_`, `-`, starting with a letter or digit")
     return runs_home() / config_name / run_id
+
+
+def in_process_share(cfg: Config, engines: int) -> float:
+    """Each of `engines` vLLM agent engines sharing one GPU (built in one process, on its first
+    GPU; or 1, an engine placed by Ray on a GPU of its own, where the driver's server may be too):
+    their part of `agent.vllm_gpu_memory_utilization`, less what a managed vLLM environment server
+    takes there.
+
+    >>> from prompt_r1.config.experiment import parse_config
+    >>> in_process_share(parse_config({}), 2), in_process_share(parse_config({"environment": {"kind": "vllm"}}), 2)
+    (0.45, 0.3)
+    """
+    server = max((e.gpu_memory_utilization for e in cfg.eval_environments() if e.kind == "vllm"), default=0.0)
+    return round(max(0.05, (cfg.agent.vllm_gpu_memory_utilization - server) / max(1, engines)), 4)

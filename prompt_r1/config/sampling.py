@@ -158,9 +158,11 @@ class RolloutConfig(StrictModel):
     actor_start_timeout_s: float = Field(
         600.0, gt=0, description="Deadline for the rollout actors' placement groups to be placed and the actors "
         "to start and load the policy (a cluster without the free CPUs or GPUs for `num_workers` actors fails "
-        "with a message naming what is missing instead of waiting).")
+        "with a message naming what is missing instead of waiting); also evaluation's agent engines in Ray "
+        "(eval.agent_placement).")
     rollout_timeout_s: float = Field(
-        3600.0, gt=0, description="Deadline for the actors to finish one rollout batch.")
+        3600.0, gt=0, description="Deadline for the actors to finish one rollout batch (and for an evaluation agent "
+        "engine in Ray to answer one generation).")
     sync_timeout_s: float = Field(
         600.0, gt=0, description="Deadline for every rollout engine to load a weight sync and answer with its "
         "policy version and weights checksum; an engine that has not answered by then, or answers with another "

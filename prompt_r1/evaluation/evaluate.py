@@ -35,7 +35,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig
+from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig, in_process_share
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.failures import UserError, check_error_rate
 from prompt_r1.data.rows import IN_DOMAIN, OOD
@@ -145,18 +145,6 @@ def eval_agent(cfg: Config) -> AgentConfig:
     return cfg.agent.model_copy(update={"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p})
 
 
-def in_process_share(cfg: Config, engines: int) -> float:
-    """Each of `engines` vLLM agent engines built in one process (on its first GPU): their part of
-    `agent.vllm_gpu_memory_utilization`, less what a managed vLLM environment server takes there.
-
-    >>> from prompt_r1.config.experiment import parse_config
-    >>> in_process_share(parse_config({}), 2), in_process_share(parse_config({"environment": {"kind": "vllm"}}), 2)
-    (0.45, 0.3)
-    """
-    server = max((e.gpu_memory_utilization for e in cfg.eval_environments() if e.kind == "vllm"), default=0.0)
-    return round(max(0.05, (cfg.agent.vllm_gpu_memory_utilization - server) / max(1, engines)), 4)
-
-
 def eval_rollout(cfg: Config) -> RolloutConfig:
     """The rollout settings for evaluation: `eval.max_turns` generations (default `rollout.max_turns`).
 
@@ -253,7 +241,9 @@ class EvalAgents:
     """The agents under evaluation, opened once however many environments they meet (the
     `evaluate` flow runs one task per environment): their policies, and their `agent_only` rows,
     which do not depend on the environment. Close it (or use `with`): a vLLM agent engine holds
-    its KV cache until closed."""
+    its KV cache until closed. The engines run in this process or as Ray actors with GPUs of their
+    own (`eval.agent_placement`, `prompt_r1.evaluation.engines`); either way a policy here has the
+    one `Policy` interface."""
 
     def __init__(self, cfg: Config, agents: Mapping[str, Path | str]):
         self.cfg, self.paths = cfg, {label: Path(path) for label, path in agents.items()}
@@ -264,16 +254,21 @@ class EvalAgents:
     def policies(self) -> dict[str, Any]:
         """label -> policy, built on first use (none when no agent method is configured)."""
         if self._policies is None:
+            from prompt_r1.evaluation.engines import engines_in_ray, ray_policies
             from prompt_r1.policy import make_policy
 
             built: dict[str, Any] = {}
             try:
                 if {"agent", "agent_only"} & set(self.cfg.eval.methods):
-                    agent = eval_agent(self.cfg)  # these engines share this process's GPU: split its share
-                    agent = agent.model_copy(update={"vllm_gpu_memory_utilization": in_process_share(
-                        self.cfg, len(self.paths))})
-                    for label, path in self.paths.items():
-                        built[label] = make_policy(agent, path, seed=self.cfg.seed)
+                    in_ray = engines_in_ray(self.cfg, len(self.paths))
+                    # in Ray each engine has GPUs of its own; in this process they split its first GPU's share
+                    share = in_process_share(self.cfg, 1 if in_ray else len(self.paths))
+                    agent = eval_agent(self.cfg).model_copy(update={"vllm_gpu_memory_utilization": share})
+                    if in_ray:
+                        built = ray_policies(self.cfg, agent, self.paths)
+                    else:
+                        for label, path in self.paths.items():
+                            built[label] = make_policy(agent, path, seed=self.cfg.seed)
             except BaseException:  # close what was built: no engine is left holding memory
                 for policy in built.values():
                     policy.close()

@@ -209,6 +209,7 @@ class Plan:
     response_tokens: int
     components: list[Component]
     problems: list[str]
+    evaluation: str = ""  # where evaluation's agent engines run after training (`evaluation_text`)
 
     @property
     def fits(self) -> bool:
@@ -266,6 +267,7 @@ class Plan:
                 lines.append(f"  {'asleep, during an update':<52} {first.asleep:>7.2f}")
             lines += [f"  {'host: ' + name:<52} {gib:>7.2f}" for name, gib in first.host.items()]
             lines += [f"  ({note})" for note in first.notes]
+        lines += ["", f"evaluation (after training): {self.evaluation}"] if self.evaluation else []
         return "\n".join(lines + ["", self.verdict() if self.fits else "does not fit (the error below says why)"])
 
     def to_dict(self) -> dict[str, Any]:
@@ -278,7 +280,7 @@ class Plan:
                         "gpu_memory_gib": r(self.machine.gpu_memory_gib),
                         "host_memory_gib": r(self.machine.host_memory_gib),
                         "usable": self.machine.usable, "notes": list(self.machine.notes)},
-            "prompt_tokens": self.prompt_tokens, "response_tokens": self.response_tokens,
+            "prompt_tokens": self.prompt_tokens, "response_tokens": self.response_tokens, "evaluation": self.evaluation,
             "components": [{"name": c.name, "role": c.role, "gpus": c.gpus, "gib": r(c.gib), "node": c.node,
                             "devices": c.devices, "parts": {k: r(v) for k, v in c.parts.items()}, "notes": c.notes,
                             "resident_gib": r(c.resident), "startup": {k: r(v) for k, v in c.startup.items()},
@@ -305,7 +307,43 @@ def make_plan(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: 
     if not problems:  # a placement of what cannot fit says nothing
         problems += place(machine, comps)
         problems += sharing_problems(cfg, arch, machine, prompt_tokens, comps) if not problems else []
-    return Plan(source, arch, machine, prompt_tokens, cfg.agent.max_response_tokens, comps, problems)
+    return Plan(source, arch, machine, prompt_tokens, cfg.agent.max_response_tokens, comps, problems,
+                evaluation_text(cfg, arch, machine, prompt_tokens))
+
+
+def evaluation_text(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int) -> str:
+    """Where evaluation's agent engines run on `machine` (`config.evaluation.engine_place`, the rule
+    `evaluate` follows), once training has given its GPUs back, and each vLLM engine's share; a
+    share too small for an engine to start is said (evaluation is not refused here: `train` is).
+
+    >>> from prompt_r1.config.experiment import load_config
+    >>> paper = load_config("configs/paper.yaml")
+    >>> evaluation_text(paper, agent_architecture(paper), Machine(gpus_per_node=8), 512)  # doctest: +ELLIPSIS
+    '2 agent engines (base, trained), each placed by Ray on 1 GPU of its own, at agent.vllm_gpu_..._utilization 0.9 each'
+    """
+    from prompt_r1.config.evaluation import engine_place
+    from prompt_r1.config.experiment import in_process_share
+
+    agents = cfg.eval.agent_checkpoints if {"agent", "agent_only"} & set(cfg.eval.methods) else []
+    if not agents:
+        return ""
+    tp, gpus = cfg.agent.tensor_parallel_size, machine.nodes * machine.gpus_per_node
+    place = engine_place(cfg.eval.agent_placement, cfg.agent.backend, len(agents), tp, gpus)
+    what = f"{len(agents)} agent engine{'s' if len(agents) > 1 else ''} ({', '.join(agents)})"
+    if cfg.agent.backend != "vllm" or not gpus:
+        where = "each a Ray actor" if place == "ray" else "in the driver's process"
+        return f"{what}, {where}, on CPU"
+    share = in_process_share(cfg, 1 if place == "ray" else len(agents))
+    text = (f"{what}, each placed by Ray on {tp} GPU{'s' if tp > 1 else ''} of its own" if place == "ray" else
+            f"{what} need {len(agents) * tp} GPUs and {machine.describe()} has {gpus}: they share the driver's first "
+            "GPU (evaluate warns)" if place == "shared" else f"{what} in the driver's process, sharing its first GPU")
+    text += f", at agent.vllm_gpu_memory_utilization {share:g} each"
+    if not engine_fits(variant(cfg, {"agent.vllm_gpu_memory_utilization": share}), arch, machine, prompt_tokens):
+        text += (": too little for a vLLM engine to hold its weights and one sequence, so evaluation would fail "
+                 "to start it; " + ("evaluate fewer agents at once (eval.agent_checkpoints), or use more GPUs"
+                                    if place != "ray" else settings_text(engine_fixes(cfg, arch, machine,
+                                                                                      prompt_tokens))))
+    return text
 
 
 def agent_architecture(cfg: Config, params: float | None = None) -> Architecture:
