@@ -51,6 +51,9 @@ def engines_in_ray(cfg: Config, engines: int) -> bool:
     tp = cfg.agent.tensor_parallel_size
     if engine_place(cfg.eval.agent_placement, cfg.agent.backend, engines, tp, math.inf) == "driver":
         return False
+    if (cfg.eval.agent_placement == "auto" and not ray.is_initialized() and cfg.rollout.ray_address is None
+            and not _local_cuda()):
+        return False  # a local instance on a machine without GPUs would count none: no Ray start for that
     from prompt_r1.rollout.ray_connect import init_ray
 
     init_ray(cfg.rollout, engines * cfg.rollout.cpus_per_worker)
@@ -62,6 +65,12 @@ def engines_in_ray(cfg: Config, engines: int) -> bool:
                     "split between them); add GPUs, or evaluate fewer agents (eval.agent_checkpoints) to give each "
                     "engine a GPU of its own", engines, tp, engines * tp, gpus)
     return place == "ray"
+
+
+def _local_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def eval_bundle(cfg: Config, cluster_gpus: float) -> dict[str, float]:
