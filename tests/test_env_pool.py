@@ -229,3 +229,72 @@ def test_trajectories_record_their_environment_also_in_warehouse_files_made_befo
         wh.replace_step("new", 0, [t.to_record()], [])
         rows = wh.query("SELECT run_id, env_name, policy_version FROM trajectories ORDER BY run_id")
     assert rows == [("new", "smol", 0), ("old", None, 0)]
+
+
+# -- training runs --------------------------------------------------------------------------------
+def _train(home: Path, cfg, run_id: str, monkeypatch) -> tuple[list[dict], list[list[dict]], bytes, list, list]:
+    """A smoke training run through the real session (Ray actor, in-process environments): its
+    per-step metrics, trajectories, exported weights and warehouse rows (wall-clock columns aside)."""
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.training.hooks import TrainingHooks
+    from prompt_r1.training.session import TrainingSession
+    from tests.test_determinism import TIMING, stable
+    from warehouse.store import Warehouse
+
+    monkeypatch.setenv("PROMPT_R1_HOME", str(home))
+    metrics, trajectories = [], []
+
+    class Record(TrainingHooks):
+        def on_step(self, result):
+            metrics.append({k: v for k, v in result.metrics.items() if k not in TIMING})
+            trajectories.append([stable(t) for t in result.trajectories])
+
+    with Warehouse(home / "warehouse.duckdb") as wh:
+        ingest(wh, ["data/sample"])
+        with TrainingSession(cfg, wh, run_id, home / "run") as session:
+            agent = session.run(Record()).agent
+        trajs = wh.query("SELECT * EXCLUDE (run_id, created_at) FROM trajectories WHERE run_id = ? "
+                         "ORDER BY step, question_id, group_index", [run_id])
+        calls = wh.query("SELECT * EXCLUDE (run_id, created_at, latency_s) FROM env_calls WHERE run_id = ? "
+                         "ORDER BY step, question_id, group_index, turn", [run_id])
+    return metrics, trajectories, (agent / "model.safetensors").read_bytes(), trajs, calls
+
+
+def test_a_pool_of_one_reproduces_the_run_with_environment(tmp_path, monkeypatch):
+    import ray
+
+    cfg = smoke()
+    try:
+        single = _train(tmp_path / "single", cfg, "single", monkeypatch)
+        pooled = _train(tmp_path / "pooled", pool_of(cfg, cfg.environment, weights=[3.0]), "pooled", monkeypatch)
+    finally:
+        ray.shutdown()
+    assert len(single[0]) == 2 and single[0][0] and single[3]  # two steps, with metrics and rows
+    assert any(t["env_calls"] for step in single[1] for t in step)  # the environment was called
+    assert {t["env_name"] for step in single[1] for t in step} == {"tiny-env"}
+    assert pooled[1] == single[1]  # trajectories: ids, log-probs, replies, rewards, environment
+    assert pooled[0] == single[0]  # per-step metrics (timings aside)
+    assert pooled[2] == single[2]  # exported weights, byte for byte
+    assert pooled[3] == single[3] and pooled[4] == single[4]  # warehouse rows
+
+
+def test_a_pool_of_two_trains_each_group_against_one_environment(tmp_path, monkeypatch):
+    import ray
+
+    cfg = smoke()
+    other = cfg.environment.model_copy(update={"name": "tiny-env-b", "max_tokens": 8})
+    pooled = pool_of(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"batch_questions": 4})}),
+                     cfg.environment, other, weights=[1.0, 1.0])
+    try:
+        metrics, trajectories, _, rows, calls = _train(tmp_path / "pool", pooled, "pool", monkeypatch)
+    finally:
+        ray.shutdown()
+    assert len(metrics) == 2
+    seen = set()
+    for step, batch in enumerate(trajectories):
+        for t in batch:
+            assert t["env_name"] == ("tiny-env", "tiny-env-b")[draw_environment(0, step, t["question_id"], [1.0, 1.0])]
+            assert all(c["env_name"] == t["env_name"] for c in t["env_calls"])
+            seen.add(t["env_name"])
+    assert seen == {"tiny-env", "tiny-env-b"}  # 8 questions over two steps drew both
+    assert {r[-1] for r in rows} == seen  # trajectories.env_name, the last column
