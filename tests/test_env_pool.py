@@ -298,3 +298,14 @@ def test_a_pool_of_two_trains_each_group_against_one_environment(tmp_path, monke
             seen.add(t["env_name"])
     assert seen == {"tiny-env", "tiny-env-b"}  # 8 questions over two steps drew both
     assert {r[-1] for r in rows} == seen  # trajectories.env_name, the last column
+
+
+def test_the_plan_counts_a_managed_server_for_each_pool_member():
+    from prompt_r1.training.memory import Machine, environment_components
+
+    cfg = load_config("configs/pool-demo.yaml")
+    machine = Machine(nodes=1, gpus_per_node=0)
+    names = [c.name for c in environment_components(cfg, machine)]
+    assert names == ["environment server smollm2-135m", "environment server gemma3-270m"]
+    assert [c.name for c in environment_components(load_config("configs/demo.yaml"), machine)] == [
+        "environment server"]  # a pool of one: the component it always was
