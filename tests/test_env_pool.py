@@ -131,7 +131,20 @@ def test_describe_environment_off_leaves_the_prompt_as_it_was_and_on_names_the_d
 
 # -- configs ------------------------------------------------------------------------------------
 def test_new_keys_at_their_defaults_keep_the_config_hash():
+    import hashlib
+    import json
+
+    from prompt_r1.config.training import LAYOUT_KEYS
+
     cfg = smoke()
+    # the hash as it was before pools: the dump without the keys added for them
+    data = cfg.model_dump(mode="json")
+    for key in (*LAYOUT_KEYS, "environments"):
+        data["train"].pop(key)
+    data["agent"].pop("describe_environment")
+    for env in (data["environment"], *data["eval"]["environments"]):
+        env.pop("description")
+    assert cfg.hash() == hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
     described = cfg.model_copy(update={"agent": cfg.agent.model_copy(update={"describe_environment": True})})
     named = cfg.model_copy(update={"environment": cfg.environment.model_copy(update={"description": "tiny"})})
     assert len({cfg.hash(), described.hash(), named.hash()}) == 3
@@ -309,3 +322,26 @@ def test_the_plan_counts_a_managed_server_for_each_pool_member():
     assert names == ["environment server smollm2-135m", "environment server gemma3-270m"]
     assert [c.name for c in environment_components(load_config("configs/demo.yaml"), machine)] == [
         "environment server"]  # a pool of one: the component it always was
+
+
+def test_the_flow_logs_per_environment_metrics_only_for_a_pool(monkeypatch, tmp_path):
+    import tasks.train as train_tasks
+    from prompt_r1.training.hooks import StepResult
+
+    class Buffer:
+        def __init__(self):
+            self.added = []
+
+        def add(self, step, metrics):
+            self.added.append((step, metrics))
+
+    monkeypatch.setattr(train_tasks, "training_progress", lambda *args, **kwargs: None)  # no Prefect server here
+    step = StepResult(0, {"reward_mean": 0.5}, [Trajectory("q", 0, [], env_name="a"), Trajectory("r", 0, [], env_name="b")])
+    single, pooled = Buffer(), Buffer()
+    train_tasks.FlowTrainingHooks(2, single, tmp_path).on_step(step)
+    train_tasks.FlowTrainingHooks(2, pooled, tmp_path, [EnvConfig(name="a"), EnvConfig(name="b")]).on_step(step)
+    assert single.added == [(0, {"reward_mean": 0.5})]  # today's metric names, nothing more
+    logged = pooled.added[0][1]
+    assert logged["reward_mean"] == 0.5
+    assert {k.split("/")[1] for k in logged if k.startswith("train_env/")} == {"a", "b"}
+    assert logged["train_env/a/trajectories"] == logged["train_env/b/trajectories"] == 1.0
