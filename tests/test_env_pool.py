@@ -130,21 +130,23 @@ def test_describe_environment_off_leaves_the_prompt_as_it_was_and_on_names_the_d
 
 
 # -- configs ------------------------------------------------------------------------------------
-def test_new_keys_at_their_defaults_keep_the_config_hash():
-    import hashlib
-    import json
-
-    from prompt_r1.config.training import LAYOUT_KEYS
+def test_new_keys_at_their_defaults_keep_the_config_hash(monkeypatch):
+    from prompt_r1.config.experiment import Config
 
     cfg = smoke()
-    # the hash as it was before pools: the dump without the keys added for them
-    data = cfg.model_dump(mode="json")
-    for key in (*LAYOUT_KEYS, "environments"):
-        data["train"].pop(key)
-    data["agent"].pop("describe_environment")
-    for env in (data["environment"], *data["eval"]["environments"]):
-        env.pop("description")
-    assert cfg.hash() == hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    now = cfg.hash()
+    dump = Config.model_dump
+
+    def before_pools(self, **kwargs):  # the config as dumped before these keys existed
+        data = dump(self, **kwargs)
+        data["agent"].pop("describe_environment")
+        for env in (data["environment"], *data["eval"]["environments"]):
+            env.pop("description")
+        return data
+
+    monkeypatch.setattr(Config, "model_dump", before_pools)
+    assert cfg.hash() == now
+    monkeypatch.undo()
     described = cfg.model_copy(update={"agent": cfg.agent.model_copy(update={"describe_environment": True})})
     named = cfg.model_copy(update={"environment": cfg.environment.model_copy(update={"description": "tiny"})})
     assert len({cfg.hash(), described.hash(), named.hash()}) == 3
@@ -234,8 +236,10 @@ def test_trajectories_record_their_environment_also_in_warehouse_files_made_befo
                            and "ADD COLUMN IF NOT EXISTS env_name" not in line)
     with duckdb.connect(str(path)) as con:  # a file as the warehouse wrote it before pools
         con.execute(old_schema)
-        con.execute("INSERT INTO trajectories VALUES ('old', 0, 'q', 0, [1], [1], ['a'], [], 'x', 1, 1, 2, 1, "
-                    "'answered', now(), NULL, 0)")
+        con.execute("INSERT INTO trajectories (run_id, step, question_id, group_index, token_ids, loss_mask, "
+                    "agent_turns, env_replies, answer, reward_format, reward_answer, reward_total, num_turns, "
+                    "stop_reason, created_at, policy_version) "
+                    "VALUES ('old', 0, 'q', 0, [1], [1], ['a'], [], 'x', 1, 1, 2, 1, 'answered', now(), 0)")
     t = Trajectory("q", 0, [], token_ids=[1], loss_mask=[1], agent_turns=["a"], stop_reason="answered",
                    env_name="smol")
     with Warehouse(path) as wh:
