@@ -270,8 +270,8 @@ def _train(home: Path, cfg, run_id: str, monkeypatch) -> tuple[list[dict], list[
         ingest(wh, ["data/sample"])
         with TrainingSession(cfg, wh, run_id, home / "run") as session:
             agent = session.run(Record()).agent
-        trajs = wh.query("SELECT * EXCLUDE (run_id, created_at) FROM trajectories WHERE run_id = ? "
-                         "ORDER BY step, question_id, group_index", [run_id])
+        trajs = wh.query_dicts("SELECT * EXCLUDE (run_id, created_at) FROM trajectories WHERE run_id = ? "
+                               "ORDER BY step, question_id, group_index", [run_id])
         calls = wh.query("SELECT * EXCLUDE (run_id, created_at, latency_s) FROM env_calls WHERE run_id = ? "
                          "ORDER BY step, question_id, group_index, turn", [run_id])
     return metrics, trajectories, (agent / "model.safetensors").read_bytes(), trajs, calls
@@ -314,7 +314,7 @@ def test_a_pool_of_two_trains_each_group_against_one_environment(tmp_path, monke
             assert all(c["env_name"] == t["env_name"] for c in t["env_calls"])
             seen.add(t["env_name"])
     assert seen == {"tiny-env", "tiny-env-b"}  # 8 questions over two steps drew both
-    assert {r[-1] for r in rows} == seen  # trajectories.env_name, the last column
+    assert {r["env_name"] for r in rows} == seen  # trajectories.env_name
 
 
 def test_the_plan_counts_a_managed_server_for_each_pool_member():
