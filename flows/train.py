@@ -85,7 +85,8 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
         with TrainingSession(cfg, wh, run_id, run_dir(cfg.name, run_id), resume=True) as session:
             buffer.recover(session.ckpt_dir / f"metrics-{session.step:05d}.json")
             try:
-                hooks = FlowTrainingHooks(cfg.train.steps, buffer, session.ckpt_dir)
+                pool = cfg.training_environments() if cfg.train.environments else []  # per-env metrics
+                hooks = FlowTrainingHooks(cfg.train.steps, buffer, session.ckpt_dir, pool, cfg.reward.format_cap)
                 outcome = session.run(hooks)
             except EnvironmentFailure as err:  # the flow and MLflow run fail; nothing is registered
                 mlflow.set_tag("env_failure", str(err)[:5000])

@@ -3,7 +3,9 @@
 `TrainingSession.run` (the library) owns the order of the stages; `FlowTrainingHooks` runs each
 stage as a Prefect task named after it (so the flow's graph reads batch -> rollout -> reward ->
 update -> record -> broadcast -> validate -> checkpoint, with retries where a stage talks to the
-environment), buffers metrics for MLflow and updates a progress artifact.
+environment), buffers metrics for MLflow and updates a progress artifact. A run with a training
+pool (`train.environments`) also logs each step's numbers per environment
+(`environment_metrics`, `train_env/<name>/<metric>`) beside the pooled ones.
 
 Ray is driven from these tasks rather than through prefect-ray's task runner: the rollout
 workers are *stateful* Ray actors (each holds a policy copy that receives new weights after
@@ -22,6 +24,9 @@ import mlflow
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.trajectory import Trajectory, stats_by_environment
+from prompt_r1.env.base import cost_usd
 from prompt_r1.training.hooks import StepResult, TrainingHooks
 from tasks.artifacts import training_progress
 from tasks.evaluate import retry_unless_environment_failure
@@ -36,6 +41,37 @@ T = TypeVar("T")
 STAGE_RETRIES = {"rollout": 2, "validate": 1}
 
 
+# Per-environment step metrics: MLflow name -> `rollout_stats` key (the pooled metrics' own rule).
+ENV_METRICS = {"reward": "reward_mean", "answer_score": "answer_score", "format": "format_mean",
+               "format_valid_rate": "format_valid_rate", "error_rate": "env_error_rate", "calls": "env_calls",
+               "prompt_tokens": "env_prompt_tokens", "completion_tokens": "env_completion_tokens",
+               "trajectories": "trajectories"}
+
+
+def environment_metrics(trajectories: list[Trajectory], environments: list[EnvConfig],
+                        format_cap: float) -> dict[str, float]:
+    """`train_env/<name>/<metric>` for each environment the step's trajectories prompted: reward,
+    answer score, format, error rate, calls, tokens (per trajectory, as the pooled metrics) and
+    `cost_usd` (per trajectory, at the environment's prices); an environment the step never drew
+    has no entry.
+
+    >>> from prompt_r1.core.trajectory import EnvCall
+    >>> env = EnvConfig(name="gpt", price_per_1k_prompt=1.0)
+    >>> t = Trajectory("q", 0, [], env_name="gpt", env_calls=[EnvCall(0, "gpt", "m", prompt_tokens=500)])
+    >>> m = environment_metrics([t], [env], 1.0)
+    >>> m["train_env/gpt/calls"], m["train_env/gpt/cost_usd"], m["train_env/gpt/error_rate"]
+    (1.0, 0.5, 0.0)
+    """
+    by_name = {env.name: env for env in environments}
+    metrics: dict[str, float] = {}
+    for name, stats in stats_by_environment(trajectories, format_cap).items():
+        metrics.update({f"train_env/{name}/{key}": stats[source] for key, source in ENV_METRICS.items()})
+        if name in by_name:
+            metrics[f"train_env/{name}/cost_usd"] = cost_usd(
+                by_name[name], stats["env_prompt_tokens"], stats["env_completion_tokens"])
+    return metrics
+
+
 @task(name="stage", cache_policy=NO_CACHE)
 def _stage(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
@@ -43,11 +79,15 @@ def _stage(fn: Callable[..., T], *args: Any) -> T:
 
 class FlowTrainingHooks(TrainingHooks):
     """Stages as tasks; metrics to `buffer` (flushed to MLflow at checkpoints, so a resumed run
-    never logs a step twice); a progress artifact for the Prefect UI."""
+    never logs a step twice); a progress artifact for the Prefect UI. With `environments` (the
+    training pool, empty for a run with the one `environment`) each step also logs
+    `environment_metrics`."""
 
-    def __init__(self, total_steps: int, buffer: MetricBuffer, ckpt_dir: Path):
+    def __init__(self, total_steps: int, buffer: MetricBuffer, ckpt_dir: Path,
+                 environments: list[EnvConfig] | None = None, format_cap: float = 1.0):
         super().__init__(total_steps)
         self.buffer, self.ckpt_dir = buffer, ckpt_dir
+        self.environments, self.format_cap = list(environments or []), format_cap
         self.last_trajectories: list = []
         self.history: list[tuple[int, dict[str, float]]] = []  # this invocation's steps, for the table artifact
 
@@ -58,7 +98,9 @@ class FlowTrainingHooks(TrainingHooks):
 
     def on_step(self, result: StepResult) -> None:
         super().on_step(result)
-        self.buffer.add(result.step, result.metrics)
+        per_env = (environment_metrics(result.trajectories, self.environments, self.format_cap)
+                   if self.environments else {})
+        self.buffer.add(result.step, {**result.metrics, **per_env})
         self.last_trajectories = result.trajectories
         self.history.append((result.step, result.metrics))
         training_progress(result.step, self.total_steps, result.metrics)

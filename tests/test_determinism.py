@@ -159,7 +159,7 @@ def _train(home: Path, max_delay_s: float, monkeypatch) -> tuple[list[dict], lis
     class Session(TrainingSession):
         def _start_pool(self):
             init_ray(self.cfg.rollout)
-            cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
+            cfg = self.actor_cfg
             factory = partial(DelayedEnv, max_delay_s=max_delay_s)
             return self._stack.enter_context(RolloutPool(cfg, self.model_path, 1, env_factory=factory))
 

@@ -190,7 +190,7 @@ def _session_whose_environment_dies_after_training(flag: Path):
     class Session(TrainingSession):
         def _start_pool(self):
             init_ray(self.cfg.rollout)
-            cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
+            cfg = self.actor_cfg
             factory = partial(_DyingEnv, flag=str(flag))
             return self._stack.enter_context(RolloutPool(cfg, self.model_path, 1, env_factory=factory))
 

@@ -265,7 +265,7 @@ def test_training_session_stops_what_it_started_when_a_later_stage_fails(local_r
 
     ingest(warehouse, ["data/sample"])
     stopped = []
-    start_environment = TrainingSession._start_environment
+    start_environment = TrainingSession._start_environments
 
     def tracked(self):
         self._stack.callback(stopped.append, "environment")
@@ -274,7 +274,7 @@ def test_training_session_stops_what_it_started_when_a_later_stage_fails(local_r
     def pool_that_cannot_start(self):  # the stage after the environment fails (as actors that never start)
         raise RayWaitError("starting the rollout actors (3 actors) did not finish within 1s")
 
-    monkeypatch.setattr(TrainingSession, "_start_environment", tracked)
+    monkeypatch.setattr(TrainingSession, "_start_environments", tracked)
     monkeypatch.setattr(TrainingSession, "_start_pool", pool_that_cannot_start)
     with pytest.raises(RayWaitError, match="3 actors"):
         with TrainingSession(smoke_cfg(temperature=1.0), warehouse, "cleanup-test", tmp_path / "run"):

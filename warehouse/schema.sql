@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS trajectories (
     created_at      TIMESTAMP NOT NULL,
     error           VARCHAR,               -- a failed environment call ended it (stop_reason env_error)
     policy_version  INTEGER,               -- GRPO updates in the weights that sampled it (NULL: recorded before versions)
+    env_name        VARCHAR,               -- the environment it prompted (NULL: recorded before training pools)
     PRIMARY KEY (run_id, step, question_id, group_index)
 );
 
@@ -153,3 +154,6 @@ ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS policy_version INTEGER;
 -- The reward's cost part (`reward.cost`; 0 when off). NULL when `error` is set, and in rows written
 -- before the column existed (every file, new or old, gets it here).
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS reward_cost DOUBLE;
+-- Warehouses made before training pools: trajectories of those runs keep NULL (their one
+-- environment is the run's `environment`, and each env_calls row names it).
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_name VARCHAR;

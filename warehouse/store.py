@@ -286,18 +286,20 @@ class Warehouse:
             cur.execute("DELETE FROM trajectories WHERE run_id = ? AND step = ?", [run_id, step])
             cur.execute("DELETE FROM env_calls WHERE run_id = ? AND step = ?", [run_id, step])
             if trajectories:
-                cur.executemany(  # named columns: files made before `error` / `policy_version` hold them last
+                cur.executemany(  # named columns: files made before `error` / `policy_version` / `env_name`
+                    # hold them last
                     "INSERT INTO trajectories (run_id, step, question_id, group_index, token_ids, loss_mask, "
                     "agent_turns, env_replies, answer, reward_format, reward_answer, reward_total, num_turns, "
-                    "stop_reason, created_at, error, policy_version, reward_cost) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "stop_reason, created_at, error, policy_version, reward_cost, env_name) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     [
                         (run_id, step, t["question_id"], t["group_index"], t["token_ids"],
                          t["loss_mask"], t["agent_turns"], t["env_replies"], t["answer"],
                          *((t["reward"]["format"], t["reward"]["answer"], t["reward"]["total"])
                            if t.get("reward") else (None, None, None)),  # no reward: ended by an env failure
                          len(t["agent_turns"]), t["stop_reason"], now, t.get("error"), t.get("policy_version"),
-                         t["reward"].get("cost", 0.0) if t.get("reward") else None)
+                         t["reward"].get("cost", 0.0) if t.get("reward") else None,
+                         t.get("env_name") or None)
                         for t in trajectories
                     ],
                 )

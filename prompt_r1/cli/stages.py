@@ -122,7 +122,7 @@ def plan(
 @app.command("serve-env")
 def serve_env(
     config: Path = ConfigOpt,
-    env: Optional[str] = typer.Option(None, "--env", help="Name of an `eval.environments` entry (default: `environment`)."),
+    env: Optional[str] = typer.Option(None, "--env", help="Name of a `train.environments` or `eval.environments` entry (default: `environment`)."),
 ) -> None:
     """Start the managed vLLM server of an environment, print its URL, and serve until Ctrl-C or SIGTERM."""
     import signal
@@ -137,7 +137,7 @@ def serve_env(
     from prompt_r1.env.vllm_server import VLLMServerError, managed_vllm_server
 
     cfg = _load(config)
-    candidates = [cfg.environment, *cfg.eval.environments]
+    candidates = [cfg.environment, *cfg.training_environments(), *cfg.eval.environments]
     if env is None:
         env_cfg = cfg.environment
     else:
@@ -232,15 +232,16 @@ def rollout(
     """Sample one rollout batch of training questions through Ray actors; store and summarise it.
 
     Exit 3 (after storing the batch) when the share of failed environment calls passes
-    `environment.max_error_rate`, as a training step would stop."""
+    its environment's `max_error_rate` (each environment of a `train.environments` pool against its own),
+    as a training step would stop."""
     import random
 
     from prompt_r1.config.experiment import new_run_id, run_dir
     from prompt_r1.data.ingest import ingest as ingest_paths
-    from prompt_r1.rollout.ray_pool import RolloutPool, actor_environment, check_local_cpus, cpus_needed, init_ray
+    from prompt_r1.rollout.ray_pool import RolloutPool, actor_environments, check_local_cpus, cpus_needed, init_ray
     from collections import Counter
 
-    from prompt_r1.core.failures import call_errors, check_error_rate
+    from prompt_r1.core.failures import check_pool_error_rates
     from prompt_r1.core.seeding import derive_seed
     from prompt_r1.core.trajectory import env_call_records, rollout_stats
 
@@ -261,8 +262,7 @@ def rollout(
         random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool_questions)
         questions = pool_questions[: cfg.rollout.batch_questions]
         init_ray(cfg.rollout, cpus_needed(cfg, workers, learner=False))
-        with actor_environment(cfg.environment, folder / "logs") as env_cfg:
-            actor_cfg = cfg.model_copy(update={"environment": env_cfg})
+        with actor_environments(cfg, folder / "logs") as actor_cfg:
             with RolloutPool(actor_cfg, agent, workers) as pool:
                 trajectories = pool.rollout(questions, step=0)
         records = [t.to_record() for t in trajectories]
@@ -279,6 +279,6 @@ def rollout(
         f"stop reasons {dict(Counter(t.stop_reason for t in trajectories))}"
         + (f"; wrote {out}" if out else ""))
     # As a training step would: failed calls past max_error_rate make the batch an outage, not a sample (exit 3).
-    check_error_rate(cfg.environment.name, call_errors(trajectories), cfg.environment.max_error_rate, "the rollout")
+    check_pool_error_rates(cfg.training_environments(), trajectories, "the rollout")
 
 

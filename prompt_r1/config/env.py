@@ -115,8 +115,23 @@ class EnvConfig(StrictModel):
         "step, one validation, one evaluation or one baseline optimisation; above it the run stops (exit 3) "
         "naming the environment and its first error (a failed optimisation's rows count as failed).",
     )
+    description: str = Field(
+        "", max_length=300,
+        description="One line about this environment LLM (e.g. `a 135M chat model: short answers, little "
+        "world knowledge`) for the agent's prompt under `agent.describe_environment`; empty = its name and model.",
+    )
     price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens.")
     price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")
+
+    def prompt_description(self) -> str:
+        """The line `agent.describe_environment` puts in the agent's prompt (whitespace folded to one line).
+
+        >>> EnvConfig(name="smol", model="smollm2-135m-instruct").prompt_description()
+        'smol (model smollm2-135m-instruct)'
+        >>> EnvConfig(description=" a tiny model,   short answers ").prompt_description()
+        'a tiny model, short answers'
+        """
+        return " ".join((self.description or f"{self.name} (model {self.model})").split())
 
     @model_validator(mode="after")
     def _check_kind(self) -> "EnvConfig":

@@ -83,6 +83,7 @@ class Config(StrictModel):
         if not data["reward"]["normalize_parts"]:
             data["reward"].pop("normalize_parts")
         data["eval"].pop("agent_placement")  # where evaluation's engines run, not what they answer
+        _drop_unset_additions(data)
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -133,6 +134,20 @@ class Config(StrictModel):
         problems = self.training_problems()
         if problems:
             raise ConfigError(f"{source} cannot be used for training:\n  " + "\n  ".join(problems))
+
+
+def _drop_unset_additions(data: dict[str, Any]) -> None:
+    """Leave keys added after runs were recorded out of the hash while they hold their default
+    (`agent.describe_environment` off, an empty environment `description`), so those runs keep
+    their hash and resume as the same run."""
+    if not data["agent"].get("describe_environment"):
+        data["agent"].pop("describe_environment", None)
+    optimizer = data["eval"].get("baselines", {}).get("optimizer")
+    envs = [data["environment"], *data["train"].get("environments", []), *data["eval"]["environments"],
+            *([optimizer] if optimizer else [])]
+    for env in envs:
+        if not env.get("description"):
+            env.pop("description", None)
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -69,6 +69,12 @@ class AgentConfig(StrictModel):
     max_env_reply_tokens: int = Field(
         256, ge=1, description="Environment reply tokens kept in the agent context (longer are cut)."
     )
+    describe_environment: bool = Field(
+        False,
+        description="Put a one-line description of the environment (its `description`, else its name and "
+        "model) into the agent's prompt, so one agent can adapt to each environment of a training pool and "
+        "an unseen one can be described at evaluation. Off = the prompt is exactly the reference's.",
+    )
     temperature: float = Field(
         1.0, ge=0.0,
         description="Sampling temperature for rollouts; the learner's old, new and reference log-probs are "

@@ -17,7 +17,7 @@ other exception keeps its traceback (it is a bug).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 EXIT_CODE = 3  # the CLI's exit status for a run stopped by environment failures
@@ -78,3 +78,15 @@ def check_error_rate(env_name: str, errors: Iterable[str | None], max_rate: floa
 def call_errors(trajectories: Iterable[Any]) -> list[str | None]:
     """One entry per environment call of the trajectories, in order: its error or None."""
     return [c.error for t in trajectories for c in t.env_calls]
+
+
+def check_pool_error_rates(envs: Iterable[Any], trajectories: Sequence[Any], where: str) -> float:
+    """`check_error_rate` for each environment of a pool (objects with `name` and
+    `max_error_rate`, e.g. `EnvConfig`) over the calls of the trajectories that prompted it
+    (`env_name`), each against its own limit; returns the share of failed calls over all of them.
+    A pool of one is the single check it always was."""
+    envs = list(envs)
+    for env in envs:
+        mine = trajectories if len(envs) == 1 else [t for t in trajectories if t.env_name == env.name]
+        check_error_rate(env.name, call_errors(mine), env.max_error_rate, where)
+    return error_rate(call_errors(trajectories))

@@ -81,13 +81,18 @@ class AgentTurn:
         return "invalid"
 
 
-def build_agent_prompt(question: str) -> str:
-    """The user message the agent sees.
+def build_agent_prompt(question: str, environment: str | None = None) -> str:
+    """The user message the agent sees; `environment` (one line, `agent.describe_environment`)
+    describes the LLM the agent will prompt, after the instruction (the question stays first, so
+    `split_question` still reads it back).
 
     >>> build_agent_prompt("Who wrote Hamlet?").splitlines()[0]
     'Question: Who wrote Hamlet?'
+    >>> build_agent_prompt("Who wrote Hamlet?", "a 135M chat model").splitlines()[-1]
+    'The large language model you will interact with: a 135M chat model'
     """
-    return f"Question: {question.strip()}\n{INSTRUCTION}"
+    text = f"Question: {question.strip()}\n{INSTRUCTION}"
+    return f"{text}\nThe large language model you will interact with: {environment}" if environment else text
 
 
 def split_question(prompt_text: str) -> str:

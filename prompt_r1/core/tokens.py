@@ -76,9 +76,10 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]], template: st
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def agent_prompt_ids(tokenizer: Any, question: str) -> list[int]:
-    """The agent's prompt: the chat template (with generation prompt) over the Prompt-R1 user message."""
-    return chat_prompt_ids(tokenizer, [{"role": "user", "content": build_agent_prompt(question)}])
+def agent_prompt_ids(tokenizer: Any, question: str, environment: str | None = None) -> list[int]:
+    """The agent's prompt: the chat template (with generation prompt) over the Prompt-R1 user
+    message (with the environment's description line when one is given)."""
+    return chat_prompt_ids(tokenizer, [{"role": "user", "content": build_agent_prompt(question, environment)}])
 
 
 def text_ids(tokenizer: Any, text: str) -> list[int]:

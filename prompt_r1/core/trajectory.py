@@ -9,7 +9,8 @@ records one environment call.
 
 Trajectories travel as these objects everywhere in the library (Ray pickles them); they become
 rows only at the edges: `to_record` / `env_call_records` for the warehouse and JSON lines, and
-`rollout_stats` for the numbers logged per batch.
+`rollout_stats` for the numbers logged per batch (`stats_by_environment`: per environment of a
+training pool).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Trajectory:
     policy_version: int = 0               # GRPO updates applied to the weights that sampled it (stamped by the engine)
     turn_times: list[list[float]] = field(default_factory=list)  # [start, end] wall clock (epoch s) of each agent
     # generation (the batch's generate call it was part of): for traces, never for results
+    env_name: str = ""                    # the environment it prompted (drawn per question from a training pool)
 
     def to_record(self) -> dict[str, Any]:
         """JSON-able dict (the `rollout --out` line and the warehouse row)."""
@@ -75,6 +77,21 @@ def env_call_records(trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]
     """
     return [{"question_id": t.question_id, "group_index": t.group_index, **asdict(call)}
             for t in trajectories for call in t.env_calls]
+
+
+def stats_by_environment(trajectories: Sequence[Trajectory], format_cap: float) -> dict[str, dict[str, float]]:
+    """`rollout_stats` of each environment's trajectories (keyed by `env_name`, in first-seen
+    order), plus `trajectories`, how many it had: the per-environment view of a pool's batch.
+
+    >>> ts = [Trajectory("q", 0, [], env_name="a"), Trajectory("r", 0, [], env_name="b"),
+    ...       Trajectory("r", 1, [], env_name="b")]
+    >>> {name: s["trajectories"] for name, s in stats_by_environment(ts, 1.0).items()}
+    {'a': 1.0, 'b': 2.0}
+    """
+    by_env: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        by_env.setdefault(t.env_name, []).append(t)
+    return {name: {**rollout_stats(ts, format_cap), "trajectories": float(len(ts))} for name, ts in by_env.items()}
 
 
 def rollout_stats(trajectories: Sequence[Trajectory], format_cap: float) -> dict[str, float]:

@@ -19,6 +19,10 @@ client's retries: the trajectory ends there with `error` set and no reward; the 
 never put into the agent's context), `token_budget` (no room left:
 the response never exceeds `max_response_tokens`; a reply that would leave no room for another
 agent token is not inserted, though its call is still recorded in `env_calls`).
+Environments: `env` is one environment or a training pool of them; each question draws one
+(`core.seeding.draw_environment`, with `env_weights`) and its whole group prompts it, recorded in
+`Trajectory.env_name`. Under `agent.describe_environment` the agent's prompt ends with that
+environment's one-line description (`EnvConfig.prompt_description`).
 The answer and the reward come from the agent's own turns only. Scoring is its own stage,
 `score_trajectories`, which a caller may run apart from the rollout (`score=False`).
 
@@ -48,7 +52,7 @@ from prompt_r1.core.protocol import env_messages, extract_answer, parse_turn, wr
 from prompt_r1.core.cost_reward import (CostWindow, Prices, bonus_reward, cheapness, penalty_reward,
                                         trajectory_cost)
 from prompt_r1.core.reward import compute_reward
-from prompt_r1.core.seeding import NO_STEP, draw_seed
+from prompt_r1.core.seeding import NO_STEP, draw_environment, draw_seed
 from prompt_r1.core.tokens import agent_prompt_ids, text_ids
 from prompt_r1.core.trajectory import EnvCall, Trajectory
 from prompt_r1.core.questions import QuestionRow
@@ -64,6 +68,7 @@ class _Episode:
     """A trajectory being built, plus what the loop needs to continue it."""
 
     trajectory: Trajectory
+    env: "Environment"                                     # the one its question drew
     env_prompts: list[str] = field(default_factory=list)   # interaction prompts sent so far
     env_history: list[str] = field(default_factory=list)   # the environment's full replies
 
@@ -150,9 +155,15 @@ class _Loop:
         return True
 
 
+def _description(env: "Environment") -> str:
+    """The environment's line for the agent's prompt (its config's, else its name)."""
+    cfg = getattr(env, "cfg", None)
+    return cfg.prompt_description() if cfg is not None else " ".join(str(getattr(env, "name", "")).split())
+
+
 async def rollout_batch(
     policy: Policy,
-    env: "Environment",
+    env: "Environment | Sequence[Environment]",
     questions: Sequence[QuestionRow],
     agent_cfg: AgentConfig,
     rollout_cfg: RolloutConfig,
@@ -162,6 +173,7 @@ async def rollout_batch(
     gather_window_s: float = 0.05,
     step: int = NO_STEP,
     score: bool = True,
+    env_weights: Sequence[float] | None = None,
 ) -> list[Trajectory]:
     """Sample `group_size` (default `rollout_cfg.group_size`) trajectories per question.
 
@@ -170,14 +182,24 @@ async def rollout_batch(
     Those ended by a failed environment call have `error` set and never an answer or reward.
     Each agent generation is seeded by `draw_seed(seed, step, question, group index, turn)`
     (`step`: the training step, `NO_STEP` outside training), never by batch or arrival order.
+    With a pool of environments (`env` a sequence; `env_weights` default to equal) each question
+    draws its environment by `draw_environment(seed, step, question, env_weights)`.
     """
     group = group_size or rollout_cfg.group_size
+    envs = list(env) if isinstance(env, Sequence) else [env]
+    weights = list(env_weights) if env_weights is not None else [1.0] * len(envs)
+    if not envs or len(weights) != len(envs):
+        raise ValueError(f"rollout_batch needs one weight per environment: {len(envs)} environment(s), "
+                         f"{len(weights)} weight(s)")
     loop = _Loop(policy, agent_cfg, rollout_cfg)
     episodes: list[_Episode] = []
     for question in questions:
-        prompt_ids = agent_prompt_ids(policy.tokenizer, question.question)
+        drawn = envs[draw_environment(seed, step, question.question_id, weights)]
+        described = _description(drawn) if agent_cfg.describe_environment else None
+        prompt_ids = agent_prompt_ids(policy.tokenizer, question.question, described)
+        name = getattr(drawn, "name", "")
         for index in range(group):
-            episodes.append(_Episode(Trajectory(question.question_id, index, list(prompt_ids))))
+            episodes.append(_Episode(Trajectory(question.question_id, index, list(prompt_ids), env_name=name), drawn))
 
     ready: list[_Episode] = list(episodes)
     pending: dict[asyncio.Task, _Episode] = {}
@@ -208,7 +230,7 @@ async def rollout_batch(
                 messages = loop.absorb_turn(episode, sample)
                 if messages is not None:
                     turn = len(episode.env_prompts) - 1
-                    pending[asyncio.create_task(_call_env(env, messages, turn))] = episode
+                    pending[asyncio.create_task(_call_env(episode.env, messages, turn))] = episode
     finally:
         for task in pending:
             task.cancel()
@@ -219,7 +241,7 @@ async def rollout_batch(
             traj.answer = extract_answer(traj.agent_turns[-1]) if traj.agent_turns else ""
     if score:  # priced at this environment's prices (validation, evaluation); training scores apart
         score_trajectories(trajectories, {q.question_id: q.golds for q in questions}, reward_cfg,
-                           prices=env_prices([env.cfg]) if reward_cfg.cost.mode != "off" else None)
+                           prices=env_prices([e.cfg for e in envs]) if reward_cfg.cost.mode != "off" else None)
     return trajectories
 
 

@@ -17,10 +17,13 @@ they were made, so a broadcast queued behind a running batch lands after it and 
 batch submitted later: a batch samples with the newest weights broadcast before its `submit`.
 Each actor stamps the trajectories it returns with the version of the weights it holds.
 
-Environment clients: `inprocess` and `openai` environments are built inside each actor, with the
-driver's settings (`actor_env.actor_env_vars`) and the environment's API key variable handed over
-as an argument, never through `runtime_env` (`actor_env.secret_env`). A `vllm` environment is a
-server the driver starts (`actor_environment`); actors reach it as `openai` at its base URL. One laptop = a local Ray instance this process starts itself
+Environment clients: each actor holds one client per environment it trains against (the training
+pool, `Config.training_environments()`: `train.environments`, or the one `environment`) and each
+question draws one of them (`rollout_batch`). `inprocess` and `openai` environments are built
+inside each actor, with the driver's settings (`actor_env.actor_env_vars`) and the environments'
+API key variables handed over as an argument, never through `runtime_env` (`actor_env.secret_env`).
+A `vllm` environment is a server the driver starts (`actor_environments`, one per pool member that
+needs one); actors reach it as `openai` at its base URL. One laptop = a local Ray instance this process starts itself
 (`ray.init(address="local")`: a plain `ray.init()` would join whatever cluster `RAY_ADDRESS` or
 the machine's last `ray start` points at); a cluster = `ray_address` (both in `ray_connect`).
 
@@ -55,7 +58,7 @@ import ray
 from pydantic import SecretStr
 
 from prompt_r1.config.experiment import Config
-from prompt_r1.config.env import EnvConfig
+from prompt_r1.config.env import EnvConfig, PoolEnvConfig
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory
@@ -91,6 +94,26 @@ def actor_environment(env_cfg: EnvConfig, log_dir: Path | None = None) -> Iterat
 
 
 @contextlib.contextmanager
+def actor_environments(cfg: Config, log_dir: Path | None = None) -> Iterator[Config]:
+    """`cfg` with every training environment usable by actors (`actor_environment`): a managed vLLM
+    server is started for each pool member that needs one, all stopped on exit."""
+    with contextlib.ExitStack() as stack:
+        if not cfg.train.environments:
+            env = stack.enter_context(actor_environment(cfg.environment, log_dir))
+            yield cfg.model_copy(update={"environment": env})
+            return
+        pool = [PoolEnvConfig.model_validate({**stack.enter_context(actor_environment(entry.env(), log_dir))
+                                              .model_dump(), "weight": entry.weight})
+                for entry in cfg.train.environments]
+        yield cfg.model_copy(update={"train": cfg.train.model_copy(update={"environments": pool})})
+
+
+def _managed(cfg: Config) -> list[str]:
+    """Names of the training environments that are managed vLLM servers (actors cannot start them)."""
+    return [env.name for env in cfg.training_environments() if env.kind == "vllm"]
+
+
+@contextlib.contextmanager
 def _temperature(policy: Any, temperature: float | None) -> Iterator[None]:
     """Sample at another temperature for one call (greedy validation rollouts)."""
     if temperature is None:
@@ -105,7 +128,7 @@ def _temperature(policy: Any, temperature: float | None) -> Iterator[None]:
 
 
 class RolloutWorker:
-    """A Ray actor: one policy copy plus one environment client, living as long as the pool."""
+    """A Ray actor: one policy copy plus a client per training environment, living as long as the pool."""
 
     def __init__(self, cfg: Config, model_path: str, seed: int,
                  env_factory: Callable[[EnvConfig], Any] | None = None,
@@ -120,18 +143,19 @@ class RolloutWorker:
         from prompt_r1.policy import make_policy
 
         self.cfg = cfg
-        if self.cfg.environment.kind == "vllm":
-            raise ValueError("a rollout actor cannot start a vLLM server; start it in the driver with "
-                             "prompt_r1.rollout.ray_pool.actor_environment() and pass kind=openai")
+        if _managed(cfg):
+            raise ValueError(f"a rollout actor cannot start a vLLM server ({_managed(cfg)}); start them in the "
+                             "driver with prompt_r1.rollout.ray_pool.actor_environments() (kind=openai)")
         self.policy = make_policy(self.cfg.agent, model_path, seed=seed, sleep_mode=self.cfg.rollout.colocate)
         self.version = 0  # updates applied to the weights it samples with (`load_weights` advances it)
         self._loop = asyncio.new_event_loop()
         self._stack = contextlib.ExitStack()
-        self.env = self._open_environment(env_factory)
+        self.envs = [self._open_environment(env_cfg, env_factory) for env_cfg in cfg.training_environments()]
+        self.weights = cfg.training_weights()
         self.version = 0  # GRPO updates in the weights held (set by `load_weights`), stamped on trajectories
 
-    def _open_environment(self, env_factory: Callable[[EnvConfig], Any] | None):
-        env_cfg = self.cfg.environment.model_copy(update={"cache": False})
+    def _open_environment(self, env_cfg: EnvConfig, env_factory: Callable[[EnvConfig], Any] | None):
+        env_cfg = env_cfg.model_copy(update={"cache": False})
         if env_factory is not None:
             return env_factory(env_cfg)
         from prompt_r1.env import open_environment
@@ -146,8 +170,8 @@ class RolloutWorker:
 
         with _temperature(self.policy, 0.0 if greedy else None):
             trajectories = self._loop.run_until_complete(rollout_batch(
-                self.policy, self.env, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
-                group_size=group_size, seed=seed, step=step, score=score))
+                self.policy, self.envs, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
+                group_size=group_size, seed=seed, step=step, score=score, env_weights=self.weights))
         for trajectory in trajectories:  # the engine's own version, not the driver's idea of it
             trajectory.policy_version = self.version
         return trajectories
@@ -176,9 +200,10 @@ class RolloutWorker:
         return actor_location()
 
     def shutdown(self) -> None:
-        aclose = getattr(self.env, "aclose", None)
-        if aclose is not None:
-            self._loop.run_until_complete(aclose())
+        for env in self.envs:
+            aclose = getattr(env, "aclose", None)
+            if aclose is not None:
+                self._loop.run_until_complete(aclose())
         self._stack.close()
         self.policy.close()
 
@@ -222,13 +247,13 @@ class RolloutPool:
         (the learner ranks' nodes and GPU ids) place the engines beside them under `rollout.colocate`."""
         if not ray.is_initialized():
             init_ray(cfg.rollout, cpus_needed(cfg, num_workers))
-        if cfg.environment.kind == "vllm":
-            raise ValueError("environment.kind=vllm: start the server in the driver first, e.g. "
-                             "`with actor_environment(cfg.environment) as env_cfg:` and build the pool "
-                             "with cfg.model_copy(update={'environment': env_cfg})")
+        if _managed(cfg):
+            raise ValueError(f"environment(s) {_managed(cfg)} have kind=vllm: start their servers in the driver "
+                             "first, e.g. `with actor_environments(cfg) as actor_cfg:`, and build the pool with "
+                             "actor_cfg")
         self.cfg = cfg
         self.num_workers = rollout_workers(cfg.rollout, num_workers)
-        env_vars, secrets = actor_env_vars(), secret_env([cfg.environment])
+        env_vars, secrets = actor_env_vars(), secret_env(cfg.training_environments())
         check_local_cpus(cfg.rollout, self.num_workers)  # a local instance never grows
         self._stuck = False
         self._loads: list[PendingSync] = []  # weight syncs broadcast without waiting, not yet verified

@@ -62,6 +62,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from prompt_r1.config.env import EnvConfig
 from prompt_r1.config.experiment import Config
 from prompt_r1.models.architecture import Architecture
 from prompt_r1.models.kv_cache import DTYPE_BYTES, kv_cache_bytes
@@ -287,13 +288,21 @@ def engine_kv_least(cfg: Config, arch: Architecture) -> float:
                 / min(tp, arch.kv_heads))
 
 
-def environment_component(cfg: Config, machine: Machine) -> Component | None:
-    """The managed vLLM environment server (`environment.kind: vllm`), which the driver starts."""
-    env = cfg.environment
+def environment_components(cfg: Config, machine: Machine) -> list[Component]:
+    """The managed vLLM servers of the training environments (`kind: vllm`; the one `environment`,
+    or each member of `train.environments`), which the driver starts."""
+    envs = cfg.training_environments()
+    return [c for env in envs if (c := environment_component(env, machine, named=len(envs) > 1)) is not None]
+
+
+def environment_component(env: EnvConfig, machine: Machine, named: bool = False) -> Component | None:
+    """One managed vLLM environment server (`kind: vllm`); `named` puts its name in the component's
+    (a pool has several)."""
     if env.kind != "vllm":
         return None
+    title = f"environment server {env.name}" if named else "environment server"
     if machine.gpus_per_node:  # vLLM takes its share of the GPU whatever the model
-        return Component("environment server", "environment", 1, {
+        return Component(title, "environment", 1, {
             "vLLM's share (environment.gpu_memory_utilization)": env.gpu_memory_utilization * machine.gpu_memory_gib},
             ["the driver starts it on its first GPU, outside Ray's placement groups, beside what Ray puts there"],
             shared=True)
@@ -302,17 +311,17 @@ def environment_component(cfg: Config, machine: Machine) -> Component | None:
 
     arch = architecture_for(env.model, agent=False)
     if arch is None:
-        return Component("environment server", "environment", 0, {"KV cache (VLLM_CPU_KVCACHE_SPACE default)": 2.0},
+        return Component(title, "environment", 0, {"KV cache (VLLM_CPU_KVCACHE_SPACE default)": 2.0},
                          [f"environment.model {env.model}: no config.json here, its weights are not counted"])
     kv = kv_cache_bytes(arch.kv_config(), MAX_MODEL_LEN, env.concurrency, 4)
-    return Component("environment server", "environment", 0, {
+    return Component(title, "environment", 0, {
         "weights (float32)": _gib(4 * arch.params), "KV cache": _gib(kv), "runtime (libraries)": RUNTIME_GIB},
         [f"vLLM on CPU: KV cache for {env.concurrency} sequences (environment.concurrency)"])
 
 
 def components(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int) -> list[Component]:
     """The run's processes in the order it reserves them: learner ranks, rollout engines, the
-    environment server."""
+    environment servers."""
     on_gpu = bool(machine.gpus_per_node) and cfg.train.device != "cpu"
     parts = learner_parts(cfg, arch, prompt_tokens)
     out = []
@@ -321,5 +330,4 @@ def components(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens:
         out.append(Component(f"learner rank {rank}", "learner", 1 if on_gpu else 0, dict(parts), host=host,
                              startup=startup))
     out += [engine_component(cfg, arch, machine, prompt_tokens, i) for i in range(cfg.rollout.num_workers)]
-    env = environment_component(cfg, machine)
-    return out + ([env] if env else [])
+    return out + environment_components(cfg, machine)

@@ -15,10 +15,14 @@ Policy versions: the weights after `step` updates are policy version `step`; eve
 sampled it, so a step's metrics carry `policy_age_mean` / `policy_age_max` (updates between the
 sampling weights and the learner's; 0 in this synchronous schedule).
 
+Environments: the run trains against `Config.training_environments()` (the pool `train.environments`,
+or the one `environment`); each question of a batch draws one, so its whole GRPO group prompts the
+same environment (`rollout_batch`), and every trajectory records which (`env_name`).
+
 Environment failures: trajectories ended by a failed environment call are recorded but left out
-of the update and of validation scores; a step (or a validation) whose share of failed calls
-passes `environment.max_error_rate` stops the run with `EnvironmentFailure` before its update
-(before its checkpoint), so no agent is exported from it. A validation in which failures left no
+of the update and of validation scores; a step (or a validation) in which the share of one
+environment's failed calls passes that environment's `max_error_rate` stops the run with
+`EnvironmentFailure` before its update (before its checkpoint), so no agent is exported from it. A validation in which failures left no
 question scored stops the run the same way.
 
 Colocated engines (`rollout.colocate`): the engines share the learner's GPUs and sleep during
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prompt_r1.config.experiment import Config
-from prompt_r1.config.env import EnvConfig, env_prices
+from prompt_r1.config.env import env_prices
 from prompt_r1.core.cost_reward import CostWindow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
@@ -151,7 +155,8 @@ class TrainingSession:
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
         check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
-        check_server_host(self.cfg.environment)  # a managed vLLM server this machine's vLLM cannot run
+        for env_cfg in self.cfg.training_environments():  # a managed vLLM server this machine's vLLM cannot run
+            check_server_host(env_cfg)
         # One process per run folder (a second is refused naming the holder), taken before Ray
         # starts (`learner_in_ray` may start it); a killed earlier owner's Ray leftovers are stopped.
         self._stack.enter_context(own_run(self.run_dir))
@@ -173,7 +178,7 @@ class TrainingSession:
             self.restore(latest)
         if self.resume:  # rows of steps after the checkpoint (or of all steps, without one) are redone
             self.warehouse.delete_steps_after(self.run_id, self.step - 1)
-        self.env_cfg = self._start_environment()
+        self.actor_cfg = self._start_environments()
         self.pool = self._start_pool()
         self.ahead = RunAhead(self.pool, self.cfg.rollout.max_staleness, train.steps, sent_version=self.step)
         self._stack.callback(self.ahead.drop)  # runs before the pool stops (the stack is LIFO)
@@ -197,18 +202,19 @@ class TrainingSession:
 
         mark_finished(self.run_dir)
 
-    def _start_environment(self) -> EnvConfig:
-        """Managed vLLM servers start here (driver) and actors reach them as `openai`."""
-        from prompt_r1.rollout.ray_pool import actor_environment
+    def _start_environments(self) -> Config:
+        """The config the rollout actors get: managed vLLM servers of the training environments
+        start here (driver), and actors reach them as `openai`."""
+        from prompt_r1.rollout.ray_pool import actor_environments
 
-        return self._stack.enter_context(actor_environment(self.cfg.environment, self.run_dir / "logs"))
+        return self._stack.enter_context(actor_environments(self.cfg, self.run_dir / "logs"))
 
     def _start_pool(self):
         from prompt_r1.rollout.ray_pool import RolloutPool, cpus_needed, init_ray
         from prompt_r1.training.run_owner import record_ray
 
         init_ray(self.cfg.rollout, cpus_needed(self.cfg))
-        cfg = self.cfg.model_copy(update={"environment": self.env_cfg})
+        cfg = self.actor_cfg
         # a learner in Ray says where its ranks run: colocated engines go beside them (`rollout.colocate`)
         placements = getattr(self.learner, "placements", None)
         pool = self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers,
@@ -255,14 +261,14 @@ class TrainingSession:
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """The GRPO update on the trajectories no environment failure ended (see `usable_for_update`).
 
-        When the step's share of failed environment calls passes `environment.max_error_rate`,
-        the step's rows are recorded (failures included) and `EnvironmentFailure` is raised
-        instead: no update, no step advance."""
-        from prompt_r1.core.failures import EnvironmentFailure, call_errors, check_error_rate
+        When the step's share of one environment's failed calls passes its `max_error_rate`, the
+        step's rows are recorded (failures included) and `EnvironmentFailure` is raised instead: no
+        update, no step advance."""
+        from prompt_r1.core.failures import EnvironmentFailure, check_pool_error_rates
 
         try:
-            rate = check_error_rate(self.cfg.environment.name, call_errors(trajectories),
-                                    self.cfg.environment.max_error_rate, f"training step {self.step}")
+            rate = check_pool_error_rates(self.cfg.training_environments(), trajectories,
+                                          f"training step {self.step}")
         except EnvironmentFailure:
             trajs, calls = trajectory_rows(trajectories)
             self.warehouse.replace_step(self.run_id, self.step, trajs, calls)
@@ -321,25 +327,26 @@ class TrainingSession:
         `val_env_error_rate` (share of failed calls) and `val_scored` (share of questions scored)
         stand beside them.
 
-        Like a training step, validation stops the run with `EnvironmentFailure` when its share of
-        failed calls passes `environment.max_error_rate`, and also when failures left no question
+        Like a training step, validation stops the run with `EnvironmentFailure` when the share of
+        one environment's failed calls passes its `max_error_rate`, and also when failures left no question
         scored (whatever the rate): a score made of failures is never reported, so no agent is
         checkpointed, exported or registered on one."""
-        from prompt_r1.core.failures import EnvironmentFailure, call_errors, check_error_rate
+        from prompt_r1.core.failures import EnvironmentFailure, check_pool_error_rates
 
         if not self.val_questions:
             return {}
         questions = self.val_questions[: self.cfg.train.validation_questions]
         trajectories = self.pool.rollout(questions, self.step, greedy=True, group_size=1)
-        env, where = self.cfg.environment, f"validation after {self.step} update(s)"
-        rate = check_error_rate(env.name, call_errors(trajectories), env.max_error_rate, where)
+        where = f"validation after {self.step} update(s)"
+        rate = check_pool_error_rates(self.cfg.training_environments(), trajectories, where)
         scored = [t for t in trajectories if t.reward is not None]
         if not scored:  # scoring runs on every trajectory no failure ended: all of them failed
-            first = next((t.error for t in trajectories if t.error), "")
+            failed = next((t for t in trajectories if t.error), trajectories[0])
+            name = failed.env_name or self.cfg.environment.name
             raise EnvironmentFailure(
-                f"environment `{env.name}`: every question of {where} ended in a failed call "
-                f"({len(trajectories)} of {len(trajectories)}, nothing to score); first error: {first}",
-                env.name, first, rate)
+                f"environment `{name}`: every question of {where} ended in a failed call "
+                f"({len(trajectories)} of {len(trajectories)}, nothing to score); first error: {failed.error}",
+                name, failed.error or "", rate)
         stats = rollout_stats(scored, self.cfg.reward.format_cap)
         return {"val_reward": stats["reward_mean"], "val_answer": stats["answer_score"],
                 "val_format_valid": stats["format_valid_rate"], "val_env_error_rate": rate,
