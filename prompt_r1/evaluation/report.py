@@ -237,18 +237,13 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
                                     if baselines else "")
                                  + "\n## Environment tokens and cost\n\n" + cost_table(results, held_out) + "\n"
                                  + (f"\n## Time per stage\n{timing}\n" if timing else ""))
-    if comparisons:
-        files["comparisons"] = out_dir / "comparisons.csv"
-        with files["comparisons"].open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(comparisons[0]))
-            writer.writeheader()
-            writer.writerows(comparisons)
-    if heldout_rows:
-        files["heldout"] = out_dir / "heldout.csv"
-        with files["heldout"].open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(heldout_rows[0]))
-            writer.writeheader()
-            writer.writerows(heldout_rows)
+    for name, rows in (("comparisons", comparisons), ("heldout", heldout_rows)):
+        if rows:
+            files[name] = out_dir / f"{name}.csv"
+            with files[name].open("w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
     files["accuracy_vs_cost"] = plot_accuracy_vs_cost(results, out_dir, held_out)
     with files["csv"].open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=LONG_COLUMNS, extrasaction="ignore")
