@@ -9,7 +9,7 @@ member through the one evaluation path (`prompt_r1.evaluation.evaluate`, method 
 Reported, on each environment (the columns), per agent (the rows, "trained on"):
 
 - the mean answer score (the dataset's primary metric: token F1 for the screened questions) with
-  its 95% bootstrap interval;
+  its 95% bootstrap interval (several probe datasets: over their questions pooled);
 - the paired difference against the untrained agent on the same questions (bootstrap interval,
   sign-flip p; `prompt_r1.evaluation.stats.paired_comparison`, a probe dataset per stratum);
 - pool minus the agent trained on that environment alone (does pool training lose anything
@@ -63,8 +63,10 @@ TINY_ENVS = [  # two tiny models of different shapes, in process: the plumbing, 
     {"name": "tiny-smollm2-env", "kind": "inprocess", "model": "tiny-smollm2", "max_tokens": 16,
      "temperature": 0.0, "weight": 1.0},
 ]
+# lr 1e-2: at smoke.yaml's 1e-4 two updates leave every greedy answer of the tiny agent as it was, so
+# the matrix would be all zeros whether or not the arms differ; a large step makes them differ.
 QUICK = {"config": "configs/smoke.yaml", "probe_dataset": "sample", "probe_limit": 4,
-         "overrides": {"train.environments": TINY_ENVS, "train.steps": 2}}
+         "overrides": {"train.environments": TINY_ENVS, "train.steps": 2, "train.lr": 1e-2}}
 FULL = {"config": "configs/learning-pool.yaml", "probe_dataset": "screened_probe", "probe_limit": None,
         "overrides": {}}
 
