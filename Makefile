@@ -13,7 +13,7 @@ demo: setup
 	$(PY) scripts/demo.py --config $(CONFIG) $(if $(DATA),--data $(DATA)) $(if $(QUICK),--quick)
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=30 $(PYTEST_ARGS)
 
 clean:
 	rm -rf runs .pytest_cache
