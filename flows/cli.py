@@ -21,13 +21,13 @@ from prompt_r1.core.failures import EnvironmentFailure
 
 def _registry_agent(uri: str) -> Path | None:
     """`models:/NAME@alias` / `models:/NAME/VERSION` -> local agent folder (MLflow imported only when used)."""
-    from tasks.tracking import registry_agent_path
+    from tasks.registry import registry_agent_path
 
     return registry_agent_path(uri)
 
 
 # Under this CLI the library's agent resolver takes registry URIs (and defaults to the champion);
-# the flows install the same resolver with `tasks.tracking.install_registry_resolver`, which
+# the flows install the same resolver with `tasks.registry.install_registry_resolver`, which
 # imports MLflow at once, so the command line keeps this lazy form to start fast.
 register_scheme("models", _registry_agent)
 

@@ -23,7 +23,8 @@ from tasks.artifacts import publish_eval_table
 from tasks.evaluate import evaluate_environment
 from tasks.ingest import ingest_sources
 from tasks.tracing import episodes_to_trace
-from tasks.tracking import (install_registry_resolver, log_datasets, log_eval_environment, log_heldout_metrics,
+from tasks.registry import install_registry_resolver
+from tasks.tracking import (log_datasets, log_eval_environment, log_heldout_metrics,
                             log_results_table, log_run_identity, metric_key, setup_mlflow)
 from warehouse.store import Warehouse
 
