@@ -124,18 +124,22 @@ def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from prompt_r1.core.tokens import pad_token_id, stop_token_ids
+
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     pairs = _examples(tokenizer, rng, copy_question, follow_up)
+    # a GGUF-converted tokenizer may carry no pad token (transformers 5.17 leaves it unset)
+    pad_id = pad_token_id(tokenizer, stop_token_ids(tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     log.info("format warm start of %s: %d supervised steps", base, steps)
     for step in range(steps):
         batch = rng.sample(pairs, k=min(4, len(pairs)))
         width = max(len(c) + len(t) for c, t in batch)
-        ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         labels = torch.full_like(ids, -100)
         attention = torch.zeros_like(ids)
         for i, (context, target) in enumerate(batch):

@@ -53,7 +53,7 @@ from prompt_r1.config.experiment import Config
 from prompt_r1.core.grpo import (decoupled_advantages, group_advantages, policy_loss, token_logprobs,
                                  truncated_is_weights)
 from prompt_r1.core.seeding import derive_seed
-from prompt_r1.core.tokens import torch_dtype
+from prompt_r1.core.tokens import pad_token_id, stop_token_ids, torch_dtype
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
 from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
@@ -116,7 +116,7 @@ class GRPOLearner:
         self.temperature = cfg.agent.temperature
         with model_load_errors(self.model_path, "agent.model"):
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.pad_id = pad_token_id(self.tokenizer, stop_token_ids(self.tokenizer))
         # LoRA's initial weights and dropout masks come from the global torch RNG: seed it from the
         # run seed so two runs learn alike (checkpoints save and restore its state for resumes)
         torch.manual_seed(derive_seed("learner", cfg.seed))
