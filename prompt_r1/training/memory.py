@@ -27,10 +27,12 @@ bfloat16 autocast / FSDP mixed precision, else 4; d = bytes of `agent.dtype`):
   Without checkpointing: N x layers x A x c. With `train.gradient_checkpointing`: each layer's
   input (N x layers x h x c) plus two layers' worth (one recomputed, and its gradients): N x 2A x c;
 - logits, at the response positions only (R = `agent.max_response_tokens`, V the vocabulary):
-  R x V x (m x 2(c + 4) + min(m, 4) x 4) bytes for m = `micro_batch_size`: the logits and the
-  float32 copy log-softmax keeps (`core.grpo.gather_logprobs`), then their gradients in the
-  backward, plus the float32 gradient of one 4-row chunk. For a 4096-token response and a
-  150k vocabulary this is the largest part of a rank (about 7 GiB per trajectory in bfloat16);
+  R x V x m x (c + 8) bytes for m = `micro_batch_size`: the logits in the compute dtype, the
+  float32 log-softmax `core.grpo.gather_logprobs` keeps, and its float32 gradient in the
+  backward. Fitted on an H100 (BENCHMARKS.md, "GPU"): at m = 8 in bfloat16 the three shapes of
+  `benchmarks/gpu_learner.py` (vocabularies of 49k and 152k) peaked 79-81 bytes per response
+  position and vocabulary entry above the other parts, against 80 here. For a 4096-token response
+  and a 150k vocabulary this is the largest part of a rank (about 6 GiB per trajectory in bfloat16);
 - 1 GiB for the process (CUDA context, libraries).
 Between updates a rank keeps its weights, AdamW state, reference, FSDP's gathered units and
 runtime (`RESIDENT`); gradients, activations and logits exist only during the update.
@@ -41,7 +43,9 @@ otherwise every rank reads the whole model, 4P of host memory each): on the GPU 
 Measured once on CPU (SmolLM2-135M's shape, float32, 2 x 512 tokens, peak memory of one update
 step): 1.36 GiB without checkpointing (the rule says 1.70) and 0.55 GiB with (the rule: 0.62);
 `gather_logprobs` alone at micro-batch 8 peaked at 12 bytes per logit in bfloat16 and 14-16 in
-float32 (the rule: 14 and 18).
+float32 on CPU (the rule: 10 and 12; the GPU's allocator frees the bfloat16 logits sooner).
+On an H100 the learner's measured peak (three shapes, bfloat16, micro-batch 8) is within 2% of
+the rule's tensors.
 A rollout engine on GPUs (vLLM, `agent.tensor_parallel_size` GPUs) takes
 `agent.vllm_gpu_memory_utilization` of each of them, the number the engine is started with:
 P x d / tp of weights, 2 GiB of runtime (CUDA graphs, activation workspace), and the rest as KV
@@ -53,8 +57,8 @@ A managed vLLM environment server takes
 `environment.gpu_memory_utilization` of the driver's first GPU, beside what is there. On CPU,
 engines and that server are sized as the code sizes them (`models.kv_cache`). Each device's plan
 fills at most `usable` (90%) of its memory (an engine alone on its GPUs: vLLM's share of all of it).
-Everything is an estimate made before anything runs; it has not been measured on
-GPUs (see docs/scale.md).
+Everything is an estimate made before anything runs; only the learner's peak has been measured
+on a GPU (one H100, see docs/scale.md).
 """
 
 from __future__ import annotations
@@ -218,7 +222,7 @@ def learner_parts(cfg: Config, arch: Architecture, prompt_tokens: int) -> dict[s
     ckpt = "checkpointed" if train.gradient_checkpointing else "no checkpointing"
     parts[f"activations ({tokens} tokens, {ckpt})"] = _gib(tokens * layers_kept * c)
     parts["logits of the response tokens, and their gradients"] = _gib(
-        cfg.agent.max_response_tokens * arch.vocab * (m * 2 * (c + 4) + min(m, 4) * 4))
+        cfg.agent.max_response_tokens * arch.vocab * m * (c + 8))
     parts["runtime (libraries, CUDA context on a GPU)"] = RUNTIME_GIB
     return parts
 
