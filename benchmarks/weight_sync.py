@@ -51,7 +51,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="agent.dtype: the dtype full weights are sent in")
     p.add_argument("--repeats", type=int, default=3, help="timed syncs of each kind (median reported)")
     p.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    p.add_argument("--no-before-after", action="store_true",
+                   help="skip the old-vs-new comparison (three more full syncs and full checksums: minutes at 1.7B)")
     return p.parse_args(argv)
+
+
+def progress(what: str) -> None:
+    """A line per stage, so a run cut by its deadline says where it was."""
+    print(f"[weight_sync {time.strftime('%H:%M:%S')}] {what}", flush=True)
 
 
 def config(args: argparse.Namespace, lora: bool):
@@ -152,12 +159,20 @@ def run(args: argparse.Namespace) -> dict:
     init_ray(config(args, False).rollout)
     rows = []
     # one actor for both: it takes full weights, then wraps its model in PEFT at the first adapter
+    progress("starting the rollout actor")
     with RolloutPool(config(args, False), path, 1) as pool:
+        progress("building the full-weight learner")
         learner = GRPOLearner(config(args, False), path)
+        progress(f"full-weight sync x {args.repeats}")
         rows.append(measure(learner, pool, 1, args.repeats))
-        paths = before_after(learner, pool, args.repeats)
+        paths = None
+        if not args.no_before_after:
+            progress("full-weight sync, before and after issue 31")
+            paths = before_after(learner, pool, args.repeats)
         del learner
+        progress("building the LoRA learner")
         learner = GRPOLearner(config(args, True), path)
+        progress(f"adapter sync x {args.repeats}")
         rows.append(measure(learner, pool, 2, args.repeats))
     full, adapter = rows
     projected = projection(args, full["bytes"] / full["sync_s"], adapter["bytes"] / adapter["sync_s"])
@@ -179,6 +194,8 @@ def report(out: dict) -> str:
     for r in out["projected_qwen3_4b"]:
         lines.append(f"| {r['kind']} | {r['bytes'] / 1e6:.1f} | {r['sync_s']:.2f} |")
     paths = out["before_after"]
+    if paths is None:
+        return "\n".join(lines)
     lines += ["", "Full-weight sync, before and after issue 31 (checksum counted at both ends):", "",
               "| path | MB sent | checksum s (one end) | driver get+put s | broadcast s | total s |",
               "|---|---|---|---|---|---|"]

