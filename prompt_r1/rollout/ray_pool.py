@@ -1,7 +1,7 @@
 """Rollouts spread over Ray actors: each holds a policy copy and its own environment client.
 
 The driver (trainer or CLI) owns a `RolloutPool`. A batch of questions is split into contiguous
-chunks (whole GRPO groups stay in one actor), each `RolloutWorker` runs `rollout_batch` on its
+chunks (whole GRPO groups stay in one actor), each `RolloutWorker` (the actor, `rollout.worker`) runs `rollout_batch` on its
 chunk and returns the `Trajectory` objects, each stamped with the policy version the actor holds (Ray pickles them, as it does the questions and the
 config); the driver alone writes them to DuckDB and MLflow, so actors never open the warehouse (and therefore keep no environment reply cache). After a GRPO
 step `broadcast` sends the new weights (a versioned, checksummed `core.weights.WeightUpdate`: full
@@ -44,10 +44,8 @@ free CPUs or GPUs for them would wait forever), and each rollout batch or weight
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from pydantic import SecretStr
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.config.env import EnvConfig, PoolEnvConfig
@@ -63,10 +60,11 @@ from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.weights import SyncHeader, WeightUpdate
-from prompt_r1.rollout.actor_env import actor_env_vars, apply_secret_env, secret_env
-from prompt_r1.rollout.engine_placement import (actor_location, actor_options, describe_location, place_colocated,
+from prompt_r1.rollout.actor_env import actor_env_vars, secret_env
+from prompt_r1.rollout.engine_placement import (actor_options, describe_location, place_colocated,
                                                 place_engines, release_all, shared_gpus)
 from prompt_r1.rollout.placement import describe
+from prompt_r1.rollout.worker import RolloutWorker, managed_environments
 
 log = logging.getLogger(__name__)
 
@@ -108,106 +106,6 @@ def actor_environments(cfg: Config, log_dir: Path | None = None) -> Iterator[Con
         yield cfg.model_copy(update={"train": cfg.train.model_copy(update={"environments": pool})})
 
 
-def _managed(cfg: Config) -> list[str]:
-    """Names of the training environments that are managed vLLM servers (actors cannot start them)."""
-    return [env.name for env in cfg.training_environments() if env.kind == "vllm"]
-
-
-@contextlib.contextmanager
-def _temperature(policy: Any, temperature: float | None) -> Iterator[None]:
-    """Sample at another temperature for one call (greedy validation rollouts)."""
-    if temperature is None:
-        yield
-        return
-    previous = policy.temperature
-    policy.temperature = temperature
-    try:
-        yield
-    finally:
-        policy.temperature = previous
-
-
-class RolloutWorker:
-    """A Ray actor: one policy copy plus a client per training environment, living as long as the pool."""
-
-    def __init__(self, cfg: Config, model_path: str, seed: int,
-                 env_factory: Callable[[EnvConfig], Any] | None = None,
-                 secrets: dict[str, SecretStr] | None = None):
-        # the environment's API key, from the driver (`actor_env.secret_env`): a node started
-        # without it in its environment would otherwise fail here, or use another key
-        apply_secret_env(secrets)
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-        from prompt_r1.policy import make_policy
-
-        self.cfg = cfg
-        if _managed(cfg):
-            raise ValueError(f"a rollout actor cannot start a vLLM server ({_managed(cfg)}); start them in the "
-                             "driver with prompt_r1.rollout.ray_pool.actor_environments() (kind=openai)")
-        self.policy = make_policy(self.cfg.agent, model_path, seed=seed, sleep_mode=self.cfg.rollout.colocate)
-        self.version = 0  # updates applied to the weights it samples with (`load_weights` advances it)
-        self._loop = asyncio.new_event_loop()
-        self._stack = contextlib.ExitStack()
-        self.envs = [self._open_environment(env_cfg, env_factory) for env_cfg in cfg.training_environments()]
-        self.weights = cfg.training_weights()
-        self.version = 0  # GRPO updates in the weights held (set by `load_weights`), stamped on trajectories
-
-    def _open_environment(self, env_cfg: EnvConfig, env_factory: Callable[[EnvConfig], Any] | None):
-        env_cfg = env_cfg.model_copy(update={"cache": False})
-        if env_factory is not None:
-            return env_factory(env_cfg)
-        from prompt_r1.env import open_environment
-
-        return self._stack.enter_context(open_environment(env_cfg, warehouse=None, log_dir=None))
-
-    def rollout(self, questions: list[QuestionRow], seed: int, step: int, greedy: bool = False,
-                group_size: int | None = None, score: bool = True) -> list[Trajectory]:
-        """Trajectories for these questions; draws are seeded by (run `seed`, `step`, question,
-        sample, turn), so which actor gets a question never matters."""
-        from prompt_r1.rollout.episode import rollout_batch
-
-        with _temperature(self.policy, 0.0 if greedy else None):
-            trajectories = self._loop.run_until_complete(rollout_batch(
-                self.policy, self.envs, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
-                group_size=group_size, seed=seed, step=step, score=score, env_weights=self.weights))
-        for trajectory in trajectories:  # the engine's own version, not the driver's idea of it
-            trajectory.policy_version = self.version
-        return trajectories
-
-    def load_weights(self, update: WeightUpdate) -> dict[str, Any]:
-        """Apply one weight sync; answers with the version now held and the checksum of what the
-        engine now uses (`Policy.apply_update` says what each backend can read back)."""
-        checksum = self.policy.apply_update(update)
-        self.version = update.version
-        return {"version": self.version, "checksum": checksum}
-
-    def sleep(self) -> int:
-        """Free the policy's GPU memory while a colocated learner updates (`Policy.sleep`)."""
-        self.policy.sleep()
-        return os.getpid()
-
-    def wake_up(self) -> int:
-        self.policy.wake_up()
-        return os.getpid()
-
-    def ping(self) -> int:
-        return os.getpid()
-
-    def placement(self) -> dict[str, Any]:
-        """The node and the GPU ids Ray gave this actor (`engine_placement.actor_location`)."""
-        return actor_location()
-
-    def shutdown(self) -> None:
-        for env in self.envs:
-            aclose = getattr(env, "aclose", None)
-            if aclose is not None:
-                self._loop.run_until_complete(aclose())
-        self._stack.close()
-        self.policy.close()
-
-
 @dataclass(eq=False)  # compared by identity: the pool finds its own entries in its queue
 class PendingRollout:
     """A batch submitted to the actors (`RolloutPool.submit`), not yet collected."""
@@ -247,8 +145,8 @@ class RolloutPool:
         (the learner ranks' nodes and GPU ids) place the engines beside them under `rollout.colocate`."""
         if not ray.is_initialized():
             init_ray(cfg.rollout, cpus_needed(cfg, num_workers))
-        if _managed(cfg):
-            raise ValueError(f"environment(s) {_managed(cfg)} have kind=vllm: start their servers in the driver "
+        if managed_environments(cfg):
+            raise ValueError(f"environment(s) {managed_environments(cfg)} have kind=vllm: start their servers in the driver "
                              "first, e.g. `with actor_environments(cfg) as actor_cfg:`, and build the pool with "
                              "actor_cfg")
         self.cfg = cfg
