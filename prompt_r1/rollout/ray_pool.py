@@ -1,9 +1,11 @@
 """Rollouts spread over Ray actors: each holds a policy copy and its own environment client.
 
 The driver (trainer or CLI) owns a `RolloutPool`. A batch of questions is split into contiguous
-chunks (whole GRPO groups stay in one actor), each `RolloutWorker` (the actor, `rollout.worker`) runs `rollout_batch` on its
-chunk and returns the `Trajectory` objects, each stamped with the policy version the actor holds (Ray pickles them, as it does the questions and the
-config); the driver alone writes them to DuckDB and MLflow, so actors never open the warehouse (and therefore keep no environment reply cache). After a GRPO
+chunks (whole GRPO groups stay in one actor), each `RolloutWorker` (the actor, `rollout.worker`)
+runs `rollout_batch` on its chunk and returns the `Trajectory` objects, each stamped with the
+policy version the actor holds (Ray pickles them, as it does the questions and the config); the
+driver alone writes them to DuckDB and MLflow, so actors never open the warehouse (and therefore
+keep no environment reply cache). After a GRPO
 step `broadcast` sends the new weights (a versioned, checksummed `core.weights.WeightUpdate`: full
 weights, or the LoRA adapter alone) through the object store once, every actor loads them and
 answers with its version and checksum, and any answer that differs, fails or comes late is an
@@ -64,7 +66,7 @@ from prompt_r1.rollout.actor_env import actor_env_vars, secret_env
 from prompt_r1.rollout.engine_placement import (actor_options, describe_location, place_colocated,
                                                 place_engines, release_all, shared_gpus)
 from prompt_r1.rollout.placement import describe
-from prompt_r1.rollout.worker import RolloutWorker, managed_environments
+from prompt_r1.rollout.worker import RolloutWorker, refuse_managed_environments
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +147,7 @@ class RolloutPool:
         (the learner ranks' nodes and GPU ids) place the engines beside them under `rollout.colocate`."""
         if not ray.is_initialized():
             init_ray(cfg.rollout, cpus_needed(cfg, num_workers))
-        if managed_environments(cfg):
-            raise ValueError(f"environment(s) {managed_environments(cfg)} have kind=vllm: start their servers in the driver "
-                             "first, e.g. `with actor_environments(cfg) as actor_cfg:`, and build the pool with "
-                             "actor_cfg")
+        refuse_managed_environments(cfg)
         self.cfg = cfg
         self.num_workers = rollout_workers(cfg.rollout, num_workers)
         env_vars, secrets = actor_env_vars(), secret_env(cfg.training_environments())

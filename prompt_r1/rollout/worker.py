@@ -27,9 +27,13 @@ from prompt_r1.rollout.actor_env import apply_secret_env
 from prompt_r1.rollout.engine_placement import actor_location
 
 
-def managed_environments(cfg: Config) -> list[str]:
-    """Names of the training environments that are managed vLLM servers (actors cannot start them)."""
-    return [env.name for env in cfg.training_environments() if env.kind == "vllm"]
+def refuse_managed_environments(cfg: Config) -> None:
+    """Raise when a training environment is a managed vLLM server: actors cannot start one, the
+    driver must (`ray_pool.actor_environments`) and hand the actors its URL as `openai`."""
+    managed = [env.name for env in cfg.training_environments() if env.kind == "vllm"]
+    if managed:
+        raise ValueError(f"environment(s) {managed} have kind=vllm: start their servers in the driver first, e.g. "
+                         "`with actor_environments(cfg) as actor_cfg:`, and build the pool with actor_cfg")
 
 
 @contextlib.contextmanager
@@ -62,9 +66,7 @@ class RolloutWorker:
         from prompt_r1.policy import make_policy
 
         self.cfg = cfg
-        if managed_environments(cfg):
-            raise ValueError(f"a rollout actor cannot start a vLLM server ({managed_environments(cfg)}); start them in the "
-                             "driver with prompt_r1.rollout.ray_pool.actor_environments() (kind=openai)")
+        refuse_managed_environments(cfg)
         self.policy = make_policy(self.cfg.agent, model_path, seed=seed, sleep_mode=self.cfg.rollout.colocate)
         self._loop = asyncio.new_event_loop()
         self._stack = contextlib.ExitStack()
