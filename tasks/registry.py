@@ -6,6 +6,7 @@ a product users load, not a record of a run.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import mlflow
@@ -39,11 +40,9 @@ def register_agent(run_id: str, checkpoint: Path, val_score: float | None,
         config_yaml = Path(tmp) / "config.yaml"
         config_yaml.write_text(config_text)
         active = mlflow.active_run()
-        if active is not None and active.info.run_id == run_id:
+        in_run = active is not None and active.info.run_id == run_id
+        with contextlib.nullcontext() if in_run else mlflow.start_run(run_id=run_id, nested=active is not None):
             info = log_agent_model(checkpoint, config_yaml, registered_model_name=MODEL_NAME)
-        else:
-            with mlflow.start_run(run_id=run_id, nested=active is not None):
-                info = log_agent_model(checkpoint, config_yaml, registered_model_name=MODEL_NAME)
     version = str(info.registered_model_version)
     tags = {"val_score": "" if val_score is None else f"{val_score:.6f}", "checkpoint": str(checkpoint)}
     for key, value in tags.items():
@@ -53,10 +52,10 @@ def register_agent(run_id: str, checkpoint: Path, val_score: float | None,
         current_score = float(current.tags.get("val_score") or "-inf")
     except mlflow.exceptions.MlflowException:
         current_score = float("-inf")
-    better = val_score is not None and val_score > current_score
-    if better or current_score == float("-inf"):
+    champion = (val_score is not None and val_score > current_score) or current_score == float("-inf")
+    if champion:
         client.set_registered_model_alias(MODEL_NAME, CHAMPION, version)
-    return version, better or current_score == float("-inf")
+    return version, champion
 
 
 def _run_config_text(agent_dir: Path) -> str:
