@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Before any test module imports huggingface_hub, which reads it once: a hub id fails at once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SHARED_DATA = Path(os.environ.get("PROMPT_R1_SHARED_DATA", ROOT.parent / "shared" / "data" / "prompt-r1"))
 
 
@@ -16,7 +18,6 @@ def _model_cache(tmp_path_factory):
     """One model cache for the session: tiny models and SmolLM2 are built once."""
     cache = os.environ.get("PROMPT_R1_MODELS") or str(tmp_path_factory.mktemp("models"))
     os.environ["PROMPT_R1_MODELS"] = cache
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return Path(cache)
 

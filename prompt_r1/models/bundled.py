@@ -23,9 +23,11 @@ import importlib.util
 import json
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from prompt_r1.config.experiment import runs_home
 from prompt_r1.core.failures import UserError
@@ -66,6 +68,11 @@ def model_load_errors(name: str | Path, role: str) -> Iterator[None]:
     from huggingface_hub.errors import HFValidationError
     from safetensors import SafetensorError
 
+    refusal = None if str(name) in BUNDLED_NAMES or Path(str(name)).expanduser().exists() else hub_refusal(str(name))
+    if refusal is not None:
+        raise ModelLoadError(f"{role}: cannot load model {str(name)!r}: it is no bundled model "
+                             f"({', '.join(BUNDLED_NAMES)}) and no local folder, so it was taken as a Hugging "
+                             f"Face hub id, but {refusal}; pass a bundled model or a local HF model folder")
     try:
         yield
     except UserError:
@@ -76,11 +83,47 @@ def model_load_errors(name: str | Path, role: str) -> Iterator[None]:
             fix = ("the folder is not a loadable HF model (weights, config.json and tokenizer files); "
                    "re-export it or pass another folder")
         else:
-            offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") else ""
+            offline = " (HF_HUB_OFFLINE is set)" if _offline() else ""
             fix = (f"it is no bundled model ({', '.join(BUNDLED_NAMES)}) and no local folder, so it was "
                    f"taken as a Hugging Face hub id, which needs the hub{offline}; pass a bundled model "
                    "or a local HF model folder")
         raise ModelLoadError(f"{role}: cannot load model {str(name)!r}: {reason}. {fix}") from err
+
+
+HUB_PROBE_S = 5.0  # a reachable hub answers a TCP connect in far less
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def hub_refusal(repo_id: str) -> str | None:
+    """Why hub id `repo_id` cannot load now, decided in seconds; None when it may.
+
+    The hub client retries an unreachable hub for up to a minute before it fails, so a mistyped
+    name on an offline machine would look like a hang. A model already in the local Hugging Face
+    cache may load (the client falls back to it); otherwise an offline setting, or an endpoint that
+    refuses a TCP connection within `HUB_PROBE_S`, refuses at once. Behind a proxy nothing is
+    probed (a direct connection says nothing about the proxied one)."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+            return None
+    except HFValidationError:
+        return None  # not a repository name at all: the loader's own error says so
+    if _offline():
+        return "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache"
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_S).close()
+    except OSError as err:
+        return f"the hub ({host}:{port}) cannot be reached ({err}) and it is not in the local Hugging Face cache"
+    return None
 
 
 PROTOCOL_TOKENS = [
