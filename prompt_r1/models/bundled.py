@@ -60,6 +60,11 @@ class ModelLoadError(UserError, OSError):
     """A model that cannot be loaded; the message names it, the setting that chose it, and what to pass."""
 
 
+_TAKEN_AS_HUB_ID = (f"it is no bundled model ({', '.join(BUNDLED_NAMES)}) and no local folder, so it was taken "
+                    "as a Hugging Face hub id")
+_PASS_INSTEAD = "pass a bundled model or a local HF model folder"
+
+
 @contextmanager
 def model_load_errors(name: str | Path, role: str) -> Iterator[None]:
     """Turn transformers' failure to load model `name` into a `ModelLoadError` naming `role`
@@ -70,9 +75,8 @@ def model_load_errors(name: str | Path, role: str) -> Iterator[None]:
 
     refusal = None if str(name) in BUNDLED_NAMES or Path(str(name)).expanduser().exists() else hub_refusal(str(name))
     if refusal is not None:
-        raise ModelLoadError(f"{role}: cannot load model {str(name)!r}: it is no bundled model "
-                             f"({', '.join(BUNDLED_NAMES)}) and no local folder, so it was taken as a Hugging "
-                             f"Face hub id, but {refusal}; pass a bundled model or a local HF model folder")
+        raise ModelLoadError(f"{role}: cannot load model {str(name)!r}: {_TAKEN_AS_HUB_ID}, but {refusal}; "
+                             f"{_PASS_INSTEAD}")
     try:
         yield
     except UserError:
@@ -84,9 +88,7 @@ def model_load_errors(name: str | Path, role: str) -> Iterator[None]:
                    "re-export it or pass another folder")
         else:
             offline = " (HF_HUB_OFFLINE is set)" if _offline() else ""
-            fix = (f"it is no bundled model ({', '.join(BUNDLED_NAMES)}) and no local folder, so it was "
-                   f"taken as a Hugging Face hub id, which needs the hub{offline}; pass a bundled model "
-                   "or a local HF model folder")
+            fix = f"{_TAKEN_AS_HUB_ID}, which needs the hub{offline}; {_PASS_INSTEAD}"
         raise ModelLoadError(f"{role}: cannot load model {str(name)!r}: {reason}. {fix}") from err
 
 
