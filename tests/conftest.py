@@ -1,4 +1,11 @@
-"""Shared fixtures: an isolated run home per test, one model cache per session, the shared data."""
+"""Shared fixtures: an isolated run home per test, one model cache per session, the shared data.
+
+`make test` runs the suite in two pytest-xdist workers (`--dist loadgroup`). Each test file is one
+unit of work (its module fixtures, such as a started server, are set up once), files that start
+a simulated multi-node Ray cluster share one unit (never two clusters at once), and files with a
+`slow` test are handed out first so the workers finish together. The model cache is shared by
+the workers; `resolve_model` builds each model once under a lock.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +23,25 @@ SHARED_DATA = Path(os.environ.get("PROMPT_R1_SHARED_DATA", ROOT.parent / "shared
 @pytest.fixture(scope="session", autouse=True)
 def _model_cache(tmp_path_factory):
     """One model cache for the session: tiny models and SmolLM2 are built once."""
-    cache = os.environ.get("PROMPT_R1_MODELS") or str(tmp_path_factory.mktemp("models"))
+    shared_root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker has its own base; their parent is the run's
+        shared_root = shared_root.parent
+    cache = os.environ.get("PROMPT_R1_MODELS") or str(shared_root / "models")
     os.environ["PROMPT_R1_MODELS"] = cache
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return Path(cache)
+
+
+# Files whose tests start a `ray.cluster_utils.Cluster`: one worker runs them, one after the other.
+SAME_WORKER = {"test_rollout_two_nodes.py": "ray-cluster", "test_ray_cluster_env.py": "ray-cluster"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow files first, each file (or SAME_WORKER group) one xdist unit; every worker sorts alike."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: file order otherwise kept
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(item.path.name, str(item.path))))
 
 
 @pytest.fixture

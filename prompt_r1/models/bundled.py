@@ -249,8 +249,32 @@ def build_tiny_model(out: Path, tokenizer_source: str = "bytes", seed: int = 0,
     return out
 
 
+BUILD_LOCK_TIMEOUT_S = 1800.0  # the slowest bundled build (the follow-up warm start) takes minutes here
+
+
 def resolve_model(name: str) -> Path | str:
-    """Turn a config's model name into a local folder (building it once if needed)."""
+    """Turn a config's model name into a local folder (building it once if needed).
+
+    A bundled model not built yet is built under a lock beside its folder, so concurrent processes
+    (two runs, the test suite's workers) build it once and the others wait for it, up to
+    `BUILD_LOCK_TIMEOUT_S`.
+    """
+    if name not in _FOLDERS or (bundled_folder(name) / "config.json").exists():
+        return _build(name)
+    from filelock import FileLock, Timeout
+
+    lock = bundled_folder(name).with_name(bundled_folder(name).name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(lock), timeout=BUILD_LOCK_TIMEOUT_S):
+            return _build(name)
+    except Timeout:
+        raise ModelLoadError(f"bundled model {name!r}: another process has held the build lock {lock} for "
+                             f"{BUILD_LOCK_TIMEOUT_S:.0f} s; if no prompt-r1 process is building it, delete "
+                             f"that file and run again") from None
+
+
+def _build(name: str) -> Path | str:
     if name in (SMOLLM2, GEMMA3):
         return materialize_gguf(name)
     if name == "tiny":

@@ -1,0 +1,62 @@
+"""A bundled model is built once when several processes ask for it at the same time.
+
+`make test` runs two workers that share one model cache, and two runs on one machine share
+`runs/models`: the second asker waits on the build lock beside the folder, then uses what the
+first built; a lock held past the deadline is an error naming the lock file, never a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from filelock import FileLock
+
+from prompt_r1.models import bundled
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROMPT_R1_MODELS", str(tmp_path / "models"))
+    return tmp_path / "models"
+
+
+def lock_of(name: str):
+    folder = bundled.bundled_folder(name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(folder.with_name(folder.name + ".lock")))
+
+
+def test_a_second_asker_waits_for_the_build_then_uses_it(empty_cache):
+    results = []
+    with lock_of("tiny"):  # another process is building it
+        asker = threading.Thread(target=lambda: results.append(bundled.resolve_model("tiny")))
+        asker.start()
+        time.sleep(1.0)
+        assert asker.is_alive() and not results
+        built = bundled.build_tiny_model(bundled.bundled_folder("tiny"))  # the other process's build
+        stamp = (built / "config.json").stat().st_mtime_ns
+    asker.join(timeout=60)
+    assert results == [built]
+    assert (built / "config.json").stat().st_mtime_ns == stamp  # used, not built again
+
+
+def test_a_lock_held_past_the_deadline_is_an_error_naming_it(empty_cache, monkeypatch):
+    monkeypatch.setattr(bundled, "BUILD_LOCK_TIMEOUT_S", 0.3)
+    with lock_of("tiny"):
+        started = time.monotonic()
+        with pytest.raises(bundled.ModelLoadError, match=r"tiny-bytes\.lock.*delete that file"):
+            bundled.resolve_model("tiny")
+    assert time.monotonic() - started < 10
+    assert not (empty_cache / "tiny-bytes").exists()
+
+
+def test_a_built_model_or_a_local_folder_takes_no_lock(empty_cache, tmp_path):
+    built = bundled.build_tiny_model(bundled.bundled_folder("tiny"))
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with lock_of("tiny"):  # held: a resolve that took it would time out
+        assert bundled.resolve_model("tiny") == built
+        assert bundled.resolve_model(str(folder)) == folder.resolve()
