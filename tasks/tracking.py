@@ -13,12 +13,15 @@ config field.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import logging
 import os
 import re
+import sqlite3
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +29,7 @@ import mlflow
 from mlflow import MlflowClient
 
 from prompt_r1.config.experiment import Config, runs_home
-from prompt_r1.core.fsutil import LockBusy, file_lock
+from prompt_r1.core.fsutil import LockBusy, atomic_copy_file, file_lock
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow
@@ -72,6 +75,8 @@ def setup_mlflow(config_name: str) -> str:
     mlflow.set_registry_uri(tracking_uri())
     try:
         with file_lock(home / SETUP_LOCK, wait_s=SETUP_LOCK_WAIT_S):
+            if not (home / "mlflow.db").exists():
+                create_store(home / "mlflow.db")
             client = MlflowClient()
             exp = client.get_experiment_by_name(config_name)
             if exp is None:
@@ -91,6 +96,28 @@ def setup_mlflow(config_name: str) -> str:
     os.environ.setdefault("MLFLOW_ASYNC_TRACE_LOGGING_MAX_WORKERS", "1")
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
+
+
+def create_store(db: Path) -> None:
+    """A new tracking database `db`: a copy of an empty one that is made once per MLflow version.
+
+    MLflow makes a database by running its schema migrations one after the other, 2.6 s on this
+    2-core machine (more when it is loaded), paid by every new run home: each test's, each fresh
+    `runs/`. The template (in the system's temp folder) is such a database with its one row of data,
+    the `Default` experiment, taken out: MLflow adds that row back when the copy is first opened,
+    with the opener's settings, as it does for a database it has just made."""
+    template = Path(tempfile.gettempdir()) / f"prompt-r1-mlflow-{mlflow.__version__}-empty.db"
+    if not template.exists():
+        fd, scratch = tempfile.mkstemp(prefix=".prompt-r1-mlflow-", suffix=".db")
+        os.close(fd)
+        try:
+            MlflowClient(tracking_uri=f"sqlite:///{scratch}").search_experiments()  # runs the migrations
+            with contextlib.closing(sqlite3.connect(scratch)) as con, con:
+                con.execute("DELETE FROM experiments")
+            os.replace(scratch, template)  # concurrent makers: each renames a whole file in
+        finally:
+            Path(scratch).unlink(missing_ok=True)
+    atomic_copy_file(template, db)
 
 
 def save_compare_view(client: MlflowClient, exp_id: str, tags: dict[str, str]) -> None:

@@ -133,6 +133,26 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def atomic_copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Copy a file so that `dst` appears whole or not at all (a reader never opens half of it).
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> _ = (root / "a.db").write_bytes(b"123")
+    >>> atomic_copy_file(root / "a.db", root / "sub" / "b.db"); sorted(p.name for p in (root / "sub").iterdir())
+    ['b.db']
+    """
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_beside(dst, "tmp")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 class LockBusy(OSError):
     """`file_lock` waited its `wait_s` and another process still holds the lock."""
 
