@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/demo.yaml
 DATA ?=
 QUICK ?=
-# Two pytest-xdist workers: the suite waits on model loads and servers much of the time, so two
-# share this 2-core machine well; more would need more RAM than 24 GB for their vLLM engines.
+# Two pytest-xdist workers keep this 2-core machine's cores busy (docs/testing.md: 50 -> 30 minutes);
+# more would not run faster, and their vLLM engines would need more than its 24 GB.
 TEST_WORKERS ?= 2
 
 setup:

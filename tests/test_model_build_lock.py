@@ -2,7 +2,8 @@
 
 `make test` runs two workers that share one model cache, and two runs on one machine share
 `runs/models`: the second asker waits on the build lock beside the folder, then uses what the
-first built; a lock held past the deadline is an error naming the lock file, never a hang.
+first built; a lock held past the deadline is an error naming the lock file, never a hang (a holder that dies
+releases it: `file_lock` is an flock).
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import threading
 import time
 
 import pytest
-from filelock import FileLock
-
+from prompt_r1.core.fsutil import file_lock
 from prompt_r1.models import bundled
 
 
@@ -24,8 +24,7 @@ def empty_cache(tmp_path, monkeypatch):
 
 def lock_of(name: str):
     folder = bundled.bundled_folder(name)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(folder.with_name(folder.name + ".lock")))
+    return file_lock(folder.with_name(folder.name + ".lock"), wait_s=0)
 
 
 def test_a_second_asker_waits_for_the_build_then_uses_it(empty_cache):
@@ -46,7 +45,7 @@ def test_a_lock_held_past_the_deadline_is_an_error_naming_it(empty_cache, monkey
     monkeypatch.setattr(bundled, "BUILD_LOCK_TIMEOUT_S", 0.3)
     with lock_of("tiny"):
         started = time.monotonic()
-        with pytest.raises(bundled.ModelLoadError, match=r"tiny-bytes\.lock.*delete that file"):
+        with pytest.raises(bundled.ModelLoadError, match=r"tiny-bytes\.lock.*stop that process"):
             bundled.resolve_model("tiny")
     assert time.monotonic() - started < 10
     assert not (empty_cache / "tiny-bytes").exists()

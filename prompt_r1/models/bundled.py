@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from prompt_r1.config.experiment import runs_home
 from prompt_r1.core.failures import UserError
-from prompt_r1.core.fsutil import atomic_dir
+from prompt_r1.core.fsutil import LockBusy, atomic_dir, file_lock
 
 log = logging.getLogger(__name__)
 
@@ -261,17 +261,15 @@ def resolve_model(name: str) -> Path | str:
     """
     if name not in _FOLDERS or (bundled_folder(name) / "config.json").exists():
         return _build(name)
-    from filelock import FileLock, Timeout
-
-    lock = bundled_folder(name).with_name(bundled_folder(name).name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    folder = bundled_folder(name)
+    lock = folder.with_name(folder.name + ".lock")
     try:
-        with FileLock(str(lock), timeout=BUILD_LOCK_TIMEOUT_S):
+        with file_lock(lock, wait_s=BUILD_LOCK_TIMEOUT_S):  # released by the kernel if its holder dies
             return _build(name)
-    except Timeout:
+    except LockBusy:
         raise ModelLoadError(f"bundled model {name!r}: another process has held the build lock {lock} for "
-                             f"{BUILD_LOCK_TIMEOUT_S:.0f} s; if no prompt-r1 process is building it, delete "
-                             f"that file and run again") from None
+                             f"{BUILD_LOCK_TIMEOUT_S:.0f} s and is still building it (or hung); stop that "
+                             f"process and run again") from None
 
 
 def _build(name: str) -> Path | str:
