@@ -232,10 +232,13 @@ def part_d(r: Runner, args) -> dict:
     if args.dry_run:  # the smoke pair: the real weights would take this machine minutes a step
         config, sets = "configs/smoke.yaml", ["rollout.batch_questions=2", "rollout.group_size=2", *dry_agent(args)]
     else:
+        # the rollouts sample on the machine's 16 CPU cores (no vLLM there): 7 actors of 2 cores beside
+        # the learner's 1, each group's 8 rows batched (one row at a time is several times slower)
         config = "configs/learning-smollm.yaml"
-        sets = ["agent.backend=transformers", "environment.kind=inprocess", "rollout.batch_questions=16",
-                "rollout.group_size=8", "train.mini_batch_questions=16", "train.micro_batch_size=16",
-                "rollout.num_workers=6", "rollout.ray_num_cpus=14", "train.checkpoint_every=100"]
+        sets = ["agent.backend=transformers", "agent.batch_invariant=false", "environment.kind=inprocess",
+                "rollout.batch_questions=16", "rollout.group_size=8", "train.mini_batch_questions=16",
+                "train.micro_batch_size=16", "rollout.num_workers=7", "rollout.cpus_per_worker=2",
+                "rollout.ray_num_cpus=16", "train.checkpoint_every=100"]
     sets += [f"train.device={args.device}", f"train.steps={args.d_steps}", *args.d_set]
     t0 = time.monotonic()
     error = None
@@ -335,10 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder for the random-weight shapes")
     p.add_argument("--parts", default=PARTS, help="which of a-e to run (default all)")
     p.add_argument("--budget-s", type=float, help="deadline of the whole run (default: the parts' caps summed)")
+    p.add_argument("--cap", action="append", default=[], metavar="PART=S",
+                   help="another deadline for one part, in seconds (e.g. d=280); repeatable")
     p.add_argument("--d-steps", type=int, default=2, help="part d's training steps")
     p.add_argument("--d-set", action="append", default=[], help="more `--set KEY=VALUE` for part d")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: checks the code, measures nothing")
     args = p.parse_args(argv)
+    caps = dict(DRY_CAPS if args.dry_run else CAPS)
+    for item in args.cap:
+        part, _, seconds = item.partition("=")
+        if part not in caps or not seconds.replace(".", "", 1).isdigit():
+            p.error(f"--cap {item!r}: expected PART=SECONDS with PART one of {', '.join(caps)}")
+        caps[part] = float(seconds)
     import torch
 
     if not args.dry_run and not torch.cuda.is_available():
@@ -346,7 +357,6 @@ def main(argv: list[str] | None = None) -> int:
               "code on CPU)", file=sys.stderr)
         return 2
     args.device = "cpu" if args.dry_run else "cuda"
-    caps = DRY_CAPS if args.dry_run else CAPS
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)}

@@ -128,6 +128,16 @@ def test_driver_refuses_without_cuda(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("cap", ["z=30", "d=", "d=soon", "d"])
+def test_a_bad_cap_is_refused_before_anything_runs(tmp_path, cap):
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(out),
+                           "--tokenizer", str(tmp_path), "--cap", "e=180", "--cap", cap],
+                          capture_output=True, text=True, env=_no_cuda_env(), timeout=300)
+    assert done.returncode == 2 and f"--cap {cap!r}: expected PART=SECONDS" in done.stderr
+    assert "peak, a, b, c, d, e" in done.stderr and not out.exists()
+
+
 @pytest.mark.slow
 def test_dry_run_runs_every_part(tiny_model_path, tmp_path):
     """`scripts/gpu_check.sh --dry-run`: the same unstaging (a stage holding a tokenizer folder), the
