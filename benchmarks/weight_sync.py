@@ -19,7 +19,9 @@ weights, each the median of `--repeats`:
 - `driver`: a learner rank's update fetched into the driver and put back (`ray.get` + `ray.put`,
   before) vs its reference handed on (now: nothing to time);
 - `broadcast`: `RolloutPool.broadcast` of each (the actor's load and read-back);
-and projects the bytes to the paper's 4B agent (`Qwen/Qwen3-4B` from `architectures.json`:
+and the same full sync with the tensors pickled by torch (`TorchPickledUpdate`: in band, through a
+byte string, as before `WeightUpdate` sent their bytes out of band), the baseline run in the same
+process; and projects the bytes to the paper's 4B agent (`Qwen/Qwen3-4B` from `architectures.json`:
 full weights in bfloat16, the adapter in float32) and its seconds at the throughput measured here
 (bytes / sync s of the demo agent: a CPU machine's figure, not a GPU cluster's).
 
@@ -74,6 +76,17 @@ def config(args: argparse.Namespace, lora: bool):
     })
 
 
+def torch_pickled_class():
+    """A `WeightUpdate` that pickles its tensors as torch does (the baseline of the out-of-band path)."""
+    from prompt_r1.core.weights import WeightUpdate
+
+    class TorchPickledUpdate(WeightUpdate):
+        def __reduce__(self):
+            return TorchPickledUpdate, (self.version, self.kind, self.tensors, self.checksum, self.adapter_config)
+
+    return TorchPickledUpdate
+
+
 def measure(learner, pool, version: int, repeats: int) -> dict[str, float]:
     from prompt_r1.core.weights import weights_checksum
 
@@ -88,8 +101,12 @@ def measure(learner, pool, version: int, repeats: int) -> dict[str, float]:
         start = time.perf_counter()
         pool.broadcast(update)
         times.append(time.perf_counter() - start)
-    return {"kind": update.kind, "tensors": len(update.tensors), "bytes": update.nbytes, "build_s": build_s,
-            "checksum_s": checksum_s, "sync_s": statistics.median(times)}
+    row = {"kind": update.kind, "tensors": len(update.tensors), "bytes": update.nbytes, "build_s": build_s,
+           "checksum_s": checksum_s, "sync_s": statistics.median(times)}
+    if update.kind == "full":
+        baseline = torch_pickled_class()(update.version, update.kind, update.tensors, update.checksum)
+        row["torch_pickled_sync_s"] = median_s(lambda: pool.broadcast(baseline), repeats)
+    return row
 
 
 def full_blake2b(tensors) -> str:
@@ -188,8 +205,11 @@ def report(out: dict) -> str:
                      f"| {r['checksum_s']:.3f} | {r['sync_s']:.3f} |")
     full, adapter = out["measured"]
     lines += ["", f"adapter / full: {adapter['bytes'] / full['bytes']:.4f} of the bytes, "
-              f"{adapter['sync_s'] / full['sync_s']:.3f} of the sync time", "",
-              "Projected for Qwen/Qwen3-4B (full in bfloat16, adapter in float32, at the throughput above):", "",
+              f"{adapter['sync_s'] / full['sync_s']:.3f} of the sync time", ""]
+    if "torch_pickled_sync_s" in full:
+        lines += [f"full sync with the tensors pickled by torch (the baseline): {full['torch_pickled_sync_s']:.3f} s; "
+                  f"out of band (now) / baseline: {full['sync_s'] / full['torch_pickled_sync_s']:.3f}", ""]
+    lines += ["Projected for Qwen/Qwen3-4B (full in bfloat16, adapter in float32, at the throughput above):", "",
               "| sync | MB sent | sync s |", "|---|---|---|"]
     for r in out["projected_qwen3_4b"]:
         lines.append(f"| {r['kind']} | {r['bytes'] / 1e6:.1f} | {r['sync_s']:.2f} |")

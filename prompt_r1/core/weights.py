@@ -23,16 +23,18 @@ network carry their own checks). It costs microseconds per large tensor whatever
 used to hash every byte: about 1 GB/s on one core, ~8 s per end for a 4B agent in bfloat16; see
 BENCHMARKS.md, "Weight sync").
 
-Imports: torch only (the library's core).
+Imports: torch and numpy only (the library's core).
 """
 
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 WeightKind = Literal["full", "adapter"]
@@ -133,6 +135,30 @@ class WeightUpdate:
     def reply(self, checksum: str | None = None) -> dict[str, Any]:
         """An engine's answer after applying it: this version and the checksum of what it now uses."""
         return self.header.reply(checksum)
+
+    def __reduce__(self):
+        """Pickled (as Ray's object store does) with each tensor's bytes as a numpy uint8 array, which
+        pickle 5 carries out of band: `ray.put` copies them into shared memory once and an actor's
+        `ray.get` maps them without a copy. A torch tensor pickles through a byte string (about ten
+        times slower; BENCHMARKS.md, "Weight sync"). The received tensors are read-only views of the
+        object store's memory: receivers copy them into their own weights (`load_weights`)."""
+        raw = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape), _tensor_bytes(t))
+               for name, t in self.tensors.items()}
+        return _rebuild_update, (self.version, self.kind, raw, self.checksum, self.adapter_config)
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """The tensor's bytes as a flat uint8 array (a view when it is contiguous, as `make` leaves it)."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def _rebuild_update(version: int, kind: WeightKind, raw: dict[str, tuple[str, tuple[int, ...], np.ndarray]],
+                    checksum: str, adapter_config: dict[str, Any] | None) -> WeightUpdate:
+    with warnings.catch_warnings():  # the object store's arrays are read-only; nothing here writes them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        tensors = {name: torch.from_numpy(data).view(getattr(torch, dtype)).reshape(shape)
+                   for name, (dtype, shape, data) in raw.items()}
+    return WeightUpdate(version, kind, tensors, checksum, adapter_config)
 
 
 def peft_config_dict(peft_config: Any) -> dict[str, Any]:
