@@ -26,10 +26,12 @@ screen ran on SmolLM2 only: Gemma 3 270M never screened these questions, so its 
 lower and has less room to show a gain; the untrained agent's row measures that.
 
 Results go to OUT/env_pool.json (every per-question score too) and OUT/env_pool.png (heatmaps),
-and the table is printed.
+and the table is printed. The full run takes hours on a small CPU machine: with `--work DIR` it
+keeps its warehouse, training runs, agents and evaluations there, and the same command started
+again goes on where a stopped run left off (`WorkFolder`).
 
     .venv/bin/python benchmarks/env_pool.py --quick   # tiny models, two in-process environments: minutes
-    .venv/bin/python benchmarks/env_pool.py           # configs/learning-pool.yaml: SmolLM2 + Gemma 3
+    .venv/bin/python benchmarks/env_pool.py --work runs/env_pool   # configs/learning-pool.yaml: SmolLM2 + Gemma 3
 """
 
 from __future__ import annotations
@@ -156,12 +158,52 @@ def served(envs: Sequence[Any], log_dir: Path):
         yield [stack.enter_context(actor_environment(env, log_dir)) for env in envs]
 
 
+class WorkFolder:
+    """What a run keeps in its work folder so that, started again on the same folder with the same
+    settings, it goes on where it stopped: `settings.json` (refused if they differ), `arms.json`
+    (each finished arm and its exported agent) and `eval-<agent>.json` (each evaluated agent's
+    rows). An arm stopped part-way resumes from its last checkpoint (`TrainingSession(resume=True)`)."""
+
+    def __init__(self, root: Path, settings: Mapping[str, Any]):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / "settings.json"
+        if path.exists() and json.loads(path.read_text()) != json.loads(json.dumps(settings)):
+            raise SystemExit(f"{root} holds a run of env_pool with other settings ({path}); give another --work "
+                             "folder, or the same config, overrides, steps and probe")
+        atomic_write_text(path, json.dumps(settings, indent=1))
+
+    def _read(self, name: str) -> dict[str, Any]:
+        path = self.root / name
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def finished_arm(self, label: str) -> dict[str, Any] | None:
+        arm = self._read("arms.json").get(label)
+        return arm if arm and Path(arm["agent_path"]).exists() else None
+
+    def save_arm(self, label: str, arm: Mapping[str, Any]) -> None:
+        arms = {**self._read("arms.json"), label: dict(arm)}
+        atomic_write_text(self.root / "arms.json", json.dumps(arms, indent=1))
+
+    def evaluated(self, label: str) -> dict[str, Any] | None:
+        return self._read(f"eval-{label}.json") or None
+
+    def save_eval(self, label: str, rows: list[dict[str, Any]], seconds: float) -> None:
+        atomic_write_text(self.root / f"eval-{label}.json", json.dumps({"rows": rows, "eval_s": seconds}))
+
+
+def kept_fields(prediction: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: prediction[k] for k in ("env_name", "method", "dataset", "question_id", "score", "primary_metric",
+                                       "prediction", "error")}
+
+
 def train_arm(cfg: Config, label: str, home: Path, wh) -> dict[str, Any]:
-    """One training run in `home/label`; returns the exported agent and the run's figures."""
+    """One training run in `home/label` (resumed from its last checkpoint if an earlier run of the
+    benchmark stopped part-way); returns the exported agent and the run's figures."""
     from prompt_r1.training.session import TrainingSession
 
     started = time.perf_counter()
-    with TrainingSession(cfg, wh, f"env-pool-{label}", home / label) as session:
+    with TrainingSession(cfg, wh, f"env-pool-{label}", home / label, resume=True) as session:
         hooks = CurveHooks(cfg.train.steps)
         outcome = session.run(hooks)
     if outcome.agent is None:
@@ -171,8 +213,10 @@ def train_arm(cfg: Config, label: str, home: Path, wh) -> dict[str, Any]:
             "curve": hooks.curve}
 
 
-def run(cfg: Config, home: Path, probe_dataset: str, probe_limit: int | None, saved: dict, json_path: Path) -> None:
-    """Train every arm, then evaluate every agent on every pool member; fills `saved` as it goes."""
+def run(cfg: Config, work: WorkFolder, probe_dataset: str, probe_limit: int | None, saved: dict,
+        json_path: Path) -> None:
+    """Train every arm, then evaluate every agent on every pool member; fills `saved` as it goes and
+    keeps each finished arm and evaluated agent in `work`, so a stopped run goes on from there."""
     from prompt_r1.data.ingest import ingest
     from prompt_r1.evaluation.evaluate import evaluate
     from prompt_r1.models.resolver import resolve_agent
@@ -181,26 +225,46 @@ def run(cfg: Config, home: Path, probe_dataset: str, probe_limit: int | None, sa
     eval_cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={
         "methods": ["agent"], "suites": [probe_dataset], "limit_per_dataset": probe_limit})})
     envs = cfg.training_environments()
+    home = work.root
     with Warehouse(home / "warehouse.duckdb") as wh:
         ingest(wh, cfg.data.sources, cfg.data.max_question_chars)
         agents = {UNTRAINED: str(resolve_agent(cfg.agent.model, config_name=cfg.name))}
         for label, arm_cfg in arm_configs(cfg).items():
-            log.info("training %s on %s", label, ", ".join(e.name for e in arm_cfg.training_environments()))
-            saved["arms"][label] = train_arm(arm_cfg, label, home, wh)
-            agents[label] = saved["arms"][label]["agent_path"]
+            arm = work.finished_arm(label)
+            if arm is not None:
+                log.info("%s: trained by an earlier run of this work folder, reused", label)
+            else:
+                log.info("training %s on %s", label, ", ".join(e.name for e in arm_cfg.training_environments()))
+                arm = train_arm(arm_cfg, label, home, wh)
+                work.save_arm(label, arm)
+            saved["arms"][label] = arm
+            agents[label] = arm["agent_path"]
             atomic_write_text(json_path, json.dumps(saved, indent=1))  # a long run keeps what it finished
-        predictions: list[dict[str, Any]] = []
-        with served(envs, home / "logs") as reachable:
-            for label, path in agents.items():  # one agent engine at a time, beside the servers
-                started = time.perf_counter()
-                outcome = evaluate(eval_cfg, wh, f"env-pool-eval-{label}", {label: path}, reachable)
-                predictions += outcome.predictions
-                saved["eval_s"][label] = round(time.perf_counter() - started, 1)
-    saved["predictions"] = [{k: p[k] for k in ("env_name", "method", "dataset", "question_id", "score",
-                                                  "primary_metric", "prediction", "error")} for p in predictions]
+        rows: list[dict[str, Any]] = []
+        todo = {}
+        for label, path in agents.items():
+            done = work.evaluated(label)
+            if done is None:
+                todo[label] = path
+                continue
+            log.info("%s: evaluated by an earlier run of this work folder, reused", label)
+            rows += done["rows"]
+            saved["eval_s"][label] = done["eval_s"]
+        if todo:
+            with served(envs, home / "logs") as reachable:
+                for label, path in todo.items():  # one agent engine at a time, beside the servers
+                    started = time.perf_counter()
+                    # a fresh run id per attempt: an attempt stopped part-way left some rows of its own
+                    run_id = f"env-pool-eval-{label}-{time.strftime('%Y%m%dT%H%M%S')}"
+                    outcome = evaluate(eval_cfg, wh, run_id, {label: path}, reachable)
+                    kept = [kept_fields(p) for p in outcome.predictions]
+                    saved["eval_s"][label] = round(time.perf_counter() - started, 1)
+                    work.save_eval(label, kept, saved["eval_s"][label])
+                    rows += kept
+    saved["predictions"] = rows
     names = [e.name for e in envs]
-    saved["matrix"] = transfer_matrix(predictions, [UNTRAINED, *arm_configs(cfg)], names)
-    saved["pool_vs_single"] = pool_vs_single(predictions, names)
+    saved["matrix"] = transfer_matrix(rows, [UNTRAINED, *arm_configs(cfg)], names)
+    saved["pool_vs_single"] = pool_vs_single(rows, names)
 
 
 def _interval(c: Mapping[str, Any]) -> str:
@@ -286,6 +350,10 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="Extra config override KEY=VALUE (as `prompt-r1 train --set`), repeatable.")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--work", type=Path, help="Folder kept after the run: its warehouse, each arm's training "
+                        "run and agent, each agent's evaluation. Started again on the same folder with the same "
+                        "settings, a stopped run goes on where it stopped (an arm from its last checkpoint). "
+                        "Default: a temporary folder, removed at the end.")
     parser.add_argument("--replot", action="store_true", help="Only redraw the PNG and table from the saved JSON.")
     args = parser.parse_args()
     setup_logging()
@@ -311,12 +379,16 @@ def main() -> None:
         "environments": [e.name for e in cfg.training_environments()], "weights": cfg.training_weights(),
         "probe_dataset": probe_dataset, "probe_limit": probe_limit, "arms": {}, "eval_s": {}}
     args.out.mkdir(parents=True, exist_ok=True)
+    settings = {k: saved[k] for k in ("config", "overrides", "steps", "seed", "budget", "environments", "weights",
+                                      "probe_dataset", "probe_limit")}
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="env-pool-") as home:
-        run(cfg, Path(home), probe_dataset, probe_limit, saved, json_path)
-    saved["wall_s"] = round(time.perf_counter() - started, 1)
+    with contextlib.ExitStack() as stack:
+        home = args.work or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="env-pool-")))
+        run(cfg, WorkFolder(home.resolve(), {**settings, "config_hash": cfg.hash()}), probe_dataset, probe_limit,
+            saved, json_path)
+    saved["wall_s"] = round(time.perf_counter() - started, 1)  # this invocation's, when it went on from a work folder
     for arm in saved["arms"].values():
-        arm.pop("agent_path")  # a temporary folder, gone now
+        arm.pop("agent_path")  # in the work folder (a temporary one is gone now)
     atomic_write_text(json_path, json.dumps(saved, indent=1))
     plot(saved, png_path)
     print(table(saved))

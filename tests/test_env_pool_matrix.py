@@ -102,3 +102,23 @@ def test_arms_train_each_member_alone_and_the_pool():
     assert arms["only-tiny-env"].train.environments == [] and arms["pool"] is cfg
     with pytest.raises(SystemExit, match="at least two"):
         env_pool.arm_configs(parse_config({}))
+
+
+def test_a_work_folder_keeps_finished_work_for_the_same_settings_only(tmp_path):
+    """What a stopped run left in its work folder is reused by the next run with the same settings
+    (an arm only while its agent is still there); other settings are refused, nothing is overwritten."""
+    settings = {"config": "configs/learning-pool.yaml", "steps": 8, "probe_limit": None, "overrides": []}
+    work = env_pool.WorkFolder(tmp_path, settings)
+    agent = tmp_path / "pool" / "agent"
+    agent.mkdir(parents=True)
+    work.save_arm("pool", {"agent_path": str(agent), "train_s": 1.0})
+    work.save_arm("only-a", {"agent_path": str(tmp_path / "gone"), "train_s": 2.0})
+    work.save_eval("base", [{"question_id": "q1", "score": 0.5}], 3.0)
+    again = env_pool.WorkFolder(tmp_path, dict(settings))
+    assert again.finished_arm("pool") == {"agent_path": str(agent), "train_s": 1.0}
+    assert again.finished_arm("only-a") is None and again.finished_arm("only-b") is None  # its agent is gone
+    assert again.evaluated("base") == {"rows": [{"question_id": "q1", "score": 0.5}], "eval_s": 3.0}
+    assert again.evaluated("pool") is None
+    with pytest.raises(SystemExit, match="other settings"):
+        env_pool.WorkFolder(tmp_path, {**settings, "steps": 4})
+    assert env_pool.WorkFolder(tmp_path, settings).finished_arm("pool") is not None  # still there

@@ -11,6 +11,8 @@ from prompt_r1.core.seeding import derive_seed
 from prompt_r1.policy import make_policy
 from prompt_r1.policy.hf import TransformersPolicy, top_p_filter
 from prompt_r1.core.tokens import agent_prompt_ids
+from prompt_r1.core.weights import WeightUpdate
+from sync_helpers import as_received
 
 NEVER = ("\x00never\x00",)
 
@@ -150,9 +152,12 @@ def test_vllm_policy_generates_and_reloads_weights(smollm2_path):
             expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(sample.token_ids)[:, None])
             assert torch.allclose(expected.squeeze(-1), torch.tensor(sample.logprobs), atol=1e-3)
         torch.manual_seed(0)
-        policy.load_weights({k: v + 0.05 * torch.randn_like(v) for k, v in reference.state_dict().items()})
+        new = {k: v + 0.05 * torch.randn_like(v) for k, v in reference.state_dict().items()}
+        received = as_received(WeightUpdate.make(1, "full", new))  # read-only, as an engine receives it
+        policy.load_weights(received.tensors)
         changed = policy.generate(prompts, [40, 6], seeds=[1, 2])
         assert [s.token_ids for s in changed] != [s.token_ids for s in samples]
+        assert all(torch.equal(received.tensors[k], new[k]) for k in new)  # vLLM copied them, never wrote
     finally:
         policy.close()
 

@@ -20,6 +20,7 @@ import torch
 
 from prompt_r1.config.experiment import parse_config
 from prompt_r1.core.weights import SAMPLE_ELEMENTS, WeightUpdate, tensor_bytes, weights_checksum
+from sync_helpers import as_received, snapshot
 
 ray = pytest.importorskip("ray")
 
@@ -309,6 +310,25 @@ def test_a_transformers_worker_runs_the_adapter_as_the_learner_merges_it(tiny_mo
         policy.apply_update(WeightUpdate.make(3, "full", merged_weights))
 
 
+def test_an_engine_copies_what_it_receives_and_never_writes_into_it(tiny_model_path):
+    """The tensors an engine receives are read-only views of the object store (`as_received`):
+    the transformers policy loads full weights and adapters from them without writing into them,
+    and what it then holds is its own copy (changing its weights leaves the received ones as sent)."""
+    from prompt_r1.policy.hf import TransformersPolicy
+    from prompt_r1.training.learner import GRPOLearner
+
+    full = GRPOLearner(parse_config({"agent": {"model": "tiny"}, "train": {"device": "cpu"}}), tiny_model_path)
+    for learner in (full, lora_learner("tiny", tiny_model_path)):
+        received = as_received(learner.weights_for_sync(1))
+        before = snapshot(received)
+        policy = TransformersPolicy(tiny_model_path)
+        assert policy.apply_update(received) == received.checksum
+        with torch.no_grad():
+            for param in policy.model.parameters():
+                param.add_(1.0)
+        assert all(torch.equal(received.tensors[k], before[k]) for k in before), received.kind
+
+
 def test_full_fine_tuning_syncs_full_weights_read_back_from_the_model(tiny_model_path):
     from prompt_r1.policy.hf import TransformersPolicy
     from prompt_r1.training.learner import GRPOLearner
@@ -339,9 +359,10 @@ def test_vllm_runs_the_adapter_as_transformers_and_peft_do(smollm2_path):
     from prompt_r1.policy.hf import TransformersPolicy
 
     learner = lora_learner("smollm2-135m-instruct", smollm2_path)
-    first = learner.weights_for_sync(1)
+    first = as_received(learner.weights_for_sync(1))  # read-only, as an engine receives it
     perturb_adapter(learner, seed=1)
-    second = learner.weights_for_sync(2)
+    second = as_received(learner.weights_for_sync(2))
+    sent = snapshot(second)
     del learner
     reference = TransformersPolicy(smollm2_path, temperature=0.0)
     engine = make_policy(AgentConfig(model="smollm2-135m-instruct", backend="vllm", temperature=0.0, lora=LORA),
@@ -369,6 +390,7 @@ def test_vllm_runs_the_adapter_as_transformers_and_peft_do(smollm2_path):
             expected = greedy_logprobs_of(reference.model, prompt, sample.token_ids)
             assert (expected - torch.tensor(sample.logprobs)).abs().max() < VLLM_TOLERANCE
         assert engine.llm.llm_engine.list_loras() == {second.version + 1}  # the old version was dropped
+        assert all(torch.equal(second.tensors[k], sent[k]) for k in sent)  # loaded, never written
     finally:
         engine.close()
 

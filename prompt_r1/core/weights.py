@@ -140,8 +140,9 @@ class WeightUpdate:
         """Pickled (as Ray's object store does) with each tensor's bytes as a numpy uint8 array, which
         pickle 5 carries out of band: `ray.put` copies them into shared memory once and an actor's
         `ray.get` maps them without a copy. A torch tensor pickles through a byte string (about ten
-        times slower; BENCHMARKS.md, "Weight sync"). The received tensors are read-only views of the
-        object store's memory: receivers copy them into their own weights (`load_weights`)."""
+        times slower; BENCHMARKS.md, "Weight sync"). The received tensors are views of the object
+        store's shared memory that nothing may write (torch cannot mark a tensor read-only):
+        receivers copy them into their own weights (`load_weights`; tests/sync_helpers.py)."""
         raw = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape), _tensor_bytes(t))
                for name, t in self.tensors.items()}
         return _rebuild_update, (self.version, self.kind, raw, self.checksum, self.adapter_config)
