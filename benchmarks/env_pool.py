@@ -54,6 +54,7 @@ from benchmarks.cost_sweep import CurveHooks  # noqa: E402
 from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
 from prompt_r1.config.experiment import Config, load_config, parse_overrides  # noqa: E402
 from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
+from prompt_r1.core.signals import install_sigterm_interrupt  # noqa: E402
 from prompt_r1.evaluation.compare import paired_scores  # noqa: E402
 from prompt_r1.evaluation.stats import bootstrap_ci, cell_seed, paired_comparison, paired_worst  # noqa: E402
 
@@ -357,6 +358,7 @@ def main() -> None:
     parser.add_argument("--replot", action="store_true", help="Only redraw the PNG and table from the saved JSON.")
     args = parser.parse_args()
     setup_logging()
+    install_sigterm_interrupt()  # SIGTERM stops it as Ctrl-C does: servers and actors stop, `--work` keeps the rest
     defaults = QUICK if args.quick else FULL
     name = "env_pool_quick" if args.quick else "env_pool"
     json_path, png_path = args.out / f"{name}.json", args.out / f"{name}.png"
