@@ -1,8 +1,8 @@
-"""Managed vLLM server on CPU: in-process engine (ours) vs vLLM's default multiprocess launch.
+"""Managed vLLM server on CPU: worker in the engine core (ours) vs vLLM's default multiprocess launch.
 
-The managed server (`prompt_r1/env/vllm_server.py`) runs vLLM's engine core and model worker
-inside the API-server process on CPU (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
-`--distributed-executor-backend uni`). This starts the same SmolLM2-135M-Instruct server both
+The managed server (`prompt_r1/env/vllm_server.py`) runs vLLM's model worker inside the
+engine-core process on CPU (`--distributed-executor-backend uni`): two processes (API server,
+engine core) instead of vLLM's three (a worker process too). This starts the same SmolLM2-135M-Instruct server both
 ways, one after the other, and prints for each: seconds until `/v1/models` lists the model, and
 tokens/s for rounds of concurrent chat requests (greedy, so both must give the same replies).
 
@@ -27,22 +27,16 @@ from prompt_r1.env import vllm_server  # noqa: E402
 from prompt_r1.config.env import EnvConfig  # noqa: E402
 from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
 
-OURS_COMMAND, OURS_ENV = vllm_server.server_command, vllm_server.server_env
+OURS_COMMAND = vllm_server.server_command
 
 
 def multiprocess_command(*args, **kwargs) -> list[str]:
-    """vLLM's default launch: our command line without the in-process executor flag."""
+    """vLLM's default launch: our command line without the executor flag (a separate worker process)."""
     cmd = OURS_COMMAND(*args, **kwargs)
     if "--distributed-executor-backend" in cmd:
         at = cmd.index("--distributed-executor-backend")
         del cmd[at:at + 2]
     return cmd
-
-
-def multiprocess_env(base: dict[str, str], cpu: bool) -> dict[str, str]:
-    env = OURS_ENV(base, cpu)
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    return env
 
 
 async def chat_round(base_url: str, model: str, n: int, max_tokens: int) -> tuple[float, int, list[str]]:
@@ -61,7 +55,6 @@ async def chat_round(base_url: str, model: str, n: int, max_tokens: int) -> tupl
 def measure(mode: str, cfg: EnvConfig, args: argparse.Namespace) -> dict:
     patched = mode == "multiprocess"
     vllm_server.server_command = multiprocess_command if patched else OURS_COMMAND
-    vllm_server.server_env = multiprocess_env if patched else OURS_ENV
     with tempfile.TemporaryDirectory() as logs:
         server = vllm_server.VLLMServer(cfg, Path(logs))
         started = time.perf_counter()
@@ -90,8 +83,8 @@ def main() -> None:
         print("note: on a GPU the managed server keeps vLLM's multiprocess launch; this compares CPU modes")
     cfg = EnvConfig(name="bench", kind="vllm", model=args.model, cache=False, temperature=0.0)
     base = measure("multiprocess", cfg, args)
-    ours = measure("in-process", cfg, args)
-    print(f"start-up: in-process {base['ready_s'] / ours['ready_s']:.2f}x faster; "
+    ours = measure("worker in engine core", cfg, args)
+    print(f"start-up: worker in engine core {base['ready_s'] / ours['ready_s']:.2f}x faster; "
           f"throughput (rounds after the first): {ours['tok_s'] / base['tok_s']:.2f}x; "
           f"identical replies: {base['replies'] == ours['replies']}")
 

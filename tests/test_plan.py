@@ -514,3 +514,26 @@ def test_a_model_without_a_shape_needs_params(home):
     guessed = _plan(*unknown, "--params", "1.5e9")
     assert guessed.exit_code == 0, guessed.output
     assert "1.50B parameters" in guessed.output and "guessed from --params" in guessed.output
+
+
+def test_on_cpu_the_pool_run_that_ran_out_of_memory_does_not_fit_and_a_kv_cap_makes_it_fit(monkeypatch):
+    """configs/learning-pool.yaml on the 23.5 GiB CPU machine: as configured its pool arm was killed
+    by Ray's memory monitor; with VLLM_CPU_KVCACHE_SPACE=1 it ran (BENCHMARKS.md). On CPU a server
+    is two processes and a rollout engine holds a received full update beside its weights."""
+    cfg = load_config(ROOT / "configs" / "learning-pool.yaml")
+    arch = known_architecture(cfg.agent.model)
+    machine = Machine(1, 0, host_memory_gib=23.5)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    plan = make_plan(cfg, arch, machine)
+    assert not plan.fits and "VLLM_CPU_KVCACHE_SPACE" in plan.error()
+    engine = next(c for c in plan.components if c.role == "engine")
+    assert engine.parts["a received weight update (during a sync)"] == engine.parts["weights (float32)"]
+    servers = [c for c in plan.components if c.role == "environment"]
+    assert len(servers) == 2 and all(s.parts["API server process (HTTP, tokenizer)"] == 1.0 for s in servers)
+    assert all(s.parts["KV cache"] > 2.0 for s in servers)  # 16 sequences of 4096 tokens each
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    capped = make_plan(cfg, arch, machine)
+    assert capped.fits
+    assert all(c.parts["KV cache"] == 1.0 for c in capped.components if c.role in ("engine", "environment"))
+    assert sum(c.gib for c in plan.components) - sum(c.gib for c in capped.components) > 2.5

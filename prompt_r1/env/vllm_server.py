@@ -29,9 +29,11 @@ attention head size the CPU kernels lack (the 64-wide `tiny` test models have he
 refused before start-up with a clear message instead of failing at the first request.
 `--enforce-eager` (config `enforce_eager`, default on) skips graph compilation: on this 2-core
 machine the tiny test model was ready in 36-50 s and SmolLM2-135M in 40 s, instead of about
-2 minutes. Also on CPU, the engine and its model worker run inside the API server process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `--distributed-executor-backend uni`): two fewer processes
-to spawn and import, and no inter-process hops per step. `benchmarks/vllm_server.py` on the
+2 minutes. Also on CPU, the model worker runs inside the engine-core process
+(`--distributed-executor-backend uni`): one process fewer to spawn and import, and no
+inter-process hop per step. (vLLM's OpenAI server always runs its engine core in a second process,
+whatever `VLLM_ENABLE_V1_MULTIPROCESSING` says, so a server on CPU is two processes; `plan` counts
+both.) `benchmarks/vllm_server.py` on the
 2-core machine with SmolLM2-135M: ready 1.63x sooner, 1.49x the tokens/s for 32 concurrent
 requests, identical greedy replies (BENCHMARKS.md). GPUs keep vLLM's multiprocess default.
 
@@ -173,22 +175,20 @@ def server_command(cfg: EnvConfig, model: str, port: int, cpu: bool, template_fi
 
 
 def server_env(base: dict[str, str], cpu: bool, kv_sized: bool = True) -> dict[str, str]:
-    """The server process's environment: `base` plus the CPU settings (see the module docstring);
-    `kv_sized=False` (no `--kv-cache-memory-bytes`) gives the KV cache a fixed size instead.
+    """The server process's environment: `base` without the in-process `VLLMPolicy`'s setting;
+    `kv_sized=False` (on CPU, no `--kv-cache-memory-bytes`) gives the KV cache a fixed size instead.
 
     >>> server_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, cpu=False)
     {}
     >>> server_env({}, cpu=True)
-    {'VLLM_ENABLE_V1_MULTIPROCESSING': '0'}
-    >>> sorted(server_env({}, cpu=True, kv_sized=False).items())
-    [('VLLM_CPU_KVCACHE_SPACE', '2'), ('VLLM_ENABLE_V1_MULTIPROCESSING', '0')]
+    {}
+    >>> server_env({}, cpu=True, kv_sized=False)
+    {'VLLM_CPU_KVCACHE_SPACE': '2'}
     """
     env = dict(base)
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # may be set by the in-process VLLMPolicy
-    if cpu:
-        if not kv_sized:
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's engine core has its own process anyway
+    if cpu and not kv_sized:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
     return env
 
 

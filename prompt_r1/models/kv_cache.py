@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,22 @@ def model_kv_cache_bytes(model_dir: str | Path, max_model_len: int, max_num_seqs
     except ValueError as err:
         log.warning("%s: %s; leaving the KV cache size to vLLM", path, err)
         return None
+
+
+def cpu_kv_cache_override(environ: dict[str, str] | None = None) -> int | None:
+    """Bytes that `VLLM_CPU_KVCACHE_SPACE` (whole GiB) gives every vLLM engine on CPU in place of
+    the computed size, or None when it is unset or empty (as vLLM reads it).
+
+    >>> cpu_kv_cache_override({"VLLM_CPU_KVCACHE_SPACE": "1"})
+    1073741824
+    >>> cpu_kv_cache_override({"VLLM_CPU_KVCACHE_SPACE": ""}) is None
+    True
+    """
+    value = (os.environ if environ is None else environ).get("VLLM_CPU_KVCACHE_SPACE", "")
+    if not value:
+        return None
+    try:
+        return int(value) * 2**30
+    except ValueError:
+        raise ValueError(f"VLLM_CPU_KVCACHE_SPACE={value!r}: vLLM reads it as a whole number of GiB, "
+                         "e.g. 1") from None

