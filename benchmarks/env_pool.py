@@ -241,6 +241,8 @@ def run(cfg: Config, work: WorkFolder, probe_dataset: str, probe_limit: int | No
             saved["arms"][label] = arm
             agents[label] = arm["agent_path"]
             atomic_write_text(json_path, json.dumps(saved, indent=1))  # a long run keeps what it finished
+        # from the warehouse's rows: an arm resumed from a checkpoint has every step there
+        saved["curves"] = {label: wh.step_rewards(f"env-pool-{label}") for label in arm_configs(cfg)}
         rows: list[dict[str, Any]] = []
         todo = {}
         for label, path in agents.items():
@@ -294,7 +296,19 @@ def table(saved: Mapping[str, Any]) -> str:
     if w["diff"] is not None:
         lines.append(f"pool - single, worst environment ({w['env']}): {w['diff']:+.3f} "
                      f"[{w['ci_low']:+.3f}, {w['ci_high']:+.3f}]")
-    return "\n".join(lines)
+    return "\n".join(lines + curve_lines(saved.get("curves", {})))
+
+
+def curve_lines(curves: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
+    """Each arm's mean training reward per step and environment (the warehouse's rows), as
+    `step:reward/trajectories` (a pool's step may draw one environment only)."""
+    lines = ["training reward per step (step:mean reward of the scored trajectories/trajectories)"] if curves else []
+    for label, rows in curves.items():
+        for env in dict.fromkeys(r["env_name"] for r in rows):
+            cells = [f"{r['step'] + 1}:" + ("n/a" if r["reward_mean"] is None else f"{r['reward_mean']:+.2f}")
+                     + f"/{r['trajectories']}" for r in rows if r["env_name"] == env]
+            lines.append(f"  {label:>24} on {env}: {' '.join(cells)}")
+    return lines
 
 
 def plot(saved: Mapping[str, Any], path: Path) -> None:

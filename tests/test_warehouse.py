@@ -21,6 +21,36 @@ def _traj(qid, g, total=0.5):
             "reward": {"format": 1.0, "answer": total, "total": total}}
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_step_rewards_against_a_restatement(warehouse, seed):
+    """Per step and environment: every trajectory counted, failures counted and left out of the
+    means; another run's rows never mixed in."""
+    import random
+
+    rng = random.Random(seed)
+    kept = []
+    for run in ("run", "other"):
+        for step in range(rng.randint(1, 4)):
+            trajs = []
+            for g in range(rng.randint(1, 12)):
+                t = {**_traj(f"q{g}", g, round(rng.uniform(-1, 1), 3)), "env_name": rng.choice(["a", "b"])}
+                if rng.random() < 0.2:
+                    t = {**t, "reward": None, "error": "timeout", "stop_reason": "env_error"}
+                trajs.append(t)
+            warehouse.replace_step(run, step, trajs, [])
+            kept += [(run, step, t) for t in trajs]
+    expected = []
+    for step, env in sorted({(s, t["env_name"]) for r, s, t in kept if r == "run"}):
+        mine = [t for r, s, t in kept if r == "run" and s == step and t["env_name"] == env]
+        scored = [t["reward"] for t in mine if t["reward"]]
+        mean = (lambda key: sum(x[key] for x in scored) / len(scored) if scored else None)
+        expected.append((step, env, len(mine), len(mine) - len(scored), mean("total"), mean("answer")))
+    got = warehouse.step_rewards("run")
+    assert [(r["step"], r["env_name"], r["trajectories"], r["errors"]) for r in got] == [e[:4] for e in expected]
+    for row, (*_, total, answer) in zip(got, expected):
+        assert row["reward_mean"] == pytest.approx(total) and row["answer_mean"] == pytest.approx(answer)
+
+
 def test_transaction_rolls_back(warehouse):
     with pytest.raises(RuntimeError):
         with warehouse.transaction() as cur:

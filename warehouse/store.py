@@ -318,6 +318,16 @@ class Warehouse:
         return [r[0] for r in self.query(
             "SELECT DISTINCT step FROM trajectories WHERE run_id = ? ORDER BY step", [run_id])]
 
+    def step_rewards(self, run_id: str) -> list[dict[str, Any]]:
+        """Per recorded step and environment of a training run: trajectories, failed ones, and the
+        mean total and answer reward of the scored ones (a failure has no reward). Read from the
+        rows themselves, so a run resumed from a checkpoint shows every step."""
+        rows = self.query(
+            "SELECT step, env_name, count(*), count(error), avg(reward_total), avg(reward_answer) "
+            "FROM trajectories WHERE run_id = ? GROUP BY step, env_name ORDER BY step, env_name", [run_id])
+        return [{"step": step, "env_name": env, "trajectories": n, "errors": errors, "reward_mean": reward,
+                 "answer_mean": answer} for step, env, n, errors, reward, answer in rows]
+
     def delete_steps_after(self, run_id: str, step: int) -> None:
         """Drop rows of steps past a checkpoint (a resumed run redoes them)."""
         with self.transaction() as cur:
