@@ -38,7 +38,7 @@ def _check_training(cfg) -> None:
     from prompt_r1.env.vllm_server import check_server_host
     from prompt_r1.models.resolver import check_agent_spec
     from prompt_r1.rollout.ray_pool import check_local_cpus
-    from prompt_r1.training.plan import preflight
+    from prompt_r1.training.preflight import preflight
 
     cfg.check_trainable()
     check_agent_spec(cfg.agent.model, cfg.name)

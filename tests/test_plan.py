@@ -20,7 +20,8 @@ from flows.cli import app
 from prompt_r1.config.experiment import load_config
 from prompt_r1.models.architecture import Architecture, folder_architecture, known_architecture
 from prompt_r1.training.memory import GIB, Machine, learner_parts
-from prompt_r1.training.plan import PlanError, make_plan, preflight
+from prompt_r1.training.plan import PlanError, make_plan
+from prompt_r1.training.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "configs" / "paper.yaml"
@@ -444,7 +445,7 @@ def test_the_start_up_peak_never_exceeds_the_step_and_shrinks_with_fsdp():
 
 # -- train's check -------------------------------------------------------------------------------
 def test_preflight_leaves_a_machine_without_gpus_alone(monkeypatch):
-    import prompt_r1.training.plan as plan_module
+    import prompt_r1.training.preflight as plan_module
 
     monkeypatch.setattr(plan_module, "local_gpus", lambda: (0, 0.0))
     assert preflight(_paper()) is None
@@ -453,7 +454,7 @@ def test_preflight_leaves_a_machine_without_gpus_alone(monkeypatch):
 
 
 def test_preflight_refuses_before_any_model_loads_when_the_gpus_are_too_small(monkeypatch):
-    import prompt_r1.training.plan as plan_module
+    import prompt_r1.training.preflight as plan_module
 
     monkeypatch.setattr(plan_module, "local_gpus", lambda: (8, 80.0))
     assert preflight(_paper()).fits

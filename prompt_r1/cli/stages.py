@@ -102,7 +102,8 @@ def plan(
 ) -> None:
     """Whether a config fits the machines, before any model loads: memory per GPU and where each
     learner rank and rollout engine goes (exit 0), or what does not fit and the setting to change (exit 2)."""
-    from prompt_r1.training.plan import agent_architecture, local_machine, make_plan
+    from prompt_r1.training.plan import make_plan
+    from prompt_r1.training.preflight import agent_architecture, local_machine
 
     cfg = _load(config, set_)
     arch = agent_architecture(cfg, params)

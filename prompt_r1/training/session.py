@@ -151,7 +151,7 @@ class TrainingSession:
         from prompt_r1.training.run_owner import own_run
         from prompt_r1.training.run_record import open_run
         from prompt_r1.training.learners import learner_in_ray, open_learner
-        from prompt_r1.training.plan import preflight
+        from prompt_r1.training.preflight import preflight
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
         check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too

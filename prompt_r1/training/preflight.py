@@ -1,0 +1,125 @@
+"""The plan for the machine at hand: its GPUs and RAM, the agent's shape, and `train`'s check.
+
+Why it exists: `training.plan` places a config on any machine it is given; this module finds the
+machine a command runs on (`local_machine` for `prompt-r1 plan`, `_visible_machine` for a run:
+this machine's GPUs or a Ray cluster's) and the agent's shape (`agent_architecture`), and runs
+`preflight`, which refuses a GPU run that does not fit before any model loads. It imports no torch
+unless it looks for this machine's GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+from prompt_r1.config.experiment import Config
+from prompt_r1.models.architecture import Architecture
+from prompt_r1.training.memory import DEFAULT_GPU_MEMORY_GIB, DEFAULT_PROMPT_TOKENS, GIB, Machine
+from prompt_r1.training.plan import Plan, PlanError, make_plan
+
+log = logging.getLogger(__name__)
+
+
+def agent_architecture(cfg: Config, params: float | None = None) -> Architecture:
+    """The agent's shape (`models.architecture`), its count replaced by `params` when given; a
+    guessed shape of `params` weights for a model with none here, or whose config.json cannot be
+    sized (malformed, mixture-of-experts: its error asks for --params); else an error asking for them."""
+    from prompt_r1.models.architecture import ArchitectureError, architecture_for
+
+    try:
+        arch = architecture_for(cfg.agent.model, cfg.name)
+    except ArchitectureError as err:
+        if params is None:
+            raise
+        log.warning("%s; planning with a shape guessed from --params %g instead", err, params)
+        return Architecture.guess(params, cfg.agent.model)
+    if arch is not None:
+        return arch.with_params(params)
+    if params is None:
+        raise ArchitectureError(f"agent.model {cfg.agent.model!r} has no config.json here and no known "
+                                "architecture (prompt_r1/models/architectures.json): pass its parameter count, "
+                                "e.g. --params 4e9")
+    return Architecture.guess(params, cfg.agent.model)
+
+
+def host_memory_gib() -> float:
+    """This machine's RAM."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+
+
+def local_gpus() -> tuple[int, float]:
+    """(CUDA GPUs this process sees, the smallest one's memory in GiB); (0, 0) without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, 0.0
+    count = torch.cuda.device_count()
+    return count, min(torch.cuda.get_device_properties(i).total_memory for i in range(count)) / GIB
+
+
+def local_machine(nodes: int = 1, gpus_per_node: int | None = None, gpu_memory_gib: float | None = None,
+                  host_gib: float | None = None) -> Machine:
+    """A machine from what was given, the rest from this one: its GPUs (when `gpus_per_node` is
+    None) and their memory, its RAM; each default it takes is a note. GPUs given for another
+    machine leave its host memory unchecked unless `host_gib` is given."""
+    notes, this_machine = [], gpus_per_node is None
+    count, memory = local_gpus() if gpus_per_node is None or (gpus_per_node and gpu_memory_gib is None) else (0, 0.0)
+    if gpus_per_node is None:
+        gpus_per_node = count
+        notes.append(f"{count} GPUs per node, as this machine has (--gpus-per-node)" if count else
+                     "this machine has no GPU: planned for its host memory (--gpus-per-node N "
+                     "--gpu-memory-gib M plans for GPUs)")
+    elif not gpus_per_node:
+        notes.append("--gpus-per-node 0: planned for host memory")
+    if gpus_per_node and gpu_memory_gib is None:
+        gpu_memory_gib = memory or DEFAULT_GPU_MEMORY_GIB
+        notes.append(f"GPU memory {gpu_memory_gib:.1f} GiB, {'as this machine has' if memory else 'assumed'} "
+                     "(--gpu-memory-gib)")
+    if host_gib is None and gpus_per_node and not this_machine:  # GPUs of another machine: not this one's RAM
+        notes.append("host memory not checked (--host-memory-gib)")
+        host_gib = math.inf
+    elif host_gib is None and not gpus_per_node:
+        notes.append("host memory: this machine's (--host-memory-gib)")
+    return Machine(nodes, gpus_per_node, gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB,
+                   host_gib if host_gib is not None else host_memory_gib(), notes=tuple(notes))
+
+
+def _visible_machine(cfg: Config) -> Machine | None:
+    """The GPUs this run would use: a Ray cluster's (`rollout.ray_address`, memory from this
+    machine's GPUs if it has any, else not checked), or this machine's; None without GPUs."""
+    count, memory = local_gpus()
+    if cfg.rollout.ray_address:
+        import ray
+
+        from prompt_r1.rollout.ray_pool import init_ray
+
+        init_ray(cfg.rollout)  # connecting now, not after the learner loaded, lets the plan see the cluster
+        gpus = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes()
+                if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) >= 1]
+        if not gpus:
+            return None
+        return Machine(len(gpus), min(gpus), memory if count else math.inf)  # the nodes' RAM is not known here
+    return Machine(1, count, memory, host_memory_gib()) if count else None
+
+
+def preflight(cfg: Config, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Plan | None:
+    """`train`'s check before any model loads: the plan for the GPUs the run would use; raises
+    `PlanError` when it does not fit. A run that uses no GPU is left alone (None)."""
+    from prompt_r1.models.architecture import architecture_for
+
+    if cfg.train.device == "cpu" and cfg.agent.backend != "vllm":
+        return None
+    machine = _visible_machine(cfg)
+    if machine is None:
+        log.debug("no GPU in sight: no plan check before training")
+        return None
+    arch = architecture_for(cfg.agent.model, cfg.name)
+    if arch is None:
+        log.warning("no plan check: agent.model %s has no config.json here and no known architecture", cfg.agent.model)
+        return None
+    plan = make_plan(cfg, arch, machine, prompt_tokens, source=f"config {cfg.name!r}")
+    if not plan.fits:
+        raise PlanError(plan.error() + " (`prompt-r1 plan -c FILE` prints the whole plan)")
+    log.info("plan: %s", plan.verdict())
+    return plan
