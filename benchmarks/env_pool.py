@@ -50,7 +50,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cost_sweep import CurveHooks  # noqa: E402
 from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
 from prompt_r1.config.experiment import Config, load_config, parse_overrides  # noqa: E402
 from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
@@ -205,13 +204,11 @@ def train_arm(cfg: Config, label: str, home: Path, wh) -> dict[str, Any]:
 
     started = time.perf_counter()
     with TrainingSession(cfg, wh, f"env-pool-{label}", home / label, resume=True) as session:
-        hooks = CurveHooks(cfg.train.steps)
-        outcome = session.run(hooks)
+        outcome = session.run()
     if outcome.agent is None:
         raise SystemExit(f"arm {label}: training left no checkpoint to evaluate")
     return {"agent_path": str(outcome.agent), "trained_on": [e.name for e in cfg.training_environments()],
-            "weights": cfg.training_weights(), "train_s": round(time.perf_counter() - started, 1),
-            "curve": hooks.curve}
+            "weights": cfg.training_weights(), "train_s": round(time.perf_counter() - started, 1)}
 
 
 def run(cfg: Config, work: WorkFolder, probe_dataset: str, probe_limit: int | None, saved: dict,
