@@ -80,6 +80,8 @@ class Config(StrictModel):
             data["train"].pop("environments")
         if data["reward"]["cost"]["mode"] == "off":  # the cost-free reward is today's, with today's hash
             data["reward"].pop("cost")
+        if data["reward"]["turn"]["scorer"] is None:  # no turn credit: the paper's GRPO, with today's hash
+            data["reward"].pop("turn")
         if not data["reward"]["normalize_parts"]:
             data["reward"].pop("normalize_parts")
         data["eval"].pop("agent_placement")  # where evaluation's engines run, not what they answer
@@ -121,6 +123,12 @@ class Config(StrictModel):
         if self.train.world_size > 1 and self.train.strategy == "fsdp" and self.agent.lora.enabled:
             problems.append("train.strategy is fsdp with agent.lora.enabled: fsdp shards full fine-tuning; a LoRA "
                             "adapter is small, use train.strategy: ddp")
+        if self.reward.cost.mode != "off" and not any(
+                env.price_per_1k_prompt or env.price_per_1k_completion for env in self.training_environments()):
+            problems.append(f"reward.cost.mode is {self.reward.cost.mode} but every training environment's "
+                            "price_per_1k_prompt and price_per_1k_completion is 0, so every trajectory costs 0 (under "
+                            "bonus each right answer then scores 1 - alpha/2, not 1); set the prices of `environment` "
+                            "(or of each train.environments member), or reward.cost.mode: off")
         engine_gpus = self.rollout.num_workers * self.agent.tensor_parallel_size
         if self.rollout.colocate and self.agent.backend == "vllm" and engine_gpus > self.train.world_size:
             problems.append(f"rollout.colocate: {self.rollout.num_workers} engine(s) x agent.tensor_parallel_size "

@@ -229,18 +229,42 @@ class CostRewardConfig(StrictModel):
         2.0, ge=0.0, description="`penalty`: USD-to-penalty factor lambda (xRouter's README: 2.0; its code: 3.0).",
     )
     penalty_cap: float = Field(
-        0.6, ge=0.0, description="`penalty`: largest penalty, cost_max (xRouter's README: 0.6; its code: 0.8).",
+        0.6, ge=0.0, description="`penalty`: largest penalty, cost_max (xRouter's README: 0.6; its code: 0.8). At most "
+        "`penalty_keep`: a larger cap makes the factor negative, so a right answer could score below a wrong one.",
     )
     penalty_keep: float = Field(
         1.0, gt=0.0, description="`penalty`: K, the factor at zero cost (xRouter: 1).",
     )
 
     @model_validator(mode="after")
-    def _percentiles_ordered(self) -> "CostRewardConfig":
+    def _bounds_ordered(self) -> "CostRewardConfig":
         if self.low_percentile >= self.high_percentile:
             raise ValueError(f"reward.cost.low_percentile ({self.low_percentile}) must be below "
                              f"reward.cost.high_percentile ({self.high_percentile})")
+        if self.penalty_cap > self.penalty_keep:
+            raise ValueError(f"reward.cost.penalty_cap ({self.penalty_cap}) is above reward.cost.penalty_keep "
+                             f"({self.penalty_keep}): the answer's factor keep - min(scale x cost, cap) would go "
+                             "below 0 and a right answer score below a wrong one; lower penalty_cap to at most "
+                             "penalty_keep")
         return self
+
+
+class TurnRewardConfig(StrictModel):
+    """Turn-level credit (`prompt_r1.core.turn_credit`): off while `scorer` is unset."""
+
+    scorer: str | None = Field(
+        None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="Import path `package.module:function` of the task's turn scorer, called as "
+        "`scorer(question, trajectory)` and returning one value per agent turn: None (not judged) or a number "
+        "in [0, 1]. Before training it is called once per training question with an empty trajectory (it must "
+        "return []), so a question it does not define stops the run at once. The two-hop task's: "
+        "`prompt_r1.data.compositional:follow_up_turn_rewards`. Unset = no turn credit (the paper's GRPO).",
+    )
+    weight: float = Field(
+        0.5, ge=0.0,
+        description="c in A + c * A_t: how much of a turn's group-centred turn reward A_t is added to the "
+        "advantage of that turn's tokens. 0 = the turn rewards are computed and logged, not credited.",
+    )
 
 
 class RewardConfig(StrictModel):
@@ -261,12 +285,21 @@ class RewardConfig(StrictModel):
     cost: CostRewardConfig = Field(
         default_factory=CostRewardConfig, description="What environment calls cost in the reward (off by default).",
     )
+    turn: TurnRewardConfig = Field(
+        default_factory=TurnRewardConfig,
+        description="A per-turn reward a task defines, credited to that turn's tokens (off by default).",
+    )
     normalize_parts: bool = Field(
         False,
         description="GDPO (arXiv 2601.05242): the advantage is the sum over the reward's parts (format, gated answer, "
         "cost) of each part's group-normalised advantage, instead of the advantage of their sum. False = GRPO on "
         "the total, as before.",
     )
+
+    @property
+    def turn_credit(self) -> bool:
+        """A turn scorer is set and its weight moves the advantages."""
+        return self.turn.scorer is not None and self.turn.weight > 0
 
     def format_weights(self) -> dict[str, float]:
         """The keyword arguments of `core.reward.compute_reward` (the dual-constrained reward's weights)."""

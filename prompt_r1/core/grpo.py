@@ -128,7 +128,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs
                 max_len: int | None = None, clip_ratio_c: float | None = None,
                 is_weights: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped GRPO loss with a k3 KL penalty; per-token tensors are [B, T], advantages [B].
+    """Clipped GRPO loss with a k3 KL penalty; per-token tensors are [B, T], advantages [B] (one
+    per trajectory) or [B, T] (one per token, under turn-level credit, `core.turn_credit`).
 
     Returns `(loss, stats)`; stats (floats): pg_loss and kl (aggregated like the loss),
     clip_fraction (share of mask-1 tokens taking the clipped branch), dual_clip_fraction
@@ -151,7 +152,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 (the reference uses 3.0), got {clip_ratio_c}")
     mask = mask.to(logprobs.dtype)
-    adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    adv = advantages.to(logprobs.dtype)
+    adv = adv if adv.dim() == 2 else adv.unsqueeze(-1)  # [B, T] per token (turn credit), or [B] per trajectory
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)

@@ -59,11 +59,15 @@ class Trajectory:
     turn_times: list[list[float]] = field(default_factory=list)  # [start, end] wall clock (epoch s) of each agent
     # generation (the batch's generate call it was part of): for traces, never for results
     env_name: str = ""                    # the environment it prompted (drawn per question from a training pool)
+    turn_rewards: list[float | None] = field(default_factory=list)  # per agent turn, `reward.turn.scorer`'s
+    # value (None: the task does not judge that turn); empty when no turn scorer is set (core.turn_credit)
 
     def to_record(self) -> dict[str, Any]:
         """JSON-able dict (the `rollout --out` line and the warehouse row)."""
         record = asdict(self)
         record["reward"] = self.reward.as_dict() if self.reward else None
+        if not self.turn_rewards:  # no turn scorer: the record as it always was
+            del record["turn_rewards"]
         return record
 
 
@@ -102,7 +106,8 @@ def rollout_stats(trajectories: Sequence[Trajectory], format_cap: float) -> dict
     `format_cap` (`reward.format_cap`), the gate that lets the answer score count. The rest average
     over all trajectories: agent turns, environment calls and their tokens, agent-sampled tokens
     (`response_length`) and all response tokens (`response_tokens`); `env_error_rate` is the share
-    of failed environment calls.
+    of failed environment calls. With turn rewards, `turn_reward_t<t>` is the mean of agent turn t's
+    over the trajectories whose task judged that turn.
 
     >>> from prompt_r1.core.reward import RewardBreakdown as R
     >>> ts = [Trajectory("q", 0, [], loss_mask=[1, 1], reward=R(0.9, 0.5, -0.1)),
@@ -116,6 +121,11 @@ def rollout_stats(trajectories: Sequence[Trajectory], format_cap: float) -> dict
     """
     n = max(len(trajectories), 1)
     scored = [t.reward for t in trajectories if t.reward is not None]
+    by_turn: dict[int, list[float]] = {}  # turn rewards (`reward.turn.scorer`), per agent turn judged
+    for t in trajectories:
+        for turn, value in enumerate(t.turn_rewards):
+            if value is not None:
+                by_turn.setdefault(turn, []).append(value)
     m = max(len(scored), 1)
     totals = [r.total for r in scored]
     calls = [c for t in trajectories for c in t.env_calls]
@@ -133,4 +143,5 @@ def rollout_stats(trajectories: Sequence[Trajectory], format_cap: float) -> dict
         "env_completion_tokens": sum(c.completion_tokens for c in calls) / n,
         "response_length": sum(sum(t.loss_mask) for t in trajectories) / n,
         "response_tokens": sum(len(t.token_ids) for t in trajectories) / n,
+        **{f"turn_reward_t{turn}": sum(values) / len(values) for turn, values in sorted(by_turn.items())},
     }

@@ -9,8 +9,9 @@ hops (sub-question and answers), its chain and its country, so a screen can keep
 environment fails when asked at once but answers hop by hop (`benchmarks/compose_screen.py`), and
 a probe/training split can keep every country on one side (`split_by_entity`).
 
-`uses_first_reply` is the mechanical definition of "the agent's second environment call uses
-what the first reply said", the mechanism the compositional benchmark reports.
+`follow_up` is the mechanical definition of "the agent's second environment call uses what the
+first reply said", the mechanism the compositional benchmark reports; `follow_up_turn_rewards`
+turns it into the task's turn-level reward (`reward.turn.scorer`, see `prompt_r1.core.turn_credit`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prompt_r1.core.metrics import normalize_answer
+from prompt_r1.core.protocol import parse_turn
 from prompt_r1.core.seeding import derive_seed
 
 
@@ -287,3 +289,43 @@ def follow_up(question: TwoHopQuestion, prompts: Sequence[str], replies: Sequenc
     reused = sorted(reply_names(replies[0], question.question) & second_words)
     bridge = any(mentions(replies[0], [n]) and mentions(prompts[1], [n]) for n in question.hops[0].answers)
     return FollowUp(calls, True, bool(reused), bridge, reused)
+
+
+# The turn reward of the follow-up call: names the bridge, reuses a name of the first reply, neither.
+NAMES_BRIDGE, USES_REPLY = 1.0, 0.5
+
+
+def follow_up_turn_rewards(question, trajectory) -> list[float | None]:
+    """The two-hop task's turn rewards (`reward.turn.scorer:
+    prompt_r1.data.compositional:follow_up_turn_rewards`): the second agent turn, the one that
+    should make the follow-up call, gets 1.0 when that call names the bridge entity the first reply
+    named, 0.5 when it reuses another capitalised word of the first reply (`follow_up`), else 0.0
+    (also when the turn answers or its call was never sent); every other turn is None (not judged).
+
+    `question` is a `QuestionRow` of a generated two-hop question (found by its text; seed 0, the
+    seed of `data/compositional`); any other question raises, since this task defines no turn
+    reward for it. `trajectory` is the `Trajectory` (its agent turns and environment replies).
+    """
+    known = known_questions().get(question.question)
+    if known is None:
+        raise ValueError("not a generated two-hop question (prompt_r1.data.compositional defines turn rewards "
+                         "only for those): train on data/compositional, or unset reward.turn.scorer")
+    turns = trajectory.agent_turns
+    rewards: list[float | None] = [None] * len(turns)
+    if len(turns) < 2:
+        return rewards
+    prompts = [p for p in (parse_turn(turn).interaction_prompt for turn in turns) if p is not None]
+    sent = prompts[: len(trajectory.env_replies)]   # a prompt whose reply never came was not a call that counted
+    used = follow_up(known, sent, trajectory.env_replies)
+    rewards[1] = NAMES_BRIDGE if used.names_bridge else USES_REPLY if used.uses_reply else 0.0
+    return rewards
+
+
+_KNOWN: dict[str, TwoHopQuestion] = {}
+
+
+def known_questions() -> dict[str, TwoHopQuestion]:
+    """`by_question(0)`, built once per process (the generator walks the whole fact table)."""
+    if not _KNOWN:
+        _KNOWN.update(by_question(0))
+    return _KNOWN

@@ -22,6 +22,7 @@ import torch
 
 from prompt_r1.core.grpo import informative_groups
 from prompt_r1.core.trajectory import Trajectory
+from prompt_r1.core.turn_credit import informative as turn_informative
 
 
 @dataclass
@@ -97,24 +98,30 @@ def question_order(trajectories: Sequence[Trajectory]) -> list[str]:
     return list(dict.fromkeys(t.question_id for t in trajectories))
 
 
-def informative_question_ids(trajectories: Sequence[Trajectory]) -> set[str]:
-    """Questions whose group carries a learning signal (>= 2 members, rewards not all equal)."""
+def informative_question_ids(trajectories: Sequence[Trajectory], with_turns: bool = False) -> set[str]:
+    """Questions whose group carries a learning signal (>= 2 members, rewards not all equal; under
+    turn credit, `with_turns`, also a group whose outcomes are equal but some turn's rewards differ)."""
     if not trajectories:
         return set()
-    index = {q: i for i, q in enumerate(question_order(trajectories))}
-    rewards = torch.tensor([t.reward.total if t.reward else 0.0 for t in trajectories])
-    groups = torch.tensor([index[t.question_id] for t in trajectories])
-    keep = informative_groups(rewards, groups).tolist()
+    totals = [t.reward.total if t.reward else 0.0 for t in trajectories]
+    if with_turns:
+        keep = turn_informative(totals, [t.turn_rewards for t in trajectories],
+                                [t.question_id for t in trajectories])
+    else:
+        index = {q: i for i, q in enumerate(question_order(trajectories))}
+        groups = torch.tensor([index[t.question_id] for t in trajectories])
+        keep = informative_groups(torch.tensor(totals), groups).tolist()
     return {t.question_id for t, k in zip(trajectories, keep) if k}
 
 
 def plan_mini_batches(trajectories: Sequence[Trajectory], mini_batch_questions: int,
-                      drop_uniform_groups: bool) -> list[list[str]]:
+                      drop_uniform_groups: bool, with_turns: bool = False) -> list[list[str]]:
     """The questions of each optimiser step, in order: `mini_batch_questions` at a time, the
-    uniform groups left out first when `drop_uniform_groups` (then possibly no step at all)."""
+    uniform groups left out first when `drop_uniform_groups` (then possibly no step at all;
+    `with_turns`: uniform in the outcome and in every turn reward)."""
     questions = question_order(trajectories)
     if drop_uniform_groups:
-        informative = informative_question_ids(trajectories)
+        informative = informative_question_ids(trajectories, with_turns)
         questions = [q for q in questions if q in informative]
     return [questions[i:i + mini_batch_questions] for i in range(0, len(questions), mini_batch_questions)]
 

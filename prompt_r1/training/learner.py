@@ -55,6 +55,7 @@ from prompt_r1.core.grpo import (decoupled_advantages, group_advantages, policy_
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import pad_token_id, stop_token_ids, torch_dtype
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
+from prompt_r1.core.turn_credit import token_advantages, turn_advantages
 from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
 from prompt_r1.training.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids,
@@ -255,7 +256,10 @@ class GRPOLearner:
             advantages = decoupled_advantages(parts, groups, scale_by_std=train.scale_by_std)
         else:  # per group: a rank holds whole groups, so these are global
             advantages = group_advantages(rewards, groups, scale_by_std=train.scale_by_std)
-        informative_questions = informative_question_ids(trajectories)
+        with_turns = self.cfg.reward.turn_credit
+        # turn credit: one advantage per response token, the outcome's plus the turn's (core.turn_credit)
+        token_adv = self._token_advantages(trajectories, advantages) if with_turns else None
+        informative_questions = informative_question_ids(trajectories, with_turns)
         n_groups, n_informative = self.ranks.sum([len(question_index), len(informative_questions)])
         group_metrics = {"groups": n_groups, "groups_informative": n_informative,
                          "informative_share": n_informative / n_groups}
@@ -268,7 +272,7 @@ class GRPOLearner:
         # drop_uniform_groups the groups of equal rewards (advantage 0 everywhere) are left out, so
         # they add neither KL nor tokens to the normalisation, and cost no forward pass
         if plan is None:
-            plan = plan_mini_batches(trajectories, train.mini_batch_questions, train.drop_uniform_groups)
+            plan = plan_mini_batches(trajectories, train.mini_batch_questions, train.drop_uniform_groups, with_turns)
         if not plan:
             log.info("no group with unequal rewards in this batch: no update (train.drop_uniform_groups)")
             metrics = rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap)
@@ -327,7 +331,8 @@ class GRPOLearner:
                             old_lp[i] = v
                     old = batch.scatter(old_lp, prompt_lens).to(self.device)
                     ref = batch.scatter(ref_lp, prompt_lens).to(self.device) if train.kl_coef > 0 else None
-                    adv = advantages[batch.indices].to(self.device)
+                    adv = (advantages[batch.indices] if token_adv is None
+                           else batch.scatter(token_adv, prompt_lens)).to(self.device)
                     tis = (truncated_is_weights(old, batch.sampling_logprobs.to(self.device), train.tis_cap)
                            if stale else None)
                     loss, stats = policy_loss(logprobs, old, ref, adv, batch.loss_mask, train.clip_low,
@@ -377,6 +382,18 @@ class GRPOLearner:
             metrics.update({"tis_mean": tis_sum / max(diff_tokens, 1.0),
                             "tis_capped_fraction": tis_capped / max(diff_tokens, 1.0)})
         return metrics
+
+    def _token_advantages(self, trajectories: list[Trajectory], advantages: torch.Tensor) -> list[torch.Tensor]:
+        """Per trajectory, the advantage of each response token: its outcome advantage plus
+        `reward.turn.weight` times its turn's group-centred turn reward (`core.turn_credit`)."""
+        missing = [t.question_id for t in trajectories if not t.turn_rewards]
+        if missing:
+            raise ValueError(f"reward.turn.scorer is set but trajectories of question {missing[0]!r} carry no turn "
+                             "rewards: score them first (TrainingSession.score sets Trajectory.turn_rewards)")
+        turn_adv = turn_advantages([t.turn_rewards for t in trajectories], [t.question_id for t in trajectories])
+        weight = self.cfg.reward.turn.weight
+        return [torch.tensor(token_advantages(float(a), ta, t.loss_mask, weight), dtype=torch.float32)
+                for t, a, ta in zip(trajectories, advantages.tolist(), turn_adv, strict=True)]
 
     # -- weights out ---------------------------------------------------------------------------
     @torch.no_grad()

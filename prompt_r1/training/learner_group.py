@@ -201,7 +201,8 @@ class LearnerGroup:
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """One GRPO update: each rank trains its whole groups of every mini-batch."""
         train = self.cfg.train
-        plan = plan_mini_batches(trajectories, train.mini_batch_questions, train.drop_uniform_groups)
+        plan = plan_mini_batches(trajectories, train.mini_batch_questions, train.drop_uniform_groups,
+                                 self.cfg.reward.turn_credit)
         shares = split_plan(plan, self.world_size)
         owner = {q: rank for rank, share in enumerate(shares) for mini in share for q in mini}
         # groups left out of the plan (train.drop_uniform_groups) still count in the group

@@ -166,6 +166,7 @@ class TrainingSession:
         preflight(self.cfg)  # and, when the run would use GPUs, a config that does not fit them (`prompt-r1 plan`)
         self.train_questions, self.val_questions = training_pool(self.warehouse, self.cfg)
         self.by_id = {q.question_id: q for q in self.train_questions}
+        self.turn_scorer = self._check_turn_scorer()  # a task scorer that cannot judge this pool stops here
         # Checked before any model loads, so a refused resume fails in a second.
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), questions_hash(self.train_questions, self.val_questions),
                  self.resume, self.force)
@@ -184,6 +185,20 @@ class TrainingSession:
         self._stack.callback(self.ahead.drop)  # runs before the pool stops (the stack is LIFO)
         if latest is not None:
             self.broadcast()
+
+    def _check_turn_scorer(self):
+        """`reward.turn.scorer`, loaded and called once per training question with an empty trajectory,
+        so a scorer that cannot be imported, or that does not define some question, stops the run
+        before any model loads; None when no turn scorer is set."""
+        from prompt_r1.core.turn_credit import load_turn_scorer, score_turns
+
+        spec = self.cfg.reward.turn.scorer
+        if spec is None:
+            return None
+        scorer = load_turn_scorer(spec)
+        for question in self.train_questions:
+            score_turns(scorer, question, Trajectory(question.question_id, 0, []))
+        return scorer
 
     def restore(self, checkpoint: Path) -> None:
         """Continue from `checkpoint`: the learner's state, the step, the data position and the cost
@@ -251,12 +266,19 @@ class TrainingSession:
             hooks.stage("rollout-submit", self.submit_rollout, questions)
 
     def score(self, trajectories: list[Trajectory]) -> None:
-        """The dual-constrained reward of each trajectory no environment failure ended."""
+        """The dual-constrained reward of each trajectory no environment failure ended, and with
+        `reward.turn.scorer` its turn rewards."""
         from prompt_r1.rollout.episode import score_trajectories
 
         golds = {t.question_id: self.by_id[t.question_id].golds for t in trajectories}
         score_trajectories(trajectories, golds, self.cfg.reward, prices=env_prices(self.cfg.training_environments()),
                            cost_window=self.cost_window)
+        if self.turn_scorer is not None:  # the task's turn rewards, for the same trajectories (core.turn_credit)
+            from prompt_r1.core.turn_credit import score_turns
+
+            for t in trajectories:
+                if t.reward is not None:
+                    t.turn_rewards = score_turns(self.turn_scorer, self.by_id[t.question_id], t)
 
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """The GRPO update on the trajectories no environment failure ended (see `usable_for_update`).
