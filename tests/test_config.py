@@ -216,3 +216,61 @@ def test_a_bool_in_a_file_or_set_names_the_key(tmp_path, text, key):
     assert load_config(ROOT / "configs" / "smoke.yaml", parse_overrides(["train.lr=1e-5"])).train.lr == 1e-5
     (tmp_path / "lr.yaml").write_text("train:\n  lr: 1e-5\n")  # PyYAML reads this as a string: still a float
     assert load_config(tmp_path / "lr.yaml").train.lr == 1e-5
+
+
+# -- no number is infinite or NaN ---------------------------------------------------------------------
+NON_FINITE = [float("inf"), float("-inf"), float("nan"), "inf", "-Infinity", "NaN", "1e999", "-1e999"]
+NON_FINITE_YAML = [".inf", "-.Inf", ".NaN", "1.0e999", "+.INF"]
+
+
+def test_every_number_key_refuses_every_spelling_of_a_non_finite_number(tmp_path):
+    """One rule in the base model covers every number the config takes, pool members included."""
+    from prompt_r1.config.experiment import parse_config
+
+    keys = [key for key, _, _ in _number_keys()]
+    pool_keys = ["train.environments.0.weight", "train.environments.0.price_per_1k_prompt",
+                 "train.environments.0.timeout_s"]
+    assert {"reward.cost.penalty_scale", "reward.cost.penalty_keep", "environment.price_per_1k_prompt"} <= set(keys)
+    for key in keys + pool_keys:
+        for value in NON_FINITE:
+            if key.startswith("train.environments."):
+                data = {"train": {"environments": [{"name": "a", key.rsplit(".", 1)[1]: value}]}}
+            else:
+                data = _nested(key, value)
+            with pytest.raises(ConfigError) as err:
+                parse_config(data, "x.yaml")
+            assert f"`{key}`" in str(err.value) and "x.yaml" in str(err.value), (key, value, str(err.value))
+    for spelling in NON_FINITE_YAML:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(f"reward:\n  cost:\n    mode: penalty\n    penalty_scale: {spelling}\n")
+        with pytest.raises(ConfigError, match=r"`reward.cost.penalty_scale`: .*finite"):
+            load_config(bad)
+    for value in NON_FINITE:
+        with pytest.raises(ConfigError, match=r"`environment.price_per_1k_completion`: "):
+            load_config(ROOT / "configs" / "smoke.yaml", {"environment.price_per_1k_completion": value})
+
+
+def test_pool_weights_whose_sum_overflows_are_refused_and_large_finite_ones_kept():
+    from prompt_r1.config.experiment import parse_config
+
+    def pool(weights):
+        return {"train": {"environments": [{"name": f"e{i}", "weight": w} for i, w in enumerate(weights)]}}
+
+    for weights in ([1e308, 1e308], [1.7e308, 1.0, 1.7e308], [6e307] * 3, [1.7e308, 1e307]):
+        with pytest.raises(ConfigError, match=r"train.environments.*add up to more than a float holds"):
+            parse_config(pool(weights), "x.yaml")
+    for weights in ([1e307, 1e307], [1.0, 1e308], [1e-300, 1e-300], [0.5, 2.0, 3.0]):
+        assert parse_config(pool(weights)).training_weights() == weights
+
+
+def test_check_config_refuses_an_infinite_reward_setting_with_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    for key in ("reward.cost.penalty_scale", "reward.cost.penalty_keep", "environment.price_per_1k_prompt"):
+        for value in (".inf", "nan", "-1e999"):
+            result = CliRunner().invoke(app, ["check-config", "-c", str(ROOT / "configs" / "smoke.yaml"),
+                                              "--set", f"{key}={value}"])
+            assert result.exit_code == 2, (key, value, result.exception, result.output)
+            assert f"`{key}`" in result.output and "Traceback" not in result.output, (key, value, result.output)

@@ -1,7 +1,9 @@
 """What every config model shares: strict pydantic models, the config error, and safe names.
 
-"Strict" here means: an unknown key is an error, and a boolean is never taken for a number
-(pydantic's lax mode reads `true` as 1, so `train.lr: true` would train at lr 1.0). Everything
+"Strict" here means: an unknown key is an error, a boolean is never taken for a number
+(pydantic's lax mode reads `true` as 1, so `train.lr: true` would train at lr 1.0), and no number
+is infinite or NaN (YAML's `.inf`, `.nan`, `1.0e999`, the strings `inf`, `Infinity`, `nan`): an
+infinite price or scale turns rewards into NaN, an infinite pool weight is never drawn. Everything
 else stays lax on purpose: PyYAML reads `1e-5` (no dot) as a string, which a float field accepts.
 
 Kept apart from the section models (`prompt_r1.config.experiment`, `prompt_r1.config.env`) so that each of
@@ -20,9 +22,10 @@ from prompt_r1.core.failures import UserError
 
 
 class StrictModel(BaseModel):
-    """Base of every config section: an unknown key or a bad assigned value is an error, never ignored."""
+    """Base of every config section: an unknown key, a bad assigned value or a non-finite number is an
+    error, never ignored."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -124,12 +125,16 @@ class TrainConfig(StrictModel):
 
     @field_validator("environments")
     @classmethod
-    def _unique_names(cls, pool: list[PoolEnvConfig]) -> list[PoolEnvConfig]:
+    def _check_pool(cls, pool: list[PoolEnvConfig]) -> list[PoolEnvConfig]:
+        """Names key trajectories and metrics, so they are unique; the draw adds the weights up, so their sum is finite."""
         names = [env.name for env in pool]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"environment name(s) {repeated} appear more than once in the pool; give each a "
                              "unique `name` (it keys trajectories, metrics and the held-out report)")
+        if not math.isfinite(sum(env.weight for env in pool)):
+            raise ValueError(f"the pool's weights {[env.weight for env in pool]} add up to more than a float holds, "
+                             "so every question would draw the last environment; weights are relative: use e.g. 1 and 3")
         return pool
 
 
