@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from prompt_r1.config.experiment import RewardConfig
-from prompt_r1.core.cost_reward import CostWindow
+from prompt_r1.core.cost_reward import CostWindow, penalty_reward
 from prompt_r1.core.grpo import decoupled_advantages, group_advantages
 from prompt_r1.core.reward import RewardBreakdown, compute_reward
 from prompt_r1.core.trajectory import EnvCall, Trajectory
@@ -172,7 +172,8 @@ def test_penalty_matches_xrouter_rule() -> None:
     rng = random.Random(SEED + 2)
     seen: Counter[str] = Counter()
     for _ in range(100):
-        scale, cost_cap, keep = rng.choice([0.0, 2.0, 3.0, 50.0]), rng.choice([0.6, 0.8, 2.0]), rng.choice([1.0, 1.5])
+        scale, keep = rng.choice([0.0, 2.0, 3.0, 50.0]), rng.choice([1.0, 1.5])
+        cost_cap = rng.choice([0.6, 0.8, keep])
         cfg = RewardConfig(cost={"mode": "penalty", "penalty_scale": scale, "penalty_cap": cost_cap,
                                  "penalty_keep": keep})
         batch = _batch(rng, 20, ["small", "big", "mid"])
@@ -207,6 +208,51 @@ def test_a_call_to_an_unpriced_environment_is_an_error_naming_it() -> None:
 def test_reversed_percentiles_are_refused() -> None:
     with pytest.raises(ValueError, match="low_percentile"):
         RewardConfig(cost={"mode": "bonus", "low_percentile": 90, "high_percentile": 10})
+
+
+def test_a_penalty_cap_above_keep_is_refused_and_below_it_a_right_answer_never_scores_below_a_wrong_one() -> None:
+    """A cap above keep makes the answer's factor negative; at or below keep, for any cost, more answer
+    is never less reward."""
+    rng = random.Random(SEED + 7)
+    refused = kept = 0
+    for _ in range(300):
+        keep, cap = rng.choice([0.1, 0.5, 1.0, 1.5, 3.0]), rng.choice([0.0, 0.05, 0.6, 1.0, 1.5, 2.0, 5.0])
+        cost = {"mode": rng.choice(["off", "penalty", "bonus"]), "penalty_keep": keep, "penalty_cap": cap,
+                "penalty_scale": rng.choice([0.0, 2.0, 100.0])}
+        if cap > keep:
+            with pytest.raises(ValueError, match=r"penalty_cap .*above reward.cost.penalty_keep"):
+                RewardConfig(cost=cost)
+            refused += 1
+            continue
+        c = RewardConfig(cost=cost).cost
+        kept += 1
+        for usd in (0.0, 0.001, 0.3, 10.0, 1e6):
+            right, partial, wrong = (penalty_reward(RewardBreakdown(1.0, a, a), usd, c.penalty_scale, c.penalty_cap,
+                                                    c.penalty_keep, 1.0).total for a in (1.0, 0.5, 0.0))
+            assert right >= partial >= wrong, (keep, cap, usd, right, partial, wrong)
+    assert refused and kept
+
+
+def test_a_cost_reward_without_any_price_cannot_train() -> None:
+    """Every price 0 means every trajectory costs 0: `bonus` then only lowers right answers, `penalty` does nothing."""
+    from prompt_r1.config.experiment import parse_config
+
+    priced = [{"environment": {"price_per_1k_prompt": 0.1}}, {"environment": {"price_per_1k_completion": 2.0}},
+              {"train": {"environments": [{"name": "a"}, {"name": "b", "price_per_1k_completion": 0.5}]}}]
+    free = [{}, {"environment": {"price_per_1k_prompt": 0.0}},
+            {"train": {"environments": [{"name": "a"}, {"name": "b"}]}},
+            {"environment": {"price_per_1k_prompt": 3.0}, "train": {"environments": [{"name": "a"}]}}]
+    for mode in ("bonus", "penalty"):
+        for data in free:
+            cfg = parse_config({**data, "reward": {"cost": {"mode": mode}}})
+            (problem,) = [p for p in cfg.training_problems() if "reward.cost.mode" in p]
+            assert mode in problem and "price_per_1k" in problem
+            with pytest.raises(ValueError, match="reward.cost.mode"):
+                cfg.check_trainable()
+        for data in priced:
+            assert not parse_config({**data, "reward": {"cost": {"mode": mode}}}).training_problems()
+    for data in free:
+        assert not parse_config({**data, "reward": {"cost": {"mode": "off"}}}).training_problems()
 
 
 def test_the_cost_free_reward_keeps_the_run_hash() -> None:
@@ -363,10 +409,10 @@ def test_a_scored_rollout_prices_its_calls_at_its_environment(tiny_model_path) -
     env.cfg = EnvConfig(name=env.name, price_per_1k_prompt=10.0, price_per_1k_completion=20.0)
     policy = ScriptedPolicy(AutoTokenizer.from_pretrained(tiny_model_path),
                             lambda text, n: ASK.format(n=n, q="France") if n < 2 else ANSWER)
-    reward_cfg = RewardConfig(cost={"mode": "penalty", "penalty_scale": 1.0, "penalty_cap": 5.0})
+    reward_cfg = RewardConfig(cost={"mode": "penalty", "penalty_scale": 1.0, "penalty_cap": 1.0})
     trajs = run_rollout(policy, env, [question(0)], AgentConfig(max_new_tokens=64), RolloutConfig(group_size=1),
                         reward_cfg, seed=0)
     (t,) = trajs
     usd = sum(c.prompt_tokens * 10.0 / 1000 + c.completion_tokens * 20.0 / 1000 for c in t.env_calls)
-    assert len(t.env_calls) == 2 and usd > 0
+    assert len(t.env_calls) == 2 and 0 < usd < 1  # under the cap
     assert t.reward.answer == 1.0 and t.reward.total == pytest.approx(1.0 - usd, abs=1e-12)
