@@ -217,7 +217,8 @@ class MetricBuffer:
 
         done = set(logged_steps(self.run_id))
         now = int(time.time() * 1000)
-        batch = [Metric(metric_key(k), v, now, step) for step, ms in self.pending if step not in done
+        # a `/` in a name is MLflow's grouping (`train_env/<name>/<metric>`): kept, each part made safe
+        batch = [Metric(metric_key(*k.split("/")), v, now, step) for step, ms in self.pending if step not in done
                  for k, v in ms.items()]
         for i in range(0, len(batch), 900):  # MLflow caps a batch at 1000 metrics
             MlflowClient().log_batch(self.run_id, metrics=batch[i : i + 900])

@@ -349,3 +349,31 @@ def test_the_flow_logs_per_environment_metrics_only_for_a_pool(monkeypatch, tmp_
     assert logged["reward_mean"] == 0.5
     assert {k.split("/")[1] for k in logged if k.startswith("train_env/")} == {"a", "b"}
     assert logged["train_env/a/trajectories"] == logged["train_env/b/trajectories"] == 1.0
+
+
+def test_per_environment_metrics_reach_mlflow_under_train_env_name_metric(home):
+    """The buffer logs `train_env/<name>/<metric>` as named (the UI groups by `/`), whatever the
+    environment's name holds of `-`, `.` and `_`; names without `/` stay as they were."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from tasks import tracking
+    from tasks.train import environment_metrics
+
+    names = ["env-a", "env.b_2", "a-b-c", "x"]
+    trajectories = [Trajectory(f"q{i}", 0, [], env_name=name) for i, name in enumerate(names)]
+    metrics = {"reward_mean": 0.5, "val_reward": 0.25,
+               **environment_metrics(trajectories, [EnvConfig(name=n) for n in names], 1.0)}
+    tracking.setup_mlflow("smoke")
+    try:
+        with mlflow.start_run() as run:
+            buffer = tracking.MetricBuffer(run.info.run_id)
+            buffer.add(0, metrics)
+            buffer.flush()
+        logged = MlflowClient().get_run(run.info.run_id).data.metrics
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert set(logged) == set(metrics)
+    for name in names:
+        assert logged[f"train_env/{name}/trajectories"] == 1.0
+        assert {k.split("/")[2] for k in logged if k.split("/")[:2] == ["train_env", name]} >= {"reward", "calls"}
