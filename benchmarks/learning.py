@@ -38,6 +38,7 @@ import itertools
 import json
 import logging
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -56,7 +57,7 @@ from prompt_r1.core.protocol import parse_turn  # noqa: E402
 from prompt_r1.core.reward import GATE_TOLERANCE  # noqa: E402
 from prompt_r1.core.seeding import derive_seed  # noqa: E402
 from prompt_r1.core.trajectory import rollout_stats  # noqa: E402
-from prompt_r1.data.compositional import by_question, follow_up  # noqa: E402
+from prompt_r1.data.compositional import follow_up, known_questions  # noqa: E402
 from prompt_r1.evaluation.stats import paired_comparison  # noqa: E402
 from prompt_r1.training.hooks import StepResult, TrainingHooks  # noqa: E402
 from prompt_r1.training.session import TrainingSession  # noqa: E402
@@ -86,11 +87,17 @@ class ProbedSession(TrainingSession):
         super().score(trajectories)
         scored = [t for t in trajectories if t.reward is not None]
         self.true_stats = rollout_stats(scored, self.cfg.reward.format_cap)
-        if self.shuffle_rewards:
-            rewards = [t.reward for t in scored]
+        if self.shuffle_rewards:  # a trajectory's outcome and turn rewards move together (reward.turn)
+            rewards = [(t.reward, t.turn_rewards) for t in scored]
             random.Random(derive_seed("shuffled_reward_control", self.cfg.seed, self.step)).shuffle(rewards)
-            for trajectory, reward in zip(scored, rewards):
+            for trajectory, (reward, turns) in zip(scored, rewards):
                 trajectory.reward = reward
+                trajectory.turn_rewards = self._fit(turns, len(trajectory.agent_turns))
+
+    @staticmethod
+    def _fit(turns: list, n: int) -> list:
+        """Shuffled turn rewards on a trajectory of `n` agent turns: cut, or padded with None (not judged)."""
+        return (list(turns) + [None] * n)[:n] if turns else turns
 
     def probe(self, questions) -> list[dict]:
         """Greedy answers to `questions`, one row per question in order; a failed environment
@@ -113,7 +120,7 @@ def interaction(trajectory, question) -> dict:
     baseline. Non-compositional questions get None for the two-hop fields."""
     prompts = [p for p in (parse_turn(turn).interaction_prompt for turn in trajectory.agent_turns) if p is not None]
     sent = prompts[: len(trajectory.env_replies)]   # a last-turn prompt that was never sent does not count
-    known = _compositional().get(question.question)
+    known = known_questions().get(question.question)
     row = {"calls": len(sent), "second_call": len(sent) >= 2, "prompts": sent,
            "replies": list(trajectory.env_replies), "golds": list(question.golds),
            "relation": None, "uses_reply": None, "names_bridge": None}
@@ -121,16 +128,6 @@ def interaction(trajectory, question) -> dict:
         used = follow_up(known, sent, trajectory.env_replies)
         row.update(relation=known.chain.split(">")[1], uses_reply=used.uses_reply, names_bridge=used.names_bridge)
     return row
-
-
-_KNOWN: dict = {}
-
-
-def _compositional() -> dict:
-    """The generated two-hop questions by text (built once; seed 0, as `compose_screen.py`)."""
-    if not _KNOWN:
-        _KNOWN.update(by_question(0))
-    return _KNOWN
 
 
 class CurveHooks(TrainingHooks):
@@ -147,13 +144,15 @@ class CurveHooks(TrainingHooks):
             "step": result.step + 1, "reward_mean": true["reward_mean"], "answer_mean": true["answer_score"],
             "format_valid": true["format_valid_rate"], "turns": true["turns"],
             **{k: result.metrics.get(k) for k in ("kl", "informative_share", "groups_informative", "pg_loss",
-                                                   "clip_fraction", "step_time_s", "rollout_time_s")}})
+                                                   "clip_fraction", "step_time_s", "rollout_time_s")},
+            **{k: v for k, v in true.items() if k.startswith("turn_reward_")}})
 
 
 def run_arm(cfg: Config, arm: str, home: Path, probe_dataset: str, probe_limit: int | None = None,
-            train: bool = True) -> dict:
-    """One training run (arm `trained` or `control`) in a fresh warehouse, probed before and after
-    (`train=False`: the untrained probe only)."""
+            train: bool = True, keep_agent: Path | None = None) -> dict:
+    """One training run (arm `trained`, `trained-seedN` or `control`) in a fresh warehouse, probed
+    before and after (`train=False`: the untrained probe only); the exported agent is copied to
+    `keep_agent` (a folder `prompt-r1 evaluate --agent NAME=FOLDER` loads) and its path recorded."""
     from prompt_r1.data.ingest import ingest
     from warehouse.store import Warehouse
 
@@ -174,12 +173,20 @@ def run_arm(cfg: Config, arm: str, home: Path, probe_dataset: str, probe_limit: 
                         "probe_before": before}
             hooks = CurveHooks(session, cfg.train.steps)
             train_started = time.perf_counter()
-            session.run(hooks)
+            outcome = session.run(hooks)
             train_s = time.perf_counter() - train_started
             log.info("%s: probing the trained agent", arm)
             after = session.probe(probes)
-    return {"arm": arm, "train_questions": len(session.train_questions), "probe_questions": len(probes),
-            "train_s": round(train_s, 1), "wall_s": round(time.perf_counter() - started, 1),
+    agent = None
+    if keep_agent is not None and outcome.agent is not None:
+        if keep_agent.exists():  # never overwrite a kept agent: it may be the one a result names
+            raise SystemExit(f"{keep_agent} exists; move it away or pass another --agents folder")
+        keep_agent.parent.mkdir(parents=True, exist_ok=True)
+        agent = str(shutil.copytree(outcome.agent, keep_agent))
+        log.info("%s: trained agent kept in %s", arm, agent)
+    return {"arm": arm, "seed": cfg.seed, "train_questions": len(session.train_questions),
+            "probe_questions": len(probes), "train_s": round(train_s, 1),
+            "wall_s": round(time.perf_counter() - started, 1), "agent": agent,
             "curve": hooks.curve, "probe_before": before, "probe_after": after}
 
 
@@ -190,22 +197,36 @@ def compare(a: list[dict], b: list[dict], key: str, *seed: object) -> dict:
     return paired_comparison([[r[key] for r in a]], [[r[key] for r in b]], seed=derive_seed("learning", *seed))
 
 
-def judge(results: dict[str, dict]) -> dict:
-    """The pre-registered criteria against the arms' figures."""
-    trained = results["trained"]
-    verdict: dict = {"trained_gain": compare(trained["probe_after"], trained["probe_before"], "answer_score", "gain")}
-    gain = verdict["trained_gain"]
-    checks = {"answer_gain": gain["diff"] >= CRITERIA["min_answer_gain"] and gain["ci_low"] > 0}
-    before_fmt = statistics.fmean(r["format_valid"] for r in trained["probe_before"])
-    after_fmt = statistics.fmean(r["format_valid"] for r in trained["probe_after"])
-    verdict["format_valid"] = {"before": before_fmt, "after": after_fmt}
-    checks["format_kept"] = after_fmt >= before_fmt - CRITERIA["max_format_drop"]
-    checks["wall_time"] = trained["train_s"] <= CRITERIA["max_wall_minutes"] * 60
+def trained_arms(results: dict[str, dict]) -> list[str]:
+    """`trained` (the config's seed) first, then `trained-seedN` in the order they ran."""
+    return [arm for arm in results if arm == "trained"] + [a for a in results if a.startswith("trained-seed")]
+
+
+def judge(results: dict[str, dict], criteria: dict | None = None) -> dict:
+    """The pre-registered criteria against the arms' figures. With several trained seeds, every
+    seed's change must have its interval above 0 and their mean must reach the bar; each seed must
+    keep its format, keep to the time budget and beat the control."""
+    criteria = criteria or CRITERIA
+    arms = trained_arms(results)
+    trained = results[arms[0]]
+    gains = {arm: compare(results[arm]["probe_after"], results[arm]["probe_before"], "answer_score", "gain")
+             for arm in arms}
+    verdict: dict = {"trained_gain": gains[arms[0]], "seed_gains": gains,
+                     "mean_gain": statistics.fmean(g["diff"] for g in gains.values())}
+    checks = {"answer_gain": verdict["mean_gain"] >= criteria["min_answer_gain"]
+              and all(g["ci_low"] > 0 for g in gains.values())}
+    fmt = {arm: {"before": statistics.fmean(r["format_valid"] for r in results[arm]["probe_before"]),
+                 "after": statistics.fmean(r["format_valid"] for r in results[arm]["probe_after"])} for arm in arms}
+    verdict["format_valid"], verdict["format_valid_by_seed"] = fmt[arms[0]], fmt
+    checks["format_kept"] = all(f["after"] >= f["before"] - criteria["max_format_drop"] for f in fmt.values())
+    checks["wall_time"] = all(results[arm]["train_s"] <= criteria["max_wall_minutes"] * 60 for arm in arms)
     if "control" in results:
         control = results["control"]
         verdict["control_gain"] = compare(control["probe_after"], control["probe_before"], "answer_score", "ctl")
-        verdict["trained_vs_control"] = compare(trained["probe_after"], control["probe_after"], "answer_score", "vs")
-        checks["beats_control"] = verdict["trained_vs_control"]["ci_low"] > CRITERIA["beats_control"]
+        versus = {arm: compare(results[arm]["probe_after"], control["probe_after"], "answer_score", "vs")
+                  for arm in arms}
+        verdict["trained_vs_control"], verdict["seeds_vs_control"] = versus[arms[0]], versus
+        checks["beats_control"] = all(v["ci_low"] > criteria["beats_control"] for v in versus.values())
     else:
         checks["beats_control"] = None  # not run: the experiment cannot pass
     verdict["checks"] = checks
@@ -257,21 +278,44 @@ def by_relation(before: list[dict], after: list[dict] | None = None) -> dict:
     return out
 
 
-def print_criteria(cfg: Config, arms: list[str]) -> None:
-    print("Pre-registered pass criterion (judged on the probe set after training):\n"
-          f"  1. trained: paired answer-score change >= +{CRITERIA['min_answer_gain']} with its 95% interval above 0\n"
-          "  2. trained after - shuffled-reward control after: 95% interval of the difference above 0\n"
-          f"  3. format-valid share falls by at most {CRITERIA['max_format_drop']}\n"
-          f"  4. the trained run takes at most {CRITERIA['max_wall_minutes']:.0f} minutes\n"
+def load_criteria(path: Path | None) -> dict:
+    """The pass criterion: a pre-registered criterion file (JSON: the keys of `CRITERIA`, `seeds`,
+    and a `registered` note saying what it is for), or the built-in `CRITERIA` for one seed."""
+    if path is None:
+        return {**CRITERIA, "seeds": None}
+    saved = json.loads(path.read_text())
+    missing = sorted(set(CRITERIA) - set(saved))
+    if missing:
+        raise SystemExit(f"{path}: missing criterion key(s) {missing}")
+    return saved
+
+
+def print_criteria(cfg: Config, arms: list[str], criteria: dict, source: Path | None) -> None:
+    seeds = criteria.get("seeds") or [cfg.seed]
+    several = len(seeds) > 1
+    print(f"Pre-registered pass criterion ({source or 'built in'}; judged on the probe set after training):\n"
+          + (f"  note: {criteria['registered']}\n" if criteria.get("registered") else "")
+          + (f"  1. trained, seeds {seeds}: every seed's paired answer-score change has its 95% interval above 0 "
+             f"and their mean is >= +{criteria['min_answer_gain']}\n" if several else
+             f"  1. trained: paired answer-score change >= +{criteria['min_answer_gain']} with its 95% interval above 0\n")
+          + "  2. trained after - shuffled-reward control after: 95% interval of the difference above 0"
+          + (" (every seed)\n" if several else "\n")
+          + f"  3. format-valid share falls by at most {criteria['max_format_drop']}\n"
+          f"  4. the trained run takes at most {criteria['max_wall_minutes']:.0f} minutes\n"
           f"Budget per arm: {cfg.train.steps} steps x {cfg.rollout.batch_questions} questions x "
-          f"{cfg.rollout.group_size} samples; arms: {', '.join(arms)}", flush=True)
+          f"{cfg.rollout.group_size} samples; turn credit: "
+          f"{cfg.reward.turn.scorer + f' (weight {cfg.reward.turn.weight})' if cfg.reward.turn.scorer else 'off'}; "
+          f"arms: {', '.join(arms)}", flush=True)
 
 
 def report(verdict: dict) -> str:
     def line(name: str, c: dict) -> str:
         return f"{name}: {c['diff']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] (n={c['n']}, p={c['p_value']:.3f})"
 
-    lines = [line("trained answer-score change", verdict["trained_gain"])]
+    gains = verdict.get("seed_gains") or {"trained": verdict["trained_gain"]}
+    lines = [line(f"{arm} answer-score change", gain) for arm, gain in gains.items()]
+    if len(gains) > 1:
+        lines.append(f"mean change over seeds: {verdict['mean_gain']:+.3f}")
     if "control_gain" in verdict:
         lines += [line("control answer-score change", verdict["control_gain"]),
                   line("trained - control (after)", verdict["trained_vs_control"])]
@@ -279,7 +323,8 @@ def report(verdict: dict) -> str:
     lines.append(f"format-valid share: {fmt['before']:.3f} -> {fmt['after']:.3f}")
     for arm, m in verdict.get("mechanism", {}).items():
         lines.append(f"{arm}: second call {m['before']['second_call']} -> {m['after']['second_call']}; uses the first "
-                     f"reply {m['before']['uses_reply']} -> {m['after']['uses_reply']} (two-hop questions)")
+                     f"reply {m['before']['uses_reply']} -> {m['after']['uses_reply']}; names the bridge "
+                     f"{m['before']['names_bridge']} -> {m['after']['names_bridge']} (two-hop questions)")
     for relation, e in verdict.get("by_relation", {}).items():
         lines.append(f"  {relation}: n={e['n']} answer score {e['before']} -> {e.get('after')}; best constant "
                      f"{e['best_constant']['answer']!r} scores {e['best_constant']['score']}")
@@ -294,8 +339,8 @@ def kept_arms(path: Path, saved: dict, rerun: list[str]) -> dict[str, dict]:
     if not path.exists():
         return {}
     earlier = json.loads(path.read_text())
-    same = ("config", "overrides", "steps", "criteria", "probe_dataset", "probe_limit")
-    earlier = {"probe_dataset": "screened_probe", "probe_limit": None, **earlier}  # written before these keys
+    same = ("config", "overrides", "steps", "criteria", "probe_dataset", "probe_limit", "seeds")
+    earlier = {"probe_dataset": "screened_probe", "probe_limit": None, "seeds": None, **earlier}  # older files
     if any(earlier.get(k) != saved[k] for k in same):
         raise SystemExit(f"{path} holds another experiment ({ {k: earlier.get(k) for k in same[:3]} }); "
                          "--keep needs the same --config, --set and --steps (or use another --out)")
@@ -322,6 +367,12 @@ def main() -> None:
                              "run in parts, e.g. the control after a crash); they must have the same config, "
                              "overrides and steps.")
     parser.add_argument("--replot", action="store_true", help="Only redraw OUT/learning.png from OUT/learning.json.")
+    parser.add_argument("--criteria", type=Path, metavar="FILE",
+                        help="A pre-registered criterion file (JSON, e.g. benchmarks/criteria/*.json): the bar, and "
+                             "the seeds of the trained arm; printed before training. Default: the built-in bar, one seed.")
+    parser.add_argument("--agents", type=Path, metavar="DIR",
+                        help="Keep each arm's trained agent in DIR/ARM (default runs/learning-agents/<OUT's name>); "
+                             "the results record the path, for `prompt-r1 evaluate --agent trained=PATH`.")
     args = parser.parse_args()
     setup_logging()
     json_path, png_path = args.out / "learning.json", args.out / "learning.png"
@@ -334,25 +385,48 @@ def main() -> None:
     cfg = load_config(ROOT / args.config, overrides)
     if args.probe_only:
         return probe_only(cfg, args)
-    print_criteria(cfg, args.arms)
-    saved = {"config": args.config, "overrides": args.overrides, "steps": cfg.train.steps, "criteria": CRITERIA,
-             "probe_dataset": args.probe_dataset, "probe_limit": args.probe_limit}
-    results = kept_arms(json_path, saved, args.arms) if args.keep else {}
-    for arm in args.arms:
+    criteria = load_criteria(args.criteria)
+    seeds = criteria.pop("seeds", None) or [cfg.seed]
+    runs = arm_runs(args.arms, seeds)
+    print_criteria(cfg, list(runs), {**criteria, "seeds": seeds}, args.criteria)
+    saved = {"config": args.config, "overrides": args.overrides, "steps": cfg.train.steps, "criteria": criteria,
+             "probe_dataset": args.probe_dataset, "probe_limit": args.probe_limit,
+             "seeds": seeds if len(seeds) > 1 else None}
+    agents = args.agents or ROOT / "runs" / "learning-agents" / args.out.resolve().name
+    results = kept_arms(json_path, saved, list(runs)) if args.keep else {}
+    for arm, seed in runs.items():
+        arm_cfg = cfg.model_copy(update={"seed": seed})
         with tempfile.TemporaryDirectory(prefix=f"learning-{arm}-") as home:
-            results[arm] = run_arm(cfg, arm, Path(home), args.probe_dataset, args.probe_limit)
+            results[arm] = run_arm(arm_cfg, arm, Path(home), args.probe_dataset, args.probe_limit,
+                                   keep_agent=agents / arm)
         print(f"{arm}: trained {cfg.train.steps} steps in {results[arm]['train_s'] / 60:.1f} min; reward per step "
               + " ".join(f"{p['reward_mean']:+.2f}" for p in results[arm]["curve"]), flush=True)
         # Written after every arm: a long experiment keeps what it finished.
         atomic_write_text(json_path, json.dumps({**saved, "results": results}, indent=1))
-    results = {arm: results[arm] for arm in ("trained", "control") if arm in results}
-    verdict = judge(results) if "trained" in results else None
+    results = {arm: results[arm] for arm in [*arm_runs(["trained"], seeds), "control"] if arm in results}
+    verdict = judge(results, criteria) if "trained" in results else None
     saved = {**saved, "results": results, "verdict": verdict}
     atomic_write_text(json_path, json.dumps(saved, indent=1))
     plot(saved, png_path)
     if verdict:
         print(report(verdict))
     print(f"wrote {json_path} and {png_path}")
+
+
+def arm_runs(arms: list[str], seeds: list[int]) -> dict[str, int]:
+    """Arm name -> its seed: `trained` at the first seed, `trained-seedN` at each other, the control
+    once at the first seed.
+
+    >>> arm_runs(["trained", "control"], [0, 1])
+    {'trained': 0, 'trained-seed1': 1, 'control': 0}
+    """
+    out: dict[str, int] = {}
+    for arm in arms:
+        if arm == "trained":
+            out.update({("trained" if i == 0 else f"trained-seed{seed}"): seed for i, seed in enumerate(seeds)})
+        else:
+            out[arm] = seeds[0]
+    return out
 
 
 def probe_only(cfg: Config, args) -> None:

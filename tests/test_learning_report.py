@@ -91,3 +91,53 @@ def test_judge_reports_the_mechanism_and_the_constant():
     assert 0 < entry["best_constant"]["score"] < 1
     text = learning.report(verdict)
     assert "second call 0.0 -> 1.0" in text and "best constant" in text
+
+
+def _arm(scores_before, scores_after, train_s=60.0):
+    n = len(scores_before)
+    return {"probe_before": _rows(scores_before, [False] * n, [False] * n),
+            "probe_after": _rows(scores_after, [True] * n, [True] * n), "train_s": train_s}
+
+
+def test_two_seeds_pass_only_when_each_is_above_zero_and_their_mean_reaches_the_bar():
+    n = len(CONTINENT)
+    zeros = [0.0] * n
+    strong = [1.0 if i % 2 == 0 else 0.0 for i in range(n)]           # +0.5 on half the questions
+    weak = [1.0 if i == 0 else 0.0 for i in range(n)]                   # one question better: interval reaches 0
+    none = zeros
+    control = _arm(zeros, zeros)
+    both = learning.judge({"trained": _arm(zeros, strong), "trained-seed1": _arm(zeros, strong), "control": control})
+    assert both["passed"] and set(both["seed_gains"]) == {"trained", "trained-seed1"}
+    one_weak = learning.judge({"trained": _arm(zeros, strong), "trained-seed1": _arm(zeros, weak), "control": control})
+    assert not one_weak["checks"]["answer_gain"] and not one_weak["passed"]
+    low_mean = learning.judge({"trained": _arm(zeros, weak), "trained-seed1": _arm(zeros, none), "control": control},
+                              {**learning.CRITERIA, "min_answer_gain": 0.15})
+    assert low_mean["mean_gain"] < 0.15 and not low_mean["passed"]
+    slow = learning.judge({"trained": _arm(zeros, strong), "trained-seed1": _arm(zeros, strong, train_s=3601),
+                           "control": control})
+    assert not slow["checks"]["wall_time"]
+    assert "trained-seed1 answer-score change" in learning.report(both) and "names the bridge" in learning.report(both)
+    assert learning.arm_runs(["control", "trained"], [3, 5, 7]) == {"control": 3, "trained": 3, "trained-seed5": 5,
+                                                                     "trained-seed7": 7}
+
+
+def test_the_control_shuffles_each_outcome_with_its_turn_rewards():
+    from prompt_r1.core.reward import RewardBreakdown
+    from prompt_r1.core.trajectory import Trajectory
+
+    fit = learning.ProbedSession._fit
+    assert fit([None, 1.0], 3) == [None, 1.0, None] and fit([None, 1.0, 0.5], 2) == [None, 1.0] and fit([], 2) == []
+    session = object.__new__(type("C", (learning.ProbedSession,), {"shuffle_rewards": True}))
+    session.cfg = learning.load_config(learning.ROOT / "configs" / "smoke.yaml")
+    session.step = 0
+    trajectories = [Trajectory("q", i, [], agent_turns=["a", "b"], reward=RewardBreakdown(1.0, 0.0, float(i)),
+                               turn_rewards=[None, float(i) / 10]) for i in range(10)]
+    base = learning.TrainingSession.score
+    try:
+        learning.TrainingSession.score = lambda self, ts: None   # the rewards above stand for the scored ones
+        session.score(trajectories)
+    finally:
+        learning.TrainingSession.score = base
+    pairs = [(t.reward.total, t.turn_rewards[1]) for t in trajectories]
+    assert sorted(pairs) == [(float(i), i / 10) for i in range(10)]          # moved together
+    assert [p[0] for p in pairs] != [float(i) for i in range(10)]            # and moved
