@@ -279,3 +279,71 @@ def test_turn_credit_without_turn_rewards_is_an_error(tiny_model_path) -> None:
     learner = GRPOLearner(_turn_config(0.5), tiny_model_path)
     with pytest.raises(ValueError, match="carry no turn rewards"):
         learner.step(hand_trajectories(AutoTokenizer.from_pretrained(tiny_model_path)))
+
+
+# ---------------------------------------------------------------- a training run
+
+SCORER = "prompt_r1.data.compositional:follow_up_turn_rewards"
+
+
+def test_train_refuses_a_pool_the_scorer_does_not_define_before_any_model_loads(home, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = CliRunner().invoke(app, ["train", "-c", "configs/smoke.yaml", "--run-id", "turns",
+                                      "--set", f"reward.turn.scorer={SCORER}"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text[-2000:]
+    assert "Traceback" not in result.output
+    assert "reward.turn.scorer" in text and "not a generated two-hop question" in text
+    assert not list(home.rglob("checkpoints/*"))
+
+
+def _run(home, cfg, run_id, monkeypatch):
+    from prompt_r1.data.ingest import ingest
+    from prompt_r1.training.hooks import TrainingHooks
+    from prompt_r1.training.session import TrainingSession
+    from tests.test_determinism import TIMING, stable
+    from warehouse.store import Warehouse
+
+    monkeypatch.setenv("PROMPT_R1_HOME", str(home))
+    metrics, trajectories = [], []
+
+    class Record(TrainingHooks):
+        def on_step(self, result):
+            metrics.append({k: v for k, v in result.metrics.items() if k not in TIMING})
+            trajectories.append([stable(t) for t in result.trajectories])
+
+    with Warehouse(home / "warehouse.duckdb") as wh:
+        ingest(wh, ["data/compositional"])
+        with TrainingSession(cfg, wh, run_id, home / run_id) as session:
+            agent = session.run(Record()).agent
+    return metrics, trajectories, (agent / "model.safetensors").read_bytes()
+
+
+@pytest.mark.slow
+def test_measured_turn_rewards_leave_the_run_as_it_was(tmp_path, monkeypatch) -> None:
+    """A scorer at weight 0 (turn rewards computed and logged, not credited) trains the run that
+    no scorer trains: the same trajectories, metrics and exported weights, byte for byte; every
+    scored trajectory carries one turn reward per agent turn."""
+    import ray
+
+    from prompt_r1.config.experiment import load_config
+
+    base = load_config("configs/smoke.yaml", {"data.sources": ["data/compositional"],
+                                              "data.train_datasets": ["compositional_train"]})
+    measured = load_config("configs/smoke.yaml", {"data.sources": ["data/compositional"],
+                                                  "data.train_datasets": ["compositional_train"],
+                                                  "reward.turn.scorer": SCORER, "reward.turn.weight": 0.0})
+    try:
+        off = _run(tmp_path / "off", base, "off", monkeypatch)
+        on = _run(tmp_path / "on", measured, "on", monkeypatch)
+    finally:
+        ray.shutdown()
+    scored = [t for step in on[1] for t in step if t["reward"] is not None]
+    assert scored and all(len(t.pop("turn_rewards")) == len(t["agent_turns"]) for t in scored)
+    assert on[1] == off[1]
+    assert [{k: v for k, v in m.items() if not k.startswith("turn_reward_")} for m in on[0]] == off[0]
+    assert on[2] == off[2]
