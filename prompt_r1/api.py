@@ -224,7 +224,7 @@ class Agent:
         from prompt_r1.env import open_environment
         from prompt_r1.serving.service import answer_question, check_question, pick_environment, watch_environment
 
-        check_question(question)  # before an environment (perhaps a managed server) is opened
+        check_question(question, self.cfg.data.max_question_chars)  # before an environment (perhaps a server) opens
         env_cfg = pick_environment(self.cfg, environment)
         started = time.perf_counter()
         with open_environment(env_cfg, log_dir=logs_dir()) as env:

@@ -294,6 +294,29 @@ def test_malformed_fields_get_a_400_naming_the_field(refusing, change, field, sa
     assert message.startswith(f"`{field}`: ") and says in message
 
 
+@pytest.mark.parametrize("raw, field", [
+    (rb'{"model": "prompt-r1:tiny-env", "messages": [{"role": "user", "content": "hi \ud800"}]}', "messages.0.content"),
+    (rb'{"model": "prompt-r1:tiny-env", "messages": [{"role": "user", "content": "\udfff"}]}', "messages.0.content"),
+    (rb'{"model": "prompt-r1:tiny-env", "messages": [{"role": "user", "content": [{"type": "text", '
+     rb'"text": "a\udc80b"}]}]}', "messages.0.content.0.text"),
+    (rb'{"model": "prompt-r1:tiny-env\ud83d", "messages": [{"role": "user", "content": "hi"}]}', "model"),
+    (rb'{"model": "prompt-r1:tiny-env", "messages": [{"role": "us\udbff", "content": "hi"}]}', "messages.0.role"),
+    (rb'{"model": "prompt-r1:tiny-env", "messages": [{"role": "user", "content": "hi"}], "user": "\ud800"}', "user"),
+    (rb'{"model": "prompt-r1:tiny-env", "messages": [{"role": "user", "content": "hi"}], "x\ud800": 1}', "body"),
+])
+def test_a_lone_surrogate_in_any_string_is_a_400_naming_the_field(refusing, raw, field):
+    """`\\ud800` is valid JSON but no text: it cannot be tokenised or echoed in UTF-8 (it was a 500)."""
+    reply = refusing.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    message = reply.json()["error"]["message"]
+    assert message.startswith(f"`{field}`: ") and "surrogate" in message
+    from prompt_r1.serving.http import _surrogate_field
+
+    paired = json.loads(raw.replace(b"\\ud800", b"\\ud83d\\ude00").replace(b"\\udfff", b"\\ud83d\\ude00"))
+    if b"\\ud800" in raw or b"\\udfff" in raw:  # the same escape with its pair is an emoji, and text
+        assert _surrogate_field(paired) is None
+
+
 def test_deeply_nested_json_is_a_400_not_a_recursion_error(refusing):
     depth = 1900  # past Python's recursion limit, within the 4096-byte body limit
     raw = b'{"model": "prompt-r1:tiny-env", "messages": [{"role": "user", "content": "hi"}], "x": '

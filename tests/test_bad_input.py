@@ -55,6 +55,46 @@ def test_ask_refuses_an_empty_question(home, question):
     assert result.exit_code == 2 and '"exit_code": 2' in result.output and "question is empty" in result.output
 
 
+@pytest.mark.parametrize("question", ["caf" + chr(0xDCE9), chr(0xDCFF) + chr(0xDCFE), "ok " + chr(0xD800) + " ok",
+                                      "Who wrote " + chr(0xDFFF) + "?"])
+def test_ask_refuses_a_question_that_is_not_utf8(home, question):
+    """Bytes that are not UTF-8 reach Python's argv as lone surrogates; refused before any model loads,
+    with a message that prints (it was a UnicodeEncodeError traceback)."""
+    _refused(["ask", question, *SMOKE], "not valid UTF-8", "character")
+    result = CliRunner().invoke(app, ["ask", question, *SMOKE, "--json"])
+    assert result.exit_code == 2 and '"exit_code": 2' in result.output and "not valid UTF-8" in result.output
+
+
+def test_ask_with_bytes_that_are_not_utf8_in_a_real_process_prints_one_line(home):
+    import subprocess
+    import sys
+
+    for as_json in ([], ["--json"]):
+        done = subprocess.run([sys.executable, "-m", "prompt_r1.cli", "ask", b"caf\xe9 \xff?", *SMOKE, *as_json],
+                              capture_output=True, cwd=ROOT, timeout=300)
+        assert done.returncode == 2, done.stderr.decode(errors="replace")[-2000:]
+        both = (done.stdout + done.stderr).decode(errors="replace")
+        assert "Traceback" not in both and "not valid UTF-8" in both and "character 4" in both, both[-2000:]
+
+
+@pytest.mark.parametrize("limit, length", [(None, 20_001), (None, 100_000), (10, 11), (500, 501)])
+def test_ask_refuses_a_question_longer_than_max_question_chars_before_the_agent_loads(home, limit, length):
+    """The limit ingest and `serve` apply; `ask` answered a 100,000-character question with nothing, after 48 s."""
+    args = ["--set", f"data.max_question_chars={limit}"] if limit else []
+    text = _refused(["ask", "why " * (length // 4) + "x" * (length % 4), *SMOKE, *args],
+                    f"{length} characters", f"limit is {limit or 20_000}", "data.max_question_chars")
+    assert "agent " not in text.split("error:")[0]  # refused before the agent was resolved
+
+
+def test_a_question_at_the_limit_is_asked():
+    from prompt_r1.serving.service import QuestionError, check_question
+
+    for limit in (1, 10, 20_000):
+        assert check_question("x" * limit, limit) == "x" * limit
+        with pytest.raises(QuestionError, match=f"{limit + 1} characters"):
+            check_question("x" * (limit + 1), limit)
+
+
 def test_rollout_whose_environment_calls_all_failed_exits_3_and_says_so(home):
     import socket
 

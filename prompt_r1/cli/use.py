@@ -66,14 +66,15 @@ def ask(
 ) -> None:
     """Ask a trained agent one question: it prompts the environment LLM, then answers.
 
-    Exit 2 for bad input (an empty question, config, agent, environment name), 3 when an environment call failed
+    Exit 2 for bad input (a question that is empty, not UTF-8 or longer than data.max_question_chars; config,
+    agent, environment name), 3 when an environment call failed
     (the episode is still printed, with its `error`)."""
     from prompt_r1 import api
     from prompt_r1.core.failures import EXIT_CODE, EnvironmentFailure
     from prompt_r1.serving.service import check_question, pick_environment
 
-    check_question(question)  # before the config, the agent and the environment are loaded
     cfg = _load(config, set_)
+    check_question(question, cfg.data.max_question_chars)  # before the agent and the environment are loaded
     try:
         env_cfg = pick_environment(cfg, env)
     except KeyError as err:

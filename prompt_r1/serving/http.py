@@ -115,6 +115,31 @@ def _field_error(err: ValidationError) -> HTTPFailure:
     return HTTPFailure(400, f"`{where}`: {first['msg']}{shown}")
 
 
+def _surrogate_field(body: Any) -> str | None:
+    """Dotted path (`messages.0.content`; `body` for a key at the top) of the first string, key or
+    value, in a parsed JSON body that holds a lone surrogate, or None. Walked without recursion: a
+    body may nest as deep as the parser allowed.
+
+    >>> _surrogate_field({"messages": [{"role": "user", "content": "a" + chr(0xD800)}]})
+    'messages.0.content'
+    >>> _surrogate_field({"model": "m", "n": 1, "x": [[{"y": "ok"}]]}) is None
+    True
+    """
+    from prompt_r1.serving.service import first_surrogate
+
+    todo: list[tuple[str, Any]] = [("", body)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str) and first_surrogate(value) is not None:
+            return path or "body"
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in reversed(list(items)):
+            if isinstance(key, str) and first_surrogate(key) is not None:
+                return path or "body"
+            todo.append((f"{path}.{key}" if path else str(key), item))
+    return None
+
+
 def parse_request(raw: bytes, served: dict[str, Any], limits: ServeConfig) -> tuple[str, str, bool]:
     """(environment name, question, stream) of a chat-completion body, or HTTPFailure (4xx)."""
     try:
@@ -125,6 +150,10 @@ def parse_request(raw: bytes, served: dict[str, Any], limits: ServeConfig) -> tu
         raise HTTPFailure(400, f"request body is not JSON: {err}") from None
     if not isinstance(body, dict):
         raise HTTPFailure(400, "request body must be a JSON object")
+    where = _surrogate_field(body)
+    if where is not None:  # `\ud800` parses, but is no text: it cannot be encoded, echoed or tokenised
+        raise HTTPFailure(400, f"`{where}`: holds a lone UTF-16 surrogate (a `\\ud800`-`\\udfff` escape "
+                          "without its pair), which is not text; send valid Unicode")
     model = body.get("model")
     if isinstance(model, str) and model not in served:
         raise HTTPFailure(404, f"unknown model {model!r}; served models: {', '.join(served)}", code="model_not_found")

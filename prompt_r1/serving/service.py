@@ -187,20 +187,49 @@ def episode_report(question: str, traj: Trajectory, env_cfg: EnvConfig, agent: s
     return report
 
 
-class EmptyQuestion(UserError, ValueError):
-    """A question with no text: there is nothing to ask (`serve` answers HTTP 400 to the same)."""
+class QuestionError(UserError, ValueError):
+    """A question that cannot be asked: no text, text that is not Unicode, or longer than the limit
+    (`serve` answers HTTP 400 to the same)."""
 
 
-def check_question(question: str) -> str:
-    """`question`, or `EmptyQuestion` when it is empty or only white space.
+class EmptyQuestion(QuestionError):
+    """A question with no text: there is nothing to ask."""
+
+
+def first_surrogate(text: str) -> int | None:
+    """Index of the first lone UTF-16 surrogate in `text`, or None. Such a code point is not text: it
+    comes from bytes that are not UTF-8 (Python keeps them as surrogates in `sys.argv`) or from a JSON
+    escape like `\\ud800`, and cannot be encoded for the tokenizer, the environment or the terminal.
+
+    >>> first_surrogate("ok"), first_surrogate("ab" + chr(0xDCFF))
+    (None, 2)
+    """
+    return next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+
+
+def check_question(question: str, max_chars: int | None = None) -> str:
+    """`question`, or `QuestionError` when it is empty or only white space (`EmptyQuestion`), holds
+    something that is not Unicode text, or is longer than `max_chars` (`data.max_question_chars`,
+    the limit ingest and `serve` apply). Messages never echo the bad text, which may not print.
 
     >>> check_question(" ")
     Traceback (most recent call last):
     ...
     prompt_r1.serving.service.EmptyQuestion: the question is empty; ask something, e.g. "Who wrote Hamlet?"
+    >>> check_question("Why?" * 6, max_chars=20)
+    Traceback (most recent call last):
+    ...
+    prompt_r1.serving.service.QuestionError: the question has 24 characters; the limit is 20 (data.max_question_chars): shorten it or raise data.max_question_chars
     """
     if not isinstance(question, str) or not question.strip():
         raise EmptyQuestion('the question is empty; ask something, e.g. "Who wrote Hamlet?"')
+    at = first_surrogate(question)
+    if at is not None:
+        raise QuestionError(f"the question is not valid UTF-8 text: character {at + 1} is {ascii(question[at])}, "
+                            "a byte that is not UTF-8 (or a lone surrogate); pass the question as UTF-8")
+    if max_chars is not None and len(question) > max_chars:
+        raise QuestionError(f"the question has {len(question)} characters; the limit is {max_chars} "
+                            "(data.max_question_chars): shorten it or raise data.max_question_chars")
     return question
 
 
