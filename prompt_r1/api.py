@@ -158,6 +158,9 @@ def evaluate(cfg: Config, *, agents: Mapping[str, str] | Sequence[str] = (), run
         check_report_folder(Path(out), overwrite)  # before any work: never over a user's files
     given = dict(agents) if isinstance(agents, Mapping) else parse_labelled_specs(list(agents))
     folders = resolve_agents(cfg, given)
+    from prompt_r1.evaluation.heldout import environment_split
+
+    split = environment_split(cfg, folders)  # reads agent:trained's training config: a bad one fails before any work
     run_id = run_id or new_run_id()
     folder = Path(out) if out else run_dir(cfg.name, run_id) / "eval"
     if out is not None:
@@ -165,10 +168,8 @@ def evaluate(cfg: Config, *, agents: Mapping[str, str] | Sequence[str] = (), run
     with open_warehouse(warehouse) as wh:
         _ingest_sources(wh, cfg, only_if_empty=True)
         outcome = run_evaluation(cfg, wh, run_id, folders, log_dir=folder / "logs", concurrent=concurrent)
-    from prompt_r1.evaluation.heldout import environment_split
-
     files = write_report(outcome.results, outcome.examples, folder, outcome.seconds, outcome.predictions,
-                         outcome.baselines, environment_split(cfg, folders), outcome.suites)
+                         outcome.baselines, split, outcome.suites)
     return EvalResult(run_id, folder, files, outcome)
 
 

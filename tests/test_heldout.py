@@ -65,6 +65,56 @@ def test_an_environment_outside_the_trained_agents_pool_is_held_out(tmp_path):
     assert _run_config_text(agent) == (agent / TRAINING_CONFIG).read_text()
 
 
+FOREIGN_CONFIGS = ["base_model: NousResearch/Llama-2-7b-hf\nadapter: qlora\nmicro_batch_size: 2\n",
+                   "- a\n- list\n", "", "not: [valid yaml\n", "train:\n  stepz: 3\n"]
+
+
+def test_another_tools_config_yaml_is_not_taken_for_our_training_config(tmp_path):
+    """An axolotl output folder (or any folder) holds a `config.yaml` of its own: without a checkpoint's
+    files beside it, it is no training config of ours, and held-out marking falls back to the
+    evaluating config's pool, as for a hub model."""
+    from prompt_r1.models.resolver import CHECKPOINT_MARKERS, training_config_file
+
+    a = {"name": "a", "model": "tiny", **ENV}
+    evaluating = parse_config({"environment": a})
+    for i, text in enumerate(FOREIGN_CONFIGS):
+        folder = tmp_path / f"foreign{i}"
+        folder.mkdir()
+        (folder / "config.yaml").write_text(text)
+        (folder / "trainer_state.json").write_text("{}")  # HF Trainer's, not ours
+        assert training_config_file(folder) is None
+        split = environment_split(evaluating, {"trained": str(folder)})
+        assert split.held_out == {"a": False} and "carries no training config" in split.source
+    import yaml
+
+    for marker in CHECKPOINT_MARKERS:  # a checkpoint of ours: its config.yaml is the training config
+        ckpt = tmp_path / f"step-{marker}"
+        ckpt.mkdir()
+        (ckpt / "config.yaml").write_text(yaml.safe_dump(_trained_config([a], a).model_dump(mode="json")))
+        (ckpt / marker).write_text("{}")
+        assert training_config_file(ckpt) == ckpt / "config.yaml"
+
+
+def test_a_training_config_that_cannot_be_read_stops_evaluate_before_any_work(home, tmp_path, monkeypatch):
+    """A carried training config that is broken names the agent and the file, before a model loads or
+    a question is asked (it used to come after the whole evaluation, with no report)."""
+    from prompt_r1 import api
+    from prompt_r1.config.base import ConfigError
+    from prompt_r1.evaluation import evaluate as evaluate_module
+    from prompt_r1.models.resolver import TRAINING_CONFIG
+
+    monkeypatch.setattr(evaluate_module, "evaluate", lambda *a, **k: pytest.fail("the evaluation ran"))
+    cfg = parse_config({"environment": {"name": "a", "model": "tiny", **ENV}})
+    for i, text in enumerate(FOREIGN_CONFIGS[:2] + FOREIGN_CONFIGS[3:]):
+        agent = tmp_path / f"agent{i}"
+        agent.mkdir()
+        (agent / "config.json").write_text("{}")
+        (agent / TRAINING_CONFIG).write_text(text)
+        with pytest.raises(ConfigError, match=rf"agent:trained \({agent}\) carries the training config"):
+            api.evaluate(cfg, agents=[f"trained={agent}"], warehouse=tmp_path / "wh.duckdb")
+        assert not (home / cfg.name).exists()
+
+
 def test_an_exported_agent_carries_the_pool_it_was_trained_on(tiny_model_path, tmp_path):
     """From a real checkpoint through `export_checkpoint` to the split (grpo_helpers' learner)."""
     from grpo_helpers import make_config

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.config.env import EnvConfig
-from prompt_r1.config.experiment import Config, load_config
+from prompt_r1.config.experiment import Config, ConfigError, load_config
 from prompt_r1.evaluation.compare import REFERENCE, paired_scores
 from prompt_r1.evaluation.stats import cell_seed, paired_comparison, paired_worst
 
@@ -71,7 +71,12 @@ def environment_split(cfg: Config, agents: Mapping[str, Path | str],
                         "against this config's training pool instead", agents[TRAINED_LABEL])
             source = "the evaluating config's training pool (agent:trained carries no training config)"
         else:
-            pool, source = load_config(found).training_environments(), f"the training config of agent:trained ({found})"
+            try:
+                pool = load_config(found).training_environments()
+            except ConfigError as err:
+                raise ConfigError(f"agent:trained ({agents[TRAINED_LABEL]}) carries the training config {found}, which "
+                                  f"says which environments it trained on, but it cannot be read: {err}") from None
+            source = f"the training config of agent:trained ({found})"
     trained = {env_identity(e) for e in pool}
     envs = list(environments if environments is not None else cfg.eval_environments())
     return EnvSplit({e.name: env_identity(e) not in trained for e in envs}, source)

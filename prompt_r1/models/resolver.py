@@ -185,18 +185,26 @@ def resolve_agent(spec: str | None, default_model: str | None = None, config_nam
     raise AgentSpecError(f"agent {spec!r} is not {accepted_forms()}")
 
 
+# files only a checkpoint of ours holds beside its `config.yaml` (`training.checkpoint`: the manifest,
+# and the trainer state of checkpoints written before it); another tool's output folder may hold a
+# `config.yaml` of its own
+CHECKPOINT_MARKERS = ("manifest.json", "trainer_state.pt")
+
+
 def training_config_file(agent: Path | str) -> Path | None:
     """The config the agent in folder `agent` was trained with: the `TRAINING_CONFIG` an export
     carries, or a checkpoint folder's own `config.yaml`; None for a model no training run of this
-    project wrote (a bundled or hub model, an export made before exports carried their config).
+    project wrote (a bundled or hub model, an export made before exports carried their config, a
+    folder whose `config.yaml` some other tool wrote, as axolotl's outputs do).
 
     >>> training_config_file("org/name") is None
     True
     """
     folder = Path(agent)
-    for candidate in (folder / TRAINING_CONFIG, folder / "config.yaml"):
-        if candidate.is_file():
-            return candidate
+    if (folder / TRAINING_CONFIG).is_file():
+        return folder / TRAINING_CONFIG
+    if (folder / "config.yaml").is_file() and any((folder / marker).is_file() for marker in CHECKPOINT_MARKERS):
+        return folder / "config.yaml"
     return None
 
 
