@@ -377,3 +377,35 @@ def test_per_environment_metrics_reach_mlflow_under_train_env_name_metric(home):
     for name in names:
         assert logged[f"train_env/{name}/trajectories"] == 1.0
         assert {k.split("/")[2] for k in logged if k.split("/")[:2] == ["train_env", name]} >= {"reward", "calls"}
+
+
+def test_a_pool_config_without_eval_environments_evaluates_asks_and_serves_its_pool():
+    """The `environment` section of a pool config is never trained against: evaluation defaults to
+    the pool (all trained on, none held out), and `ask --env` / `serve` know every member."""
+    import random
+
+    from prompt_r1.config.experiment import parse_config
+    from prompt_r1.evaluation.heldout import environment_split
+    from prompt_r1.serving.service import config_environments, pick_environment
+
+    rng = random.Random(44)
+    for case in range(40):
+        members = [{"name": f"m{i}-{case}", "model": rng.choice(["tiny", "tiny-smollm2"]),
+                    "weight": rng.choice([0.5, 1, 3])} for i in range(rng.randint(1, 4))]
+        single = {"name": rng.choice(["solo", members[0]["name"]]), "model": "tiny"}
+        extra = [{"name": "held", "model": "tiny-smollm2"}] if rng.random() < 0.5 else []
+        cfg = parse_config({"environment": single, "train": {"environments": members}, "eval": {"environments": extra}})
+        pool_names = [m["name"] for m in members]
+        want = [e["name"] for e in extra] or pool_names
+        assert [e.name for e in cfg.eval_environments()] == want, case
+        split = environment_split(cfg, {})
+        assert split.held_out == {name: name == "held" for name in want}, case
+        known = config_environments(cfg)
+        for member in members:  # the pool's member wins a name it shares with `environment`
+            assert known[member["name"]].model == member["model"]
+            assert pick_environment(cfg, member["name"]).model == member["model"]
+        assert pick_environment(cfg, None).name == pool_names[0]
+        assert set(want) | set(pool_names) <= set(known)
+    plain = parse_config({"environment": {"name": "solo", "model": "tiny"}})  # no pool: as before
+    assert [e.name for e in plain.eval_environments()] == ["solo"] and pick_environment(plain, None).name == "solo"
+    assert list(config_environments(plain)) == ["solo"]

@@ -55,8 +55,9 @@ def ask(
     question: str = typer.Argument(..., help="The question for the agent."),
     config: Path = ConfigOpt,
     agent: Optional[str] = AgentSpecOpt,
-    env: Optional[str] = typer.Option(None, "--env", help="Environment name from the config (default: the "
-                                      "training environment)."),
+    env: Optional[str] = typer.Option(None, "--env", help="Environment name from the config: a `train.environments` "
+                                      "member, `environment` or an `eval.environments` entry (default: the training "
+                                      "environment, the first of a pool)."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole episode as JSON (turns, token ids, "
                                  "environment calls, tokens, cost) instead of the turns as they happen. Stdout "
                                  "holds only that JSON; a failure is a JSON object with `error` and `exit_code`."),

@@ -52,7 +52,8 @@ class EvalConfig(StrictModel):
     )
     limit_per_dataset: int | None = Field(8, ge=1, description="Questions per dataset (None = all).")
     environments: list[EnvConfig] = Field(
-        default_factory=list, description="Environment LLMs to evaluate against (empty = the training one)."
+        default_factory=list, description="Environment LLMs to evaluate against (empty = the training ones: the "
+        "`train.environments` pool, else `environment`)."
     )
     agent_checkpoints: list[str] = Field(
         default_factory=lambda: ["base", "trained"],

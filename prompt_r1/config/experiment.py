@@ -46,8 +46,8 @@ class Config(StrictModel):
     )
     environment: EnvConfig = Field(
         default_factory=EnvConfig,
-        description="The environment LLM the agent prompts during training (and, when `eval.environments` "
-        "is empty, in evaluation).",
+        description="The environment LLM the agent prompts during training when `train.environments` is empty "
+        "(and then, when `eval.environments` is empty too, in evaluation, `ask` and `serve`).",
     )
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig,
@@ -94,7 +94,9 @@ class Config(StrictModel):
         return flatten(self.model_dump(mode="json"))
 
     def eval_environments(self) -> list[EnvConfig]:
-        return self.eval.environments or [self.environment]
+        """`eval.environments`, or else the environments training prompted (`training_environments`):
+        a pool config's `environment` section is never trained against, so it is no default to evaluate."""
+        return self.eval.environments or self.training_environments()
 
     def training_environments(self) -> list[EnvConfig]:
         """The environments training draws from: `train.environments`, or the one `environment`."""

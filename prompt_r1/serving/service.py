@@ -268,18 +268,19 @@ async def answer_question(policy: Policy, env: Any, question: str, cfg: Config,
 
 
 def config_environments(cfg: Config) -> dict[str, EnvConfig]:
-    """Every environment a config names: the training one first, then `eval.environments`."""
+    """Every environment a config names, by name: the training ones first (a pool's members, else
+    `environment`), then `environment` and `eval.environments`; of two with one name, the first."""
     envs: dict[str, EnvConfig] = {}
-    for env_cfg in [cfg.environment, *cfg.eval.environments]:
+    for env_cfg in [*cfg.training_environments(), cfg.environment, *cfg.eval.environments]:
         envs.setdefault(env_cfg.name, env_cfg)
     return envs
 
 
 def pick_environment(cfg: Config, name: str | None) -> EnvConfig:
-    """The config's environment called `name` (the training environment when None)."""
+    """The config's environment called `name` (when None, the training environment: the first of a pool)."""
     envs = config_environments(cfg)
     if name is None:
-        return cfg.environment
+        return cfg.training_environments()[0]
     if name not in envs:
         raise KeyError(f"no environment named {name!r} in config {cfg.name!r}; known: {', '.join(envs)}")
     return envs[name]
