@@ -59,3 +59,57 @@ def test_a_built_model_or_a_local_folder_takes_no_lock(empty_cache, tmp_path):
     with lock_of("tiny"):  # held: a resolve that took it would time out
         assert bundled.resolve_model("tiny") == built
         assert bundled.resolve_model(str(folder)) == folder.resolve()
+
+
+HOLDER = """
+import sys, time
+from prompt_r1.core.fsutil import file_lock, record_holder
+with file_lock(sys.argv[1], wait_s=0) as fd:
+    record_holder(fd)
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.fixture
+def other_builder(empty_cache):
+    """Another process holding the tiny model's build lock, as a builder does (its name in the lock)."""
+    import subprocess
+    import sys
+
+    folder = bundled.bundled_folder("tiny")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder.with_name(folder.name + ".lock"))],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    yield proc
+    import signal
+
+    proc.send_signal(signal.SIGCONT)
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("stop", ["SIGSTOP", "SIGTSTP"])
+def test_a_stopped_builder_is_named_at_once_not_waited_for(other_builder, monkeypatch, stop):
+    import signal
+
+    monkeypatch.setattr(bundled, "BUILD_LOCK_CHECK_S", 0.2)
+    other_builder.send_signal(getattr(signal, stop))
+    time.sleep(0.5)
+    started = time.monotonic()
+    with pytest.raises(bundled.ModelLoadError, match=rf"pid {other_builder.pid} .*stopped.*kill -CONT {other_builder.pid}"):
+        bundled.resolve_model("tiny")
+    assert time.monotonic() - started < 10  # not BUILD_LOCK_TIMEOUT_S
+
+
+def test_a_waiting_asker_says_once_whom_it_waits_for_and_the_deadline_names_it(other_builder, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setattr(bundled, "BUILD_LOCK_CHECK_S", 0.1)
+    monkeypatch.setattr(bundled, "BUILD_LOCK_TIMEOUT_S", 1.0)
+    with caplog.at_level(logging.WARNING, logger=bundled.__name__):
+        with pytest.raises(bundled.ModelLoadError, match=rf"pid {other_builder.pid} on host .* has held the build lock"):
+            bundled.resolve_model("tiny")
+    said = [r.getMessage() for r in caplog.records if "waiting for it" in r.getMessage()]
+    assert len(said) == 1 and f"pid {other_builder.pid}" in said[0] and "-c" in said[0]

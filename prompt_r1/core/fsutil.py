@@ -4,7 +4,9 @@ A checkpoint, an exported agent, a cached model folder or a run record is either
 complete, never half-written, even when a process dies mid-write or two processes build the same
 thing at once. `atomic_dir` and `atomic_write_text` are the one implementation of that pattern.
 `file_lock` is the one inter-process lock: the kernel's `flock`, released when its holder
-exits however it exits, so no lock is ever stale.
+exits however it exits, so no lock is ever stale. A holder writes who it is into the lock file
+(`record_holder`), so a process that finds it busy can say who holds it (`holder_text`) and
+whether that process is stopped (`holder_stopped`: Ctrl-Z), rather than wait in silence.
 
 `check_output_folder` is the one rule for a folder a user names as an output (`export OUT_DIR`,
 `evaluate --out`): new or empty, or holding an earlier output of the same kind (its marker file),
@@ -14,13 +16,18 @@ replaced only with `--overwrite`; anything else is refused, so a mistyped folder
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
+import socket
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from prompt_r1.core.failures import UserError
 
@@ -155,6 +162,50 @@ def atomic_copy_file(src: str | os.PathLike, dst: str | os.PathLike) -> None:
 
 class LockBusy(OSError):
     """`file_lock` waited its `wait_s` and another process still holds the lock."""
+
+
+def record_holder(fd: int) -> None:
+    """Write this process (pid, host, start time, command) into the lock file `fd` it holds."""
+    holder = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join(sys.argv)[:300]}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+
+
+def read_holder(path: str | os.PathLike) -> dict[str, Any]:
+    """What `record_holder` wrote into the lock file `path`; {} when nothing (yet) or unreadable."""
+    try:
+        holder = json.loads(Path(path).read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def holder_text(holder: dict[str, Any]) -> str:
+    """The holder of a lock in words.
+
+    >>> holder_text({"pid": 7, "host": "h", "started_at": "t", "command": "prompt-r1 train"})
+    'pid 7 on host h, started t (`prompt-r1 train`)'
+    >>> holder_text({})
+    'another process (it is just starting)'
+    """
+    if not holder.get("pid"):  # it has the lock but has not written its name yet
+        return "another process (it is just starting)"
+    return (f"pid {holder['pid']} on host {holder.get('host', '?')}, started {holder.get('started_at', '?')}"
+            f" (`{holder.get('command', '?')}`)")
+
+
+def holder_stopped(holder: dict[str, Any]) -> bool:
+    """Whether the holder is a process on this host that is stopped (Ctrl-Z, SIGSTOP, a debugger):
+    it holds the lock but will not go on until someone resumes it."""
+    if not holder.get("pid") or holder.get("host") != socket.gethostname():
+        return False
+    try:
+        stat = Path(f"/proc/{int(holder['pid'])}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return stat[stat.rindex(")") + 2:][:1] in ("T", "t")  # the state follows the command name in parentheses
 
 
 @contextmanager

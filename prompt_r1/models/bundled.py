@@ -24,14 +24,15 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from prompt_r1.config.experiment import runs_home
 from prompt_r1.core.failures import UserError
-from prompt_r1.core.fsutil import LockBusy, atomic_dir, file_lock
+from prompt_r1.core.fsutil import LockBusy, atomic_dir, file_lock, holder_stopped, holder_text, read_holder, record_holder
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +251,7 @@ def build_tiny_model(out: Path, tokenizer_source: str = "bytes", seed: int = 0,
 
 
 BUILD_LOCK_TIMEOUT_S = 1800.0  # the slowest bundled build (the follow-up warm start) takes minutes here
+BUILD_LOCK_CHECK_S = 5.0  # how often a waiting process looks at the builder (stopped? still there?)
 
 
 def resolve_model(name: str) -> Path | str:
@@ -257,19 +259,35 @@ def resolve_model(name: str) -> Path | str:
 
     A bundled model not built yet is built under a lock beside its folder, so concurrent processes
     (two runs, the test suite's workers) build it once and the others wait for it, up to
-    `BUILD_LOCK_TIMEOUT_S`.
+    `BUILD_LOCK_TIMEOUT_S`. The builder writes who it is into the lock; a waiting process says once
+    whom it waits for, and stops at once when that process is stopped (Ctrl-Z), which would
+    otherwise hold every other process for the whole deadline.
     """
     if name not in _FOLDERS or (bundled_folder(name) / "config.json").exists():
         return _build(name)
     folder = bundled_folder(name)
     lock = folder.with_name(folder.name + ".lock")
-    try:
-        with file_lock(lock, wait_s=BUILD_LOCK_TIMEOUT_S):  # released by the kernel if its holder dies
-            return _build(name)
-    except LockBusy:
-        raise ModelLoadError(f"bundled model {name!r}: another process has held the build lock {lock} for "
-                             f"{BUILD_LOCK_TIMEOUT_S:.0f} s and is still building it (or hung); stop that "
-                             f"process and run again") from None
+    deadline, said = time.monotonic() + BUILD_LOCK_TIMEOUT_S, False
+    with ExitStack() as held:
+        while True:
+            try:
+                record_holder(held.enter_context(file_lock(lock, wait_s=min(BUILD_LOCK_CHECK_S, BUILD_LOCK_TIMEOUT_S))))
+                break
+            except LockBusy:
+                holder = read_holder(lock)
+                if holder_stopped(holder):
+                    raise ModelLoadError(f"bundled model {name!r} is being built by {holder_text(holder)}, which is "
+                                         f"stopped (Ctrl-Z?) and holds the build lock {lock}: resume it (`fg`, or "
+                                         f"`kill -CONT {holder['pid']}`) or end it, then run again") from None
+                if time.monotonic() >= deadline:
+                    raise ModelLoadError(f"bundled model {name!r}: {holder_text(holder)} has held the build lock "
+                                         f"{lock} for {BUILD_LOCK_TIMEOUT_S:.0f} s and is still building it (or "
+                                         "hung); stop that process and run again") from None
+                if not said:
+                    log.warning("bundled model %r is being built by %s; waiting for it (up to %.0f s, lock %s)",
+                                name, holder_text(holder), BUILD_LOCK_TIMEOUT_S, lock)
+                    said = True
+        return _build(name)  # released by the kernel if this process dies
 
 
 def _build(name: str) -> Path | str:

@@ -26,15 +26,12 @@ import json
 import logging
 import os
 import signal
-import socket
-import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 
 from prompt_r1.core.failures import UserError
-from prompt_r1.core.fsutil import LockBusy, atomic_write_text, file_lock
+from prompt_r1.core.fsutil import LockBusy, atomic_write_text, file_lock, holder_text, read_holder, record_holder
 from prompt_r1.env.server_guard import process_cmdline, process_start
 
 log = logging.getLogger(__name__)
@@ -46,17 +43,6 @@ RAY_GRACE_S = 5.0  # SIGTERM -> SIGKILL delay for a killed run's Ray leftovers
 
 class RunBusyError(UserError, RuntimeError):
     """Another live process trains this run folder; the message names it."""
-
-
-def _holder_text(path: Path) -> str:
-    try:
-        holder = json.loads(path.read_text() or "{}")
-    except (OSError, ValueError):
-        holder = {}
-    if not holder.get("pid"):  # it has the lock but has not written its name yet
-        return "another process (it is just starting)"
-    return (f"pid {holder['pid']} on host {holder.get('host', '?')}, started {holder.get('started_at', '?')}"
-            f" (`{holder.get('command', '?')}`)")
 
 
 @contextlib.contextmanager
@@ -71,14 +57,10 @@ def own_run(run_dir: Path) -> Iterator[None]:
             fd = held.enter_context(file_lock(path, wait_s=0))
         except LockBusy:
             raise RunBusyError(
-                f"run folder {run_dir} is in use by {_holder_text(path)}; one process trains a run at a "
+                f"run folder {run_dir} is in use by {holder_text(read_holder(path))}; one process trains a run at a "
                 "time: wait for it to end (or stop it), then `--resume` this run, or train another run id"
             ) from None
-        holder = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "command": " ".join(sys.argv)[:300]}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        record_holder(fd)
         sweep_ray_leftovers(run_dir)
         yield
 
