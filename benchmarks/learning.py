@@ -350,7 +350,9 @@ def kept_arms(path: Path, saved: dict, rerun: list[str]) -> dict[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/learning-smollm.yaml")
-    parser.add_argument("--arms", nargs="+", choices=["trained", "control"], default=["trained", "control"])
+    parser.add_argument("--arms", nargs="+", default=["trained", "control"], metavar="ARM",
+                        help="trained (every seed of the criterion), control, or trained:SEED (one seed alone; "
+                             "with --keep the experiment is run in parts).")
     parser.add_argument("--steps", type=int, help="Override train.steps (the budget of each arm).")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="Extra config override KEY=VALUE (as `prompt-r1 train --set`), repeatable.")
@@ -415,17 +417,30 @@ def main() -> None:
 
 def arm_runs(arms: list[str], seeds: list[int]) -> dict[str, int]:
     """Arm name -> its seed: `trained` at the first seed, `trained-seedN` at each other, the control
-    once at the first seed.
+    once at the first seed; `trained:N` is the trained arm at seed N alone (an experiment run in
+    parts, with `--keep`).
 
     >>> arm_runs(["trained", "control"], [0, 1])
     {'trained': 0, 'trained-seed1': 1, 'control': 0}
+    >>> arm_runs(["trained:1"], [0, 1])
+    {'trained-seed1': 1}
     """
+    def name(seed: int) -> str:
+        return "trained" if seed == seeds[0] else f"trained-seed{seed}"
+
     out: dict[str, int] = {}
     for arm in arms:
         if arm == "trained":
-            out.update({("trained" if i == 0 else f"trained-seed{seed}"): seed for i, seed in enumerate(seeds)})
-        else:
+            out.update({name(seed): seed for seed in seeds})
+        elif arm.startswith("trained:"):
+            seed = int(arm.partition(":")[2])
+            if seed not in seeds:
+                raise SystemExit(f"--arms {arm}: seed {seed} is not one of the criterion's seeds {seeds}")
+            out[name(seed)] = seed
+        elif arm == "control":
             out[arm] = seeds[0]
+        else:
+            raise SystemExit(f"--arms {arm}: use trained, control or trained:SEED")
     return out
 
 
