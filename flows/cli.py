@@ -38,9 +38,10 @@ def _check_training(cfg) -> None:
     from prompt_r1.env.vllm_server import check_server_host
     from prompt_r1.models.resolver import check_agent_spec
     from prompt_r1.rollout.ray_pool import check_local_cpus
-    from prompt_r1.training.preflight import preflight
+    from prompt_r1.training.preflight import check_before_ray, preflight
 
     cfg.check_trainable()
+    check_before_ray(cfg)  # train.device, and the models Ray's actors would fail to load
     check_agent_spec(cfg.agent.model, cfg.name)
     check_local_cpus(cfg.rollout)
     check_server_host(cfg.environment)

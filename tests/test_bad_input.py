@@ -6,6 +6,7 @@ Runs the CLI in process through typer's CliRunner, on the same app as the `promp
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,31 @@ def test_evaluate_out_replaces_an_earlier_report_only_with_overwrite(home, tmp_p
     again = CliRunner().invoke(app, [*args, "--run-id", "third", "--overwrite"])
     assert again.exit_code == 0 and "run id third" in " ".join(again.output.split()), again.output[-3000:]
     assert (out / "results.md").is_file()
+
+
+# -- models that Ray's actors would fail to load ----------------------------------------------------
+@pytest.mark.parametrize("model, says", [("no-such-org/no-such-model", "HF_HUB_OFFLINE"),
+                                          ("/no/such/folder", "no such folder"),
+                                          ("./missing-model", "no such folder"),
+                                          ("~/missing/model/dir", "no such folder")])
+def test_train_refuses_an_environment_model_that_cannot_load_before_ray(home, model, says):
+    """An in-process training environment's model loads inside each rollout actor, where a failure
+    was 235 lines of ActorDiedError; the one environment and a pool member alike are named first."""
+    import ray
+
+    pool = json.dumps([{"name": "a", "model": "tiny", "kind": "inprocess"},
+                       {"name": "b", "model": model, "kind": "inprocess"}])
+    for sets, where in ((["environment.model=" + model], "environment `tiny-env` (its `model`)"),
+                        (["train.environments=" + pool], "train.environments[1] `b` (its `model`)")):
+        for command in (["train"], ["run-flow", "train"]):
+            args = [*command, *SMOKE, *[a for s in sets for a in ("--set", s)]]
+            _refused(args, where, repr(model), says)
+            assert not ray.is_initialized() and not (home / "smoke").exists()
+
+
+@pytest.mark.parametrize("agent", ["no-such-org/no-such-model", "someone/some-agent"])
+def test_train_refuses_an_agent_hub_id_the_offline_hub_cannot_serve_before_ray(home, agent):
+    import ray
+
+    _refused(["train", *SMOKE, "--set", f"agent.model={agent}"], "the agent", repr(agent), "HF_HUB_OFFLINE")
+    assert not ray.is_initialized() and not (home / "smoke").exists()

@@ -184,10 +184,10 @@ def train(
 ) -> None:
     """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
     from prompt_r1 import api
-    from prompt_r1.training.preflight import check_train_device
+    from prompt_r1.training.preflight import check_before_ray
 
     cfg = _load(config, set_)
-    check_train_device(cfg)  # before the run folder and Ray (train's preflight checks it again, later)
+    check_before_ray(cfg)  # before the run folder and Ray (train's preflight checks them again, later)
 
     def started(run_id: str, folder: Path) -> None:
         console.print(f"{'resuming' if resume else 'starting'} run {run_id} ({folder}; config hash {cfg.hash()})",

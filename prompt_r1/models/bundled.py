@@ -66,6 +66,23 @@ _TAKEN_AS_HUB_ID = (f"it is no bundled model ({', '.join(BUNDLED_NAMES)}) and no
 _PASS_INSTEAD = "pass a bundled model or a local HF model folder"
 
 
+def check_model_source(name: str | Path, role: str) -> None:
+    """Raise `ModelLoadError` naming `role` when model `name` is no bundled model, no local path, and
+    a hub id the hub cannot serve now (offline, unreachable): decided in seconds, with no model
+    loaded, so a run can refuse it before Ray or any actor starts. A name written as a path (leading
+    `/`, `.` or `~`, or more than one `/`; a hub id is `org/name`) that does not exist is no hub id."""
+    text = str(name)
+    if text in BUNDLED_NAMES or Path(text).expanduser().exists():
+        return
+    if text.startswith(("/", ".", "~")) or text.count("/") > 1:
+        raise ModelLoadError(f"{role}: cannot load model {text!r}: there is no such folder "
+                             f"({Path(text).expanduser().absolute()}); {_PASS_INSTEAD}")
+    refusal = hub_refusal(text)
+    if refusal is not None:
+        raise ModelLoadError(f"{role}: cannot load model {str(name)!r}: {_TAKEN_AS_HUB_ID}, but {refusal}; "
+                             f"{_PASS_INSTEAD}")
+
+
 @contextmanager
 def model_load_errors(name: str | Path, role: str) -> Iterator[None]:
     """Turn transformers' failure to load model `name` into a `ModelLoadError` naming `role`
@@ -74,10 +91,7 @@ def model_load_errors(name: str | Path, role: str) -> Iterator[None]:
     from huggingface_hub.errors import HFValidationError
     from safetensors import SafetensorError
 
-    refusal = None if str(name) in BUNDLED_NAMES or Path(str(name)).expanduser().exists() else hub_refusal(str(name))
-    if refusal is not None:
-        raise ModelLoadError(f"{role}: cannot load model {str(name)!r}: {_TAKEN_AS_HUB_ID}, but {refusal}; "
-                             f"{_PASS_INSTEAD}")
+    check_model_source(name, role)
     try:
         yield
     except UserError:

@@ -209,10 +209,16 @@ def training_config_file(agent: Path | str) -> Path | None:
 
 
 def check_agent_spec(spec: str, config_name: str | None = None) -> None:
-    """Raise `AgentSpecError` when `spec` names no agent, without building a bundled model (a
-    check that takes a moment, before a run starts anything)."""
-    if spec not in BUNDLED:
-        resolve_agent(spec, config_name=config_name)
+    """Raise `AgentSpecError` when `spec` names no agent, or `ModelLoadError` when it is a hub id the
+    hub cannot serve now (offline), without building a bundled model (a check that takes a moment,
+    before a run starts anything: Ray, actors, learner ranks)."""
+    if spec in BUNDLED:
+        return
+    found = resolve_agent(spec, config_name=config_name)
+    if isinstance(found, str):  # taken as a hub id
+        from prompt_r1.models.bundled import check_model_source
+
+        check_model_source(found, "the agent")
 
 
 def resolve_agents(cfg: Config, given: Mapping[str, str] | None = None,

@@ -115,6 +115,28 @@ def check_train_device(cfg: Config) -> None:
     resolve_device(cfg.train.device)
 
 
+def check_model_sources(cfg: Config) -> None:
+    """The model of each in-process training environment (`train.environments`, else `environment`)
+    can load here: no hub id an offline machine cannot fetch, no missing folder. It loads inside
+    each rollout actor, where a failure reached the user as hundreds of lines of `ActorDiedError`;
+    here it is one `ModelLoadError` naming the setting, before Ray starts. (`agent.model`:
+    `resolver.check_agent_spec`.)"""
+    from prompt_r1.models.bundled import check_model_source
+
+    pool = cfg.train.environments
+    for index, env in enumerate(cfg.training_environments()):
+        if env.kind == "inprocess":
+            where = f"train.environments[{index}]" if pool else "environment"
+            check_model_source(env.model, f"{where} `{env.name}` (its `model`)")
+
+
+def check_before_ray(cfg: Config) -> None:
+    """What a training run would otherwise learn only inside Ray: `train.device` (`check_train_device`)
+    and the models the actors load (`check_model_sources`). Takes seconds and starts nothing."""
+    check_train_device(cfg)
+    check_model_sources(cfg)
+
+
 def preflight(cfg: Config, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Plan | None:
     """`train`'s check before any model loads: `train.device` (`check_train_device`), then the plan
     for the GPUs the run would use; raises `PlanError` when it does not fit. A run that uses no GPU
