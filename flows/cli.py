@@ -69,20 +69,27 @@ def pipeline(
 def run_flow(
     name: str = typer.Argument(..., help="ingest | train | evaluate | transfer-eval"),
     config: Path = ConfigOpt,
+    agent: list[str] = typer.Option([], "--agent", help="evaluate: LABEL=SPEC or SPEC (repeatable), as "
+                                    "`evaluate --agent`, e.g. trained=runs/smoke/RUN_ID."),
     set_: list[str] = SetOpt,
 ) -> None:
     """Run one flow locally (the same code the deployments run)."""
+    from prompt_r1.models.resolver import parse_labelled_specs
+
     cfg = _load(config, set_)
+    if agent and name != "evaluate":
+        _fail(f"--agent is for `run-flow evaluate`, not {name!r} (transfer-eval evaluates the registry's champion)")
+    agents = parse_labelled_specs(agent) or None
     if name == "train":
         _check_training(cfg)
     overrides = parse_overrides(set_) or None
     try:
-        _run_named_flow(name, config, overrides)
+        _run_named_flow(name, config, overrides, agents)
     except EnvironmentFailure as err:
         _fail_environment(err)
 
 
-def _run_named_flow(name: str, config: Path, overrides: dict | None) -> None:
+def _run_named_flow(name: str, config: Path, overrides: dict | None, agents: dict[str, str] | None = None) -> None:
     from flows.evaluate import evaluate_flow
     from flows.ingest import ingest_flow
     from flows.train import train_flow
@@ -92,7 +99,7 @@ def _run_named_flow(name: str, config: Path, overrides: dict | None) -> None:
     elif name == "train":
         console.print(train_flow(str(config), overrides))
     elif name in ("evaluate", "transfer-eval"):
-        result = evaluate_flow(str(config), use_champion=name == "transfer-eval", overrides=overrides)
+        result = evaluate_flow(str(config), agents, use_champion=name == "transfer-eval", overrides=overrides)
         console.print(f"evaluate run {result['run_id']}; report: {result['report']}")
     else:
         _fail(f"unknown flow {name!r}: use ingest, train, evaluate or transfer-eval")

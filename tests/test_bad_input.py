@@ -203,3 +203,21 @@ def test_train_refuses_an_agent_hub_id_the_offline_hub_cannot_serve_before_ray(h
 
     _refused(["train", *SMOKE, "--set", f"agent.model={agent}"], "the agent", repr(agent), "HF_HUB_OFFLINE")
     assert not ray.is_initialized() and not (home / "smoke").exists()
+
+
+def test_run_flow_evaluate_takes_agent_as_its_messages_say_and_other_flows_refuse_it(home, monkeypatch):
+    """`run-flow evaluate` told the user to pass `--agent trained=SPEC`, an option it did not have."""
+    import flows.evaluate
+
+    seen = []
+    monkeypatch.setattr(flows.evaluate, "evaluate_flow", lambda config, agents=None, **kw: seen.append(agents) or
+                        {"run_id": "r", "report": "x"})
+    for given, want in ((["trained=runs/smoke/abc"], {"trained": "runs/smoke/abc"}),
+                        (["trained=/a/b", "tiny-protocol"], {"trained": "/a/b", "tiny-protocol": "tiny-protocol"}),
+                        ([], None)):
+        result = CliRunner().invoke(app, ["run-flow", "evaluate", *SMOKE, *[a for g in given for a in ("--agent", g)]])
+        assert result.exit_code == 0, result.output
+        assert seen.pop() == want
+    for flow in ("train", "ingest", "transfer-eval"):
+        _refused(["run-flow", flow, *SMOKE, "--agent", "trained=x"], "--agent is for `run-flow evaluate`", repr(flow))
+    _refused(["run-flow", "evaluate", *SMOKE, "--agent", "trained="], "--agent 'trained='", "no spec")

@@ -187,7 +187,7 @@ def train(
     from prompt_r1.training.preflight import check_before_ray
 
     cfg = _load(config, set_)
-    check_before_ray(cfg)  # before the run folder and Ray (train's preflight checks them again, later)
+    check_before_ray(cfg)  # before the run folder and Ray (train's preflight checks the device again)
 
     def started(run_id: str, folder: Path) -> None:
         console.print(f"{'resuming' if resume else 'starting'} run {run_id} ({folder}; config hash {cfg.hash()})",
