@@ -446,3 +446,44 @@ def test_a_checkpoint_with_the_whole_optimiser_state_in_one_file_still_resumes(t
             path = save_checkpoint(resumed, tmp_path / "again", 1, {"position": 1}, cfg)
             assert (path / OPTIMIZER_DIR).is_dir() and "optimizer" not in torch.load(path / STATE_FILE,
                                                                                       weights_only=False)
+
+
+def test_a_refused_resume_names_the_settings_that_changed() -> None:
+    """Not two hashes: each changed key with its old and new value, from the newest checkpoint's
+    config.yaml; the learner's layout (outside the hash) is not named."""
+    import random
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from prompt_r1.config.experiment import parse_config
+    from prompt_r1.training.checkpoint import STATE_FILE
+    from prompt_r1.training.run_record import ResumeError, open_run
+
+    rng = random.Random(7)
+    changes = [("train.lr", 1e-5), ("rollout.group_size", 4), ("seed", 3), ("agent.temperature", 0.7),
+               ("train.kl_coef", 0.0), ("rollout.max_turns", 3), ("environment.max_tokens", 64)]
+    for case in range(12):
+        old = parse_config({})
+        picked = rng.sample(changes, rng.randint(1, 3))
+        data = old.model_dump(mode="json")
+        for key, value in picked + [("train.world_size", 2)]:  # a layout key rides along
+            section, leaf = (key.split(".") + [None])[:2] if "." in key else (key, None)
+            if leaf is None:
+                data[section] = value
+            else:
+                data[section][leaf] = value
+        new = parse_config(data)
+        run = Path(tempfile.mkdtemp()) / "run"
+        open_run(run, "smoke", old.hash(), "pool", resume=False)
+        ckpt = run / "checkpoints" / "step-00002"
+        ckpt.mkdir(parents=True)
+        (ckpt / STATE_FILE).write_bytes(b"x")
+        (ckpt / "config.yaml").write_text(yaml.safe_dump(old.model_dump(mode="json")))
+        with pytest.raises(ResumeError) as err:
+            open_run(run, "smoke", new.hash(), "pool", resume=True, config=new)
+        text = str(err.value)
+        for key, value in picked:
+            assert f"{key}: " in text and f"-> {value!r}" in text, (case, key, text)
+        assert "world_size" not in text and old.hash() in text and "--force" in text

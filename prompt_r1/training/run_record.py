@@ -15,10 +15,13 @@ import json
 import logging
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.fsutil import atomic_write_text
+
+if TYPE_CHECKING:
+    from prompt_r1.config.experiment import Config
 
 log = logging.getLogger(__name__)
 
@@ -68,28 +71,55 @@ def _has_checkpoint(run_dir: Path) -> bool:
     return latest_checkpoint(Path(run_dir) / "checkpoints") is not None
 
 
-def mismatches(record: dict[str, Any], config_hash: str, pool: str) -> list[str]:
-    """What differs between a run's record and the current settings (empty = the same run).
+def changed_settings(run_dir: Path, config: Config) -> list[str]:
+    """`key: old -> new` for each setting in which `config` differs from the config the run's newest
+    checkpoint was written with (its `config.yaml`), so a refused resume names what changed, not
+    two hashes. Left out, as from the hash: the learner's layout (`LAYOUT_KEYS`), where evaluation's
+    engines run, and keys the checkpoint's config does not have (added to the project after it).
+    Empty when there is no readable checkpoint config."""
+    import yaml
+
+    from prompt_r1.config.experiment import LAYOUT_KEYS, flatten
+    from prompt_r1.training.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
+    try:
+        old = flatten(yaml.safe_load((ckpt / "config.yaml").read_text()) or {}) if ckpt is not None else {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return []
+    new = config.flat()
+    skipped = {f"train.{key}" for key in LAYOUT_KEYS}
+    return [f"{key}: {old[key]!r} -> {new.get(key)!r}" for key in sorted(old)
+            if key not in skipped and not key.startswith("eval.agent_placement") and old[key] != new.get(key)]
+
+
+def mismatches(record: dict[str, Any], config_hash: str, pool: str, settings: list[str] | None = None) -> list[str]:
+    """What differs between a run's record and the current settings (empty = the same run);
+    `settings` (`changed_settings`) say which keys made the config hash differ.
 
     >>> mismatches({"config_hash": "a", "pool_hash": "p"}, "a", "p")
     []
     >>> mismatches({"config_hash": "a", "pool_hash": "p"}, "b", "q")
     ['config hash a -> b', 'training pool hash p -> q']
+    >>> mismatches({"config_hash": "a", "pool_hash": "p"}, "b", "p", ["train.lr: 1e-06 -> 1e-05"])
+    ['config hash a -> b (changed: train.lr: 1e-06 -> 1e-05)']
     """
     diffs = []
     if record.get("config_hash") != config_hash:
-        diffs.append(f"config hash {record.get('config_hash')} -> {config_hash}")
+        shown = f" (changed: {', '.join(settings[:8])}{', ...' if len(settings) > 8 else ''})" if settings else ""
+        diffs.append(f"config hash {record.get('config_hash')} -> {config_hash}{shown}")
     if record.get("pool_hash") != pool:
         diffs.append(f"training pool hash {record.get('pool_hash')} -> {pool}")
     return diffs
 
 
 def open_run(run_dir: Path, config_name: str, config_hash: str, pool: str, resume: bool,
-             force: bool = False) -> dict[str, Any]:
+             force: bool = False, config: Config | None = None) -> dict[str, Any]:
     """Start a new run in `run_dir` or check that resuming it is allowed; returns its record.
 
     Raises ResumeError for: an existing run without `resume`; a finished run; a run whose
-    config or pool changed (unless `force`); checkpoints with no record (unless `force`).
+    config or pool changed (unless `force`; with `config`, the message names the changed keys);
+    checkpoints with no record (unless `force`).
     """
     run_dir = Path(run_dir)
     record = read_record(run_dir)
@@ -106,7 +136,8 @@ def open_run(run_dir: Path, config_name: str, config_hash: str, pool: str, resum
                   "started_at": _now(), "finished_at": None, "forced": []}
         diffs = [f"no {RUN_FILE} records which config and pool its checkpoints were trained with"]
     else:
-        diffs = mismatches(record, config_hash, pool)
+        changed = record.get("config_hash") != config_hash and config is not None
+        diffs = mismatches(record, config_hash, pool, changed_settings(run_dir, config) if changed else None)
     if record.get("finished_at"):
         raise ResumeError(f"run {run_dir.name} finished at {record['finished_at']}; a finished run is "
                           "never resumed: start a new run (drop --resume / choose another run id)")
