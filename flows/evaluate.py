@@ -77,8 +77,9 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
                     total.baselines += outcome.baselines
                     total.seconds.update(outcome.seconds)
                     total.suites = outcome.suites
+                    total.turns += outcome.turns
         files = write_report(total.results, total.examples, out, total.seconds, total.predictions,
-                             total.baselines, split, total.suites)
+                             total.baselines, split, total.suites, total.turns)
         mlflow.log_artifacts(str(out), artifact_path="eval")
         log_results_table(total.results, {e.name: e.model for e in cfg.eval_environments()}, split.held_out)
         log_heldout_metrics(heldout_comparisons(total.predictions, split, total.suites))

@@ -169,7 +169,7 @@ def evaluate(cfg: Config, *, agents: Mapping[str, str] | Sequence[str] = (), run
         _ingest_sources(wh, cfg, only_if_empty=True)
         outcome = run_evaluation(cfg, wh, run_id, folders, log_dir=folder / "logs", concurrent=concurrent)
     files = write_report(outcome.results, outcome.examples, folder, outcome.seconds, outcome.predictions,
-                         outcome.baselines, split, outcome.suites)
+                         outcome.baselines, split, outcome.suites, outcome.turns)
     return EvalResult(run_id, folder, files, outcome)
 
 

@@ -73,6 +73,7 @@ class EvalOutcome:
     baselines: list[dict[str, Any]] = field(default_factory=list)  # optimised instructions and their spend
     episodes: list[dict[str, Any]] = field(default_factory=list)  # every agent episode, `episode_record`s
     suites: dict[str, list[str]] = field(default_factory=dict)  # suite -> its datasets, as evaluated
+    turns: list[dict[str, Any]] = field(default_factory=list)  # what the agent did per cell (`turns.turn_rows`)
 
 
 def suite_datasets(warehouse: Warehouse, suites: Sequence[str]) -> list[tuple[str, str]]:
@@ -353,6 +354,7 @@ def evaluate(
             outcome.env_error_rates[env_cfg.name] = check_error_rate(
                 env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
                 env_cfg.max_error_rate, "evaluation")
+        outcome.turns = _turns(cfg, outcome.episodes, questions)
     except BaseException:
         opened.close()  # a crash may have broken an agent engine: a retry with the same agents builds them anew
         raise
@@ -360,6 +362,15 @@ def evaluate(
         if opened is not agents:
             opened.close()
     return outcome
+
+
+def _turns(cfg: Config, episodes: list[dict[str, Any]], questions: list[QuestionRow]) -> list[dict[str, Any]]:
+    """`turns.turn_rows` of the agent episodes, with the task's turn scorer when `reward.turn.scorer` names one."""
+    from prompt_r1.core.turn_credit import load_turn_scorer
+    from prompt_r1.evaluation.turns import turn_rows
+
+    scorer = load_turn_scorer(cfg.reward.turn.scorer) if cfg.reward.turn.scorer else None
+    return turn_rows(episodes, {q.question_id: q for q in questions}, scorer)
 
 
 async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, outcome: EvalOutcome,

@@ -203,12 +203,14 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
                  seconds: dict[str, float] | None = None,
                  predictions: list[dict[str, Any]] | None = None,
                  baselines: list[dict[str, Any]] | None = None, split: EnvSplit | None = None,
-                 suites: Mapping[str, Sequence[str]] | None = None) -> dict[str, Path]:
+                 suites: Mapping[str, Sequence[str]] | None = None,
+                 turns: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Path]:
     """Write results.md / results.csv / costs.md / examples.json / plots into `out_dir`, and with
     the per-question `predictions`, paired comparisons (in results.md and comparisons.csv); with
     `baselines`, the optimised instructions (results.md and baselines.json); with the environment
     `split`, held-out marks and the trained agent on held-out environments per suite (`suites`:
-    suite -> datasets; results.md and heldout.csv). A folder the user named
+    suite -> datasets; results.md and heldout.csv); with the agent's `turns` (`turns.turn_rows`), what
+    it did with the environment (results.md and turns.csv). A folder the user named
     is checked first (`check_report_folder`)."""
     from prompt_r1.evaluation.compare import comparison_table, paired_comparisons, plot_accuracy_vs_cost
     from prompt_r1.evaluation.heldout import heldout_comparisons, heldout_table
@@ -231,17 +233,18 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
               + comparison_table(comparisons)) if predictions is not None else ""
     files["markdown"].write_text("# Evaluation results\n\nPrimary metric x 100 [95% bootstrap interval over "
                                  "questions].\n\n" + markdown_table(results, held_out) + heldout_md + paired
+                                 + _turns_section(turns)
                                  + ("\n## Optimised instructions (prompt-optimisation baselines)\n\n"
                                     "Optimised on training questions; spend = optimisation only (the evaluation "
                                     "is in the cost table).\n\n" + baseline_table(baselines) + "\n"
                                     if baselines else "")
                                  + "\n## Environment tokens and cost\n\n" + cost_table(results, held_out) + "\n"
                                  + (f"\n## Time per stage\n{timing}\n" if timing else ""))
-    for name, rows in (("comparisons", comparisons), ("heldout", heldout_rows)):
+    for name, rows in (("comparisons", comparisons), ("heldout", heldout_rows), ("turns", list(turns or []))):
         if rows:
             files[name] = out_dir / f"{name}.csv"
             with files[name].open("w", newline="") as fh:
-                writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
                 writer.writeheader()
                 writer.writerows(rows)
     files["accuracy_vs_cost"] = plot_accuracy_vs_cost(results, out_dir, held_out)
@@ -257,6 +260,16 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     for i, path in enumerate(plot_results(results, out_dir)):
         files[f"plot{i}"] = path
     return files
+
+
+def _turns_section(turns: Sequence[Mapping[str, Any]] | None) -> str:
+    from prompt_r1.evaluation.turns import turn_table
+
+    if not turns:
+        return ""
+    return ("\n## What the agent did with the environment\n\nPer agent episode that no failure ended: environment "
+            "calls, the share with a second call, and each turn the task's turn scorer judges (`reward.turn.scorer`): "
+            "mean reward, share with full credit (1) and with some (> 0).\n\n" + turn_table(turns) + "\n")
 
 
 def check_report_folder(out_dir: Path, overwrite: bool) -> None:
