@@ -221,3 +221,19 @@ def test_run_flow_evaluate_takes_agent_as_its_messages_say_and_other_flows_refus
     for flow in ("train", "ingest", "transfer-eval"):
         _refused(["run-flow", flow, *SMOKE, "--agent", "trained=x"], "--agent is for `run-flow evaluate`", repr(flow))
     _refused(["run-flow", "evaluate", *SMOKE, "--agent", "trained="], "--agent 'trained='", "no spec")
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:7"])
+def test_a_training_session_refuses_a_device_it_lacks_before_a_run_folder_or_ray(tmp_path, warehouse, device):
+    """The Python API (`TrainingSession`, as `prompt_r1.api.train` uses it) checks as the CLI does."""
+    import ray
+
+    from prompt_r1.config.base import ConfigError
+    from prompt_r1.config.experiment import load_config
+    from prompt_r1.training.session import TrainingSession
+
+    cfg = load_config("configs/smoke.yaml", {"train.device": device})
+    with pytest.raises(ConfigError, match="train.device"):
+        with TrainingSession(cfg, warehouse, "r", tmp_path / "run"):
+            pass
+    assert not (tmp_path / "run").exists() and not ray.is_initialized()

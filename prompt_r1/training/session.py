@@ -132,6 +132,7 @@ class TrainingSession:
         self.ahead: RunAhead | None = None  # batches of the next steps in flight (max_staleness >= 1)
         # reward.cost `bonus`: sqrt(cost) of past trajectories, across steps; saved in checkpoints
         self.cost_window = CostWindow(cfg.reward.cost.window)
+        self.turn_scorer = None  # `reward.turn.scorer`, loaded and checked against the pool by `_start`
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> "TrainingSession":
@@ -151,9 +152,10 @@ class TrainingSession:
         from prompt_r1.training.run_owner import own_run
         from prompt_r1.training.run_record import open_run
         from prompt_r1.training.learners import learner_in_ray, open_learner
-        from prompt_r1.training.preflight import preflight
+        from prompt_r1.training.preflight import check_before_ray, preflight
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
+        check_before_ray(self.cfg)  # train.device and the models the actors load, before Ray may start
         check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
         for env_cfg in self.cfg.training_environments():  # a managed vLLM server this machine's vLLM cannot run
             check_server_host(env_cfg)
@@ -169,7 +171,7 @@ class TrainingSession:
         self.turn_scorer = self._check_turn_scorer()  # a task scorer that cannot judge this pool stops here
         # Checked before any model loads, so a refused resume fails in a second.
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), questions_hash(self.train_questions, self.val_questions),
-                 self.resume, self.force)
+                 self.resume, self.force, config=self.cfg)
         self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
         # in this process, or train.world_size ranks in Ray (then nothing here holds a model)
         self.learner = self._stack.enter_context(open_learner(self.cfg, self.model_path))
@@ -229,6 +231,7 @@ class TrainingSession:
         from prompt_r1.training.run_owner import record_ray
 
         init_ray(self.cfg.rollout, cpus_needed(self.cfg))
+        record_ray(self.run_dir)  # Ray's own processes, for the sweep if this process dies while the actors start
         cfg = self.actor_cfg
         # a learner in Ray says where its ranks run: colocated engines go beside them (`rollout.colocate`)
         placements = getattr(self.learner, "placements", None)
