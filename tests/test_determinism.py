@@ -36,6 +36,22 @@ def stable(traj) -> dict:
     return record
 
 
+def recording_hooks():
+    """Training hooks that keep each step's reproducible metrics and `stable` trajectory records:
+    (hooks, metrics, trajectories), the lists filled as the run goes."""
+    from prompt_r1.training.hooks import TrainingHooks
+
+    metrics: list[dict] = []
+    trajectories: list[list[dict]] = []
+
+    class Record(TrainingHooks):
+        def on_step(self, result):
+            metrics.append({k: v for k, v in result.metrics.items() if k not in TIMING})
+            trajectories.append([stable(t) for t in result.trajectories])
+
+    return Record(), metrics, trajectories
+
+
 class DelayedEnv:
     """The configured in-process environment behind random (unseeded) delays before and after
     each call, so replies arrive in a different order and grouping every run."""
@@ -152,7 +168,6 @@ def _turn_start(traj, turn: int) -> int:
 def _train(home: Path, max_delay_s: float, monkeypatch) -> tuple[list[dict], list[list[dict]], bytes]:
     from prompt_r1.data.ingest import ingest
     from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
-    from prompt_r1.training.hooks import TrainingHooks
     from prompt_r1.training.session import TrainingSession
     from warehouse.store import Warehouse
 
@@ -164,17 +179,11 @@ def _train(home: Path, max_delay_s: float, monkeypatch) -> tuple[list[dict], lis
             return self._stack.enter_context(RolloutPool(cfg, self.model_path, 1, env_factory=factory))
 
     monkeypatch.setenv("PROMPT_R1_HOME", str(home))
-    metrics, trajectories = [], []
-
-    class Record(TrainingHooks):
-        def on_step(self, result):
-            metrics.append({k: v for k, v in result.metrics.items() if k not in TIMING})
-            trajectories.append([stable(t) for t in result.trajectories])
-
+    hooks, metrics, trajectories = recording_hooks()
     with Warehouse(home / "warehouse.duckdb") as wh:
         ingest(wh, ["data/sample"])
         with Session(smoke(), wh, "det", home / "run") as session:
-            agent = session.run(Record()).agent
+            agent = session.run(hooks).agent
     return metrics, trajectories, (agent / "model.safetensors").read_bytes()
 
 

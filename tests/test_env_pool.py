@@ -23,7 +23,7 @@ from prompt_r1.config.experiment import load_config
 from prompt_r1.core.failures import EnvironmentFailure, check_pool_error_rates
 from prompt_r1.core.protocol import INSTRUCTION, build_agent_prompt
 from prompt_r1.core.questions import QuestionRow
-from prompt_r1.core.seeding import derive_seed, draw_environment
+from prompt_r1.core.seeding import draw_environment
 from prompt_r1.core.trajectory import EnvCall, Trajectory, rollout_stats
 
 
@@ -253,23 +253,16 @@ def _train(home: Path, cfg, run_id: str, monkeypatch) -> tuple[list[dict], list[
     """A smoke training run through the real session (Ray actor, in-process environments): its
     per-step metrics, trajectories, exported weights and warehouse rows (wall-clock columns aside)."""
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.training.hooks import TrainingHooks
     from prompt_r1.training.session import TrainingSession
-    from tests.test_determinism import TIMING, stable
+    from tests.test_determinism import recording_hooks
     from warehouse.store import Warehouse
 
     monkeypatch.setenv("PROMPT_R1_HOME", str(home))
-    metrics, trajectories = [], []
-
-    class Record(TrainingHooks):
-        def on_step(self, result):
-            metrics.append({k: v for k, v in result.metrics.items() if k not in TIMING})
-            trajectories.append([stable(t) for t in result.trajectories])
-
+    hooks, metrics, trajectories = recording_hooks()
     with Warehouse(home / "warehouse.duckdb") as wh:
         ingest(wh, ["data/sample"])
         with TrainingSession(cfg, wh, run_id, home / "run") as session:
-            agent = session.run(Record()).agent
+            agent = session.run(hooks).agent
         trajs = wh.query_dicts("SELECT * EXCLUDE (run_id, created_at) FROM trajectories WHERE run_id = ? "
                                "ORDER BY step, question_id, group_index", [run_id])
         calls = wh.query("SELECT * EXCLUDE (run_id, created_at, latency_s) FROM env_calls WHERE run_id = ? "

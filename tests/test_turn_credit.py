@@ -244,7 +244,6 @@ def test_uniform_turn_rewards_change_nothing_and_varied_ones_train_uniform_outco
     """Equal turn rewards in every group: the same update as plain GRPO. Equal outcomes but varied
     turn rewards: plain GRPO (dropping uniform groups) has nothing to learn; turn credit does."""
     from prompt_r1.core.reward import RewardBreakdown
-    from prompt_r1.models.bundled import resolve_model  # noqa: F401  (the fixture built it)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -303,23 +302,16 @@ def test_train_refuses_a_pool_the_scorer_does_not_define_before_any_model_loads(
 
 def _run(home, cfg, run_id, monkeypatch):
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.training.hooks import TrainingHooks
     from prompt_r1.training.session import TrainingSession
-    from tests.test_determinism import TIMING, stable
+    from tests.test_determinism import recording_hooks
     from warehouse.store import Warehouse
 
     monkeypatch.setenv("PROMPT_R1_HOME", str(home))
-    metrics, trajectories = [], []
-
-    class Record(TrainingHooks):
-        def on_step(self, result):
-            metrics.append({k: v for k, v in result.metrics.items() if k not in TIMING})
-            trajectories.append([stable(t) for t in result.trajectories])
-
+    hooks, metrics, trajectories = recording_hooks()
     with Warehouse(home / "warehouse.duckdb") as wh:
         ingest(wh, ["data/compositional"])
         with TrainingSession(cfg, wh, run_id, home / run_id) as session:
-            agent = session.run(Record()).agent
+            agent = session.run(hooks).agent
     return metrics, trajectories, (agent / "model.safetensors").read_bytes()
 
 
