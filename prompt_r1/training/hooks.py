@@ -10,6 +10,7 @@ records curves.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ class TrainingHooks:
 
     def __init__(self, total_steps: int | None = None):
         self.total_steps = total_steps
+        self._clock: tuple[float, int] | None = None  # (wall time, step index) when this process's first step began
 
     def stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         """Run one stage of the schedule (`next-batch`, `rollout`, `reward`, `grpo-update`,
@@ -62,8 +64,23 @@ class TrainingHooks:
     def on_step(self, result: StepResult) -> None:
         shown = {k: round(v, 4) for k, v in result.metrics.items()
                  if k in ("reward_mean", "reward_std", "format_mean", "answer_mean", "pg_loss", "kl",
-                          "informative_share", "env_error_rate", "step_time_s")}
-        log.info("step %d/%s done: %s", result.step + 1, self.total_steps or "?", shown)
+                          "informative_share", "env_error_rate", "step_time_s") or k.startswith("turn_reward_")}
+        log.info("step %d/%s done%s: %s", result.step + 1, self.total_steps or "?", self.time_left(result), shown)
+
+    def time_left(self, result: StepResult) -> str:
+        """", N s a step, about M min left": the mean wall time of the steps this process ran (from the
+        first one's start: its rollout included) times the steps still to run; "" when unknown."""
+        now = time.monotonic()
+        if getattr(self, "_clock", None) is None:  # the first step seen here: it began a rollout and an update ago
+            began = now - result.metrics.get("rollout_time_s", 0.0) - result.metrics.get("step_time_s", 0.0)
+            self._clock = (began, result.step)
+        began, first = self._clock
+        done = result.step + 1 - first
+        if not self.total_steps or done <= 0 or now <= began:
+            return ""
+        per_step = (now - began) / done
+        left = max(self.total_steps - result.step - 1, 0) * per_step
+        return f" in {per_step:.0f} s a step, about {left / 60:.0f} min left"
 
     def on_validation(self, updates_done: int, metrics: dict[str, float]) -> None:
         log.info("validation after %d update(s): %s", updates_done, {k: round(v, 4) for k, v in metrics.items()})
