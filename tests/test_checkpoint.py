@@ -261,8 +261,12 @@ def test_training_session_checks_the_run_before_loading_anything(home, warehouse
     from prompt_r1.training.run_record import ResumeError, write_record
     from prompt_r1.training.session import TrainingSession
 
-    # a hub id passes the spec check (a name that is no agent fails before the run is opened), but loading it would fail
-    cfg = load_config("configs/smoke.yaml", {"agent.model": "no-such-org/no-such-model"})
+    # an existing folder passes the spec check (a name that is no agent, or an offline hub id, fails before
+    # the run is opened), but loading it would fail: it holds no model
+    empty = home / "not-a-model"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    cfg = load_config("configs/smoke.yaml", {"agent.model": str(empty)})
     ingest(warehouse, cfg.data.sources)
     folder = run_dir(cfg.name, "r1")
     write_record(folder, {"config_hash": "old", "pool_hash": "old", "started_at": "x", "finished_at": None})

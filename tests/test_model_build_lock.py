@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from prompt_r1.core.fsutil import file_lock
@@ -97,6 +98,9 @@ def test_a_stopped_builder_is_named_at_once_not_waited_for(other_builder, monkey
     monkeypatch.setattr(bundled, "BUILD_LOCK_CHECK_S", 0.2)
     other_builder.send_signal(getattr(signal, stop))
     time.sleep(0.5)
+    state = Path(f"/proc/{other_builder.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    if state != "T":  # the kernel discards SIGTSTP to an orphaned process group (no terminal, as in CI)
+        pytest.skip(f"{stop} did not stop the holder here (state {state}): nothing to name")
     started = time.monotonic()
     with pytest.raises(bundled.ModelLoadError, match=rf"pid {other_builder.pid} .*stopped.*kill -CONT {other_builder.pid}"):
         bundled.resolve_model("tiny")

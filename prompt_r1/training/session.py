@@ -152,10 +152,10 @@ class TrainingSession:
         from prompt_r1.training.run_owner import own_run
         from prompt_r1.training.run_record import open_run
         from prompt_r1.training.learners import learner_in_ray, open_learner
-        from prompt_r1.training.preflight import check_before_ray, preflight
+        from prompt_r1.training.preflight import check_train_device, preflight
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
-        check_before_ray(self.cfg)  # train.device and the models the actors load, before Ray may start
+        check_train_device(self.cfg)  # before Ray may start (`learner_in_ray` starts it for a GPU learner)
         check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
         for env_cfg in self.cfg.training_environments():  # a managed vLLM server this machine's vLLM cannot run
             check_server_host(env_cfg)
