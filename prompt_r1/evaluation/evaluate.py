@@ -43,6 +43,7 @@ from prompt_r1.core.metrics import score_all
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import NO_STEP, draw_seed
 from prompt_r1.evaluation.answers import AGENT_ONLY_SUFFIX, COT_SUFFIX, extract_agent_only_answer, extract_cot_answer
+from prompt_r1.evaluation.turns import evaluation_turns
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -354,7 +355,7 @@ def evaluate(
             outcome.env_error_rates[env_cfg.name] = check_error_rate(
                 env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
                 env_cfg.max_error_rate, "evaluation")
-        outcome.turns = _turns(cfg, outcome.episodes, questions)
+        outcome.turns = evaluation_turns(cfg, outcome.episodes, questions)
     except BaseException:
         opened.close()  # a crash may have broken an agent engine: a retry with the same agents builds them anew
         raise
@@ -362,15 +363,6 @@ def evaluate(
         if opened is not agents:
             opened.close()
     return outcome
-
-
-def _turns(cfg: Config, episodes: list[dict[str, Any]], questions: list[QuestionRow]) -> list[dict[str, Any]]:
-    """`turns.turn_rows` of the agent episodes, with the task's turn scorer when `reward.turn.scorer` names one."""
-    from prompt_r1.core.turn_credit import load_turn_scorer
-    from prompt_r1.evaluation.turns import turn_rows
-
-    scorer = load_turn_scorer(cfg.reward.turn.scorer) if cfg.reward.turn.scorer else None
-    return turn_rows(episodes, {q.question_id: q for q in questions}, scorer)
 
 
 async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, outcome: EvalOutcome,

@@ -20,9 +20,10 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from prompt_r1.config.experiment import Config
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.trajectory import Trajectory
-from prompt_r1.core.turn_credit import TurnRewardError, TurnScorer, score_turns
+from prompt_r1.core.turn_credit import TurnRewardError, TurnScorer, load_turn_scorer, score_turns
 
 
 def _defined(scorer: TurnScorer, question: QuestionRow) -> bool:
@@ -74,6 +75,13 @@ def turn_rows(episodes: Sequence[Mapping[str, Any]], questions: Mapping[str, Que
                             f"turn{t + 1}_some": statistics.fmean(v > 0.0 for v in values)})
         rows.append(row)
     return rows
+
+
+def evaluation_turns(cfg: Config, episodes: Sequence[Mapping[str, Any]],
+                     questions: Sequence[QuestionRow]) -> list[dict[str, Any]]:
+    """`turn_rows` of an evaluation's agent episodes, with the task's turn scorer when `reward.turn.scorer` names one."""
+    scorer = load_turn_scorer(cfg.reward.turn.scorer) if cfg.reward.turn.scorer else None
+    return turn_rows(episodes, {q.question_id: q for q in questions}, scorer)
 
 
 def turn_table(rows: Sequence[Mapping[str, Any]]) -> str:

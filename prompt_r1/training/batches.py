@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from prompt_r1.core.grpo import informative_groups
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.turn_credit import informative as turn_informative
 
@@ -103,14 +102,9 @@ def informative_question_ids(trajectories: Sequence[Trajectory], with_turns: boo
     turn credit, `with_turns`, also a group whose outcomes are equal but some turn's rewards differ)."""
     if not trajectories:
         return set()
-    totals = [t.reward.total if t.reward else 0.0 for t in trajectories]
-    if with_turns:
-        keep = turn_informative(totals, [t.turn_rewards for t in trajectories],
-                                [t.question_id for t in trajectories])
-    else:
-        index = {q: i for i, q in enumerate(question_order(trajectories))}
-        groups = torch.tensor([index[t.question_id] for t in trajectories])
-        keep = informative_groups(torch.tensor(totals), groups).tolist()
+    keep = turn_informative([t.reward.total if t.reward else 0.0 for t in trajectories],
+                            [t.turn_rewards if with_turns else [] for t in trajectories],
+                            [t.question_id for t in trajectories])
     return {t.question_id for t, k in zip(trajectories, keep) if k}
 
 
