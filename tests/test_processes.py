@@ -10,32 +10,37 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from prompt_r1.env.server_guard import process_cmdline, process_start
-from prompt_r1.training.run_owner import LOCK_FILE, RAY_FILE, RunBusyError, own_run, sweep_ray_leftovers
+from prompt_r1.training.run_owner import (LOCK_FILE, RAY_FILE, RunBusyError, own_run, session_processes,
+                                         sweep_ray_leftovers)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # Holds the run folder with the real `own_run` (and, given a second argument, starts a local Ray
-# as the training session does and records it), says so, then waits to be killed.
+# as the training session does), says so, then waits to be killed.
 HOLDER = """
-import sys, time
-from prompt_r1.training.run_owner import own_run, record_ray
+import json, sys, time
+from prompt_r1.training.run_owner import RAY_FILE, own_run, session_processes
 with own_run(sys.argv[1]):
     if len(sys.argv) > 2:
+        from pathlib import Path
         from prompt_r1.config.experiment import RolloutConfig
         from prompt_r1.rollout.ray_connect import init_ray
         init_ray(RolloutConfig(ray_num_cpus=1))
+        record = json.loads((Path(sys.argv[1]) / RAY_FILE).read_text())
         deadline = time.monotonic() + 120  # Ray's agents start a little after ray.init returns
         while True:
-            pids = record_ray(sys.argv[1])
+            pids = session_processes(record)
             titles = [open(f"/proc/{pid}/cmdline").read() for pid in pids]
             if sum(t.startswith("ray::") and "Agent" in t for t in titles) >= 2 or time.monotonic() > deadline:
                 break
@@ -83,7 +88,7 @@ def test_a_second_train_on_a_held_run_folder_is_refused_naming_the_holder(home, 
         assert "Ray: started" not in result.stderr  # refused before Ray or any model starts
         assert f"run folder {folder} is in use by pid {holder.pid} on host {os.uname().nodename}" in message
         assert "--resume" in message
-        assert sorted(p.name for p in folder.iterdir()) == before == [LOCK_FILE]
+        assert sorted(p.name for p in folder.iterdir()) == before == sorted([LOCK_FILE, RAY_FILE])
     finally:
         kill9(holder)
     # SIGKILL released the lock: no stale lock, nothing to clean up
@@ -108,17 +113,16 @@ def test_own_run_refuses_in_process_too_while_held(tmp_path):
 @pytest.mark.slow
 def test_ray_leftovers_of_a_killed_driver_are_stopped_by_the_next_owner(tmp_path):
     """kill -9 of a driver that started a local Ray leaves some of Ray's processes running; the
-    next process to own the run folder stops exactly those (same pid, start time, session)."""
+    next process to own the run folder stops exactly those (its session's, started after it)."""
     folder = tmp_path / "run"
     holder, line = start_holder(folder, "ray")
     recorded = [int(p) for p in line.split()[1:]]
-    record = json.loads((folder / RAY_FILE).read_text())
-    markers = {p["pid"]: p["marker"] for p in record["processes"]}
-    assert sorted(markers) == sorted(recorded)
-    assert all(markers[pid] in process_cmdline(pid) for pid in recorded)
+    titles = [process_cmdline(pid) for pid in recorded]
+    assert sum(t.startswith("ray::") and "Agent" in t for t in titles) >= 2, titles  # found by their open files
+    starts = {pid: process_start(pid) for pid in recorded}
 
     def alive() -> list[int]:
-        return [pid for pid in recorded if process_start(pid) is not None and markers[pid] in process_cmdline(pid)]
+        return [pid for pid in recorded if process_start(pid) is not None and process_start(pid) == starts[pid]]
 
     bystander = subprocess.Popen(["sleep", "300"])  # not Ray's: must survive the sweep
     kill9(holder)
@@ -127,9 +131,8 @@ def test_ray_leftovers_of_a_killed_driver_are_stopped_by_the_next_owner(tmp_path
         assert alive(), "nothing of the killed driver's Ray outlived it: the fault did not happen"
         with own_run(folder):  # the sweep
             pass
-        assert alive() == [], [(pid, markers[pid], process_cmdline(pid)[:80]) for pid in alive()]
+        assert alive() == [], [(pid, process_cmdline(pid)[:80]) for pid in alive()]
         assert process_start(bystander.pid) is not None
-        assert not (folder / RAY_FILE).exists()
     finally:
         bystander.kill()
         bystander.wait()
@@ -137,24 +140,143 @@ def test_ray_leftovers_of_a_killed_driver_are_stopped_by_the_next_owner(tmp_path
             os.kill(pid, signal.SIGKILL)
 
 
-def test_sweep_spares_a_live_recorder_and_reused_pids(tmp_path):
-    """A record whose recorder lives (this process) is left alone; one whose pids now belong to
-    other processes (another start time) stops nothing."""
+def sleeper(*args: str) -> subprocess.Popen:
+    """A process that sleeps, with `args` on its command line."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", *args])
+
+
+def stamp(at: float) -> str:
+    """A Ray session name's date and time, as Ray writes it (local time)."""
+    return datetime.fromtimestamp(at).strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def test_sweep_stops_exactly_the_dead_owners_sessions_among_generated_processes(tmp_path):
+    """Processes of many kinds (named by command line or by an open file; the owner's pid or
+    another; dated before or after the record; started before or after the owner): the sweep
+    stops exactly those a restatement of the rule picks, and a live owner's are left alone."""
+    rng = random.Random(7)
     folder = tmp_path / "run"
     folder.mkdir()
-    other = subprocess.Popen(["sleep", "300"])
+    owner_pid = 4_000_000 + rng.randrange(100_000)  # beyond pid_max: no live process has it
+    now = time.time()
+    # names a matching session but started before the "owner" did: never its Ray's
+    older = sleeper(f"--session_name=session_{stamp(now)}_000001_{owner_pid}")
+    time.sleep(0.05)
+    record = {"owner_pid": owner_pid, "owner_start": process_start(older.pid) + 1, "recorded_at": now}
+    procs, expected = [], []
     try:
-        mine = {"session": "session_x", "owner_pid": os.getpid(), "owner_start": process_start(os.getpid()),
-                "processes": [{"pid": other.pid, "start": process_start(other.pid)}]}
-        (folder / RAY_FILE).write_text(json.dumps(mine))
+        for i in range(12):
+            pid_suffix = rng.choice([owner_pid, owner_pid, owner_pid + 1, owner_pid * 10 + 7])
+            at = now + rng.choice([-3600, -30, 0, 5, 300])
+            name = f"session_{stamp(at)}_{rng.randrange(10**6):06d}_{pid_suffix}"
+            how = rng.choice(["cmdline", "open file"])
+            if how == "cmdline":
+                proc = sleeper(f"--session_name={name}")
+            else:
+                log_dir = tmp_path / "ray" / name / "logs"
+                log_dir.mkdir(parents=True, exist_ok=True)
+                proc = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'a'); "
+                                         "time.sleep(300)", str(log_dir / f"agent{i}.out")])
+            procs.append(proc)
+            if pid_suffix == owner_pid and at >= now - 1:  # the rule, restated
+                expected.append(proc.pid)
+        time.sleep(1.0)  # each child has opened its file
+        (folder / RAY_FILE).write_text(json.dumps(record))
+        assert sorted(sweep_ray_leftovers(folder, grace_s=2)) == sorted(expected)
+        assert all(p.wait(timeout=10) is not None for p in procs if p.pid in expected)
+        assert all(p.poll() is None for p in procs if p.pid not in expected)
+        assert older.poll() is None and not (folder / RAY_FILE).exists()
+
+        live = {**record, "owner_pid": os.getpid(), "owner_start": process_start(os.getpid())}
+        (folder / RAY_FILE).write_text(json.dumps(live))  # this process recorded it: its Ray is in use
         assert sweep_ray_leftovers(folder) == [] and (folder / RAY_FILE).exists()
-        reused = {**mine, "owner_pid": other.pid, "owner_start": 1,
-                  "processes": [{"pid": other.pid, "start": 1}]}
+        reused = {**record, "owner_pid": older.pid, "owner_start": 1}  # the pid now runs another process
         (folder / RAY_FILE).write_text(json.dumps(reused))
-        assert sweep_ray_leftovers(folder) == [] and process_start(other.pid) is not None
+        assert sweep_ray_leftovers(folder) == [] and older.poll() is None
     finally:
-        other.kill()
-        other.wait()
+        for proc in [older, *procs]:
+            proc.kill()
+            proc.wait()
+
+
+# Owns the run folder, starts a local Ray as the CLI does (SIGTERM raising KeyboardInterrupt),
+# then "trains" until interrupted; its clean-up takes a moment, as a session's does.
+STARTER = """
+import sys, time
+from prompt_r1.core.signals import install_sigterm_interrupt
+install_sigterm_interrupt()
+from prompt_r1.config.experiment import RolloutConfig
+from prompt_r1.rollout.ray_connect import init_ray
+from prompt_r1.training.run_owner import own_run
+with own_run(sys.argv[1]):
+    print("starting", flush=True)
+    init_ray(RolloutConfig(ray_num_cpus=1))
+    time.sleep(8)  # Ray's agents are up
+    print("up", flush=True)
+    try:
+        time.sleep(600)
+    finally:
+        time.sleep(1.0)
+"""
+
+
+def start_starter(folder: Path, until: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", STARTER, str(folder)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+    for line in proc.stdout:  # type: ignore[union-attr]
+        if line.strip() == until:
+            return proc
+    raise AssertionError(f"the starter exited with {proc.wait()} before saying {until!r}")
+
+
+def gone_within(record: dict, seconds: float) -> list[int]:
+    """The recorded owner's Ray processes still running after up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while (left := session_processes(record)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay_s", [0.2, 1.0, 2.5])
+def test_sigterm_while_ray_starts_leaves_nothing_after_the_next_owner(tmp_path, delay_s):
+    """SIGTERM at several moments of `ray.init` (Ray's own handlers may end the process with no
+    clean-up): whatever of its Ray is left, the next owner of the folder stops."""
+    folder = tmp_path / "run"
+    starter = start_starter(folder, "starting")
+    record = json.loads((folder / RAY_FILE).read_text())
+    time.sleep(delay_s)
+    starter.send_signal(signal.SIGTERM)
+    starter.wait(timeout=120)
+    try:
+        time.sleep(2)
+        with own_run(folder):  # the sweep
+            pass
+        assert gone_within(record, 10) == []
+    finally:
+        for pid in session_processes(record):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gap_s", [0.05, 0.4])
+def test_three_quick_interrupts_still_stop_ray_at_exit(tmp_path, gap_s):
+    """Three Ctrl-Cs, the later ones landing in clean-up and at exit: the driver still stops its
+    Ray before it ends (the agents would otherwise run on for a minute or more), with no sweep."""
+    folder = tmp_path / "run"
+    starter = start_starter(folder, "up")
+    record = json.loads((folder / RAY_FILE).read_text())
+    assert session_processes(record), "no Ray processes to stop: the fault cannot happen"
+    try:
+        for _ in range(3):
+            starter.send_signal(signal.SIGINT)
+            time.sleep(gap_s)
+        assert starter.wait(timeout=120) != 0
+        assert gone_within(record, 5) == []
+    finally:
+        for pid in session_processes(record):
+            os.kill(pid, signal.SIGKILL)
 
 
 # Imports MLflow's set-up, says so, waits for the go file, then sets up MLflow on the home.

@@ -9,13 +9,18 @@ calls `sys.exit`) and, when its driver connects, in C++ (absl's failure-signal h
 prints a stack dump and ends the process with SIGABRT, so no Python clean-up runs).
 `sigterm_kept` wraps such a call and hands SIGTERM back afterwards: to the handler the caller had
 installed, or to `interrupt_on_sigterm` when the caller had none (Python's default).
+
+`interrupts_held` is the other direction: clean-up that must finish once begun (stopping Ray)
+takes no second Ctrl-C for a while.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 
 
@@ -61,3 +66,38 @@ def sigterm_kept() -> Iterator[None]:
     finally:
         handler = interrupt_on_sigterm if previous in (signal.SIG_DFL, None) else previous
         signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def interrupts_held(what: str, patience_s: float) -> Iterator[None]:
+    """Run clean-up that a second Ctrl-C must not cut short (stopping Ray: cut, it leaves its
+    agents running for minutes): Ctrl-C and SIGTERM within `patience_s` say that `what` is under
+    way and are otherwise ignored; one after that interrupts as usual, so a stuck clean-up never
+    holds the terminal for good. Afterwards both signals go back to their handlers. Off the main
+    thread nothing is done.
+
+    >>> import os, signal, time
+    >>> with interrupts_held("a test", patience_s=60):
+    ...     os.kill(os.getpid(), signal.SIGINT); time.sleep(0.1)
+    >>> signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    True
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    deadline = time.monotonic() + patience_s
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def held(signum: int, frame: object) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise KeyboardInterrupt(f"signal {signum}")
+        print(f"{what}: under way, ignoring this interrupt for up to {left:.0f} s more", file=sys.stderr, flush=True)
+
+    for sig in previous:
+        signal.signal(sig, held)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

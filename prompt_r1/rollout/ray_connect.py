@@ -15,6 +15,7 @@ refused before any model loads.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -25,9 +26,11 @@ import ray
 
 from prompt_r1.config.experiment import Config, ConfigError, RolloutConfig
 from prompt_r1.core.failures import UserError
-from prompt_r1.core.signals import sigterm_kept
+from prompt_r1.core.signals import interrupts_held, sigterm_kept
 
 log = logging.getLogger(__name__)
+
+RAY_STOP_PATIENCE_S = 60.0  # how long stopping a local Ray holds off a further Ctrl-C
 
 
 class RayWaitError(UserError, RuntimeError):
@@ -84,7 +87,8 @@ def init_ray(rollout_cfg: RolloutConfig, cpus_needed: float = 0.0) -> None:
 
     `ray.init` takes SIGTERM over (a Python handler calling `sys.exit`, then its C++ core
     worker's stack-dump-and-SIGABRT handler, under which no Python clean-up runs); it is handed
-    back afterwards (`sigterm_kept`), so SIGTERM still stops the driver as Ctrl-C does."""
+    back afterwards (`sigterm_kept`), so SIGTERM still stops the driver as Ctrl-C does. A local
+    instance is stopped when the process exits (`stop_local_ray`), before Ray's own exit hook."""
     if ray.is_initialized():
         return
     num_cpus = local_cpus(rollout_cfg, cpus_needed)
@@ -92,10 +96,21 @@ def init_ray(rollout_cfg: RolloutConfig, cpus_needed: float = 0.0) -> None:
         if rollout_cfg.ray_address:
             _connect(rollout_cfg.ray_address, rollout_cfg.ray_connect_timeout_s)
         else:
+            atexit.register(stop_local_ray)  # exit hooks run last-in first: this one before Ray's
             # address="local": a new instance, never a cluster this machine started earlier
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
     log.info("Ray: %s", f"connected to {rollout_cfg.ray_address}" if rollout_cfg.ray_address
              else f"started a local instance of {num_cpus} CPUs")
+
+
+def stop_local_ray() -> None:
+    """Stop the local Ray instance this process started, with Ctrl-C held off for up to
+    `RAY_STOP_PATIENCE_S` (`interrupts_held`): a shutdown cut short by a second or third Ctrl-C
+    leaves Ray's agents running for minutes."""
+    atexit.unregister(stop_local_ray)
+    if ray.is_initialized():
+        with interrupts_held("stopping Ray", RAY_STOP_PATIENCE_S):
+            ray.shutdown()
 
 
 def rollout_workers(rollout_cfg: RolloutConfig, num_workers: int | None = None) -> int:

@@ -10,13 +10,19 @@ a lock file lets a third process lock a new file while the second still holds th
 
 A local Ray instance the driver started (`ray.init(address="local")`) mostly dies with it, but
 its dashboard and runtime-env agents outlive a `kill -9` of the driver by a minute or more
-(about 230 MB). `record_ray` writes the processes of the instance this run started into
-`run_dir/ray.json` (pid, start time, and what its command line must still carry: the Ray
-session's name, or the `ray::` title Ray gives its agents); the next owner of the folder,
-holding the lock and so knowing the recorder is dead, stops those still running
-(`sweep_ray_leftovers`). Start times and those markers, not bare pids, identify them, so a reused pid or another Ray instance on the machine is never touched. The
-agents start a little after `ray.init` returns: the session records once its rollout actors
-are up.
+(about 230 MB), and a SIGTERM while `ray.init` runs ends the driver under Ray's own handler
+with no Python clean-up at all. So the owner writes `run_dir/ray.json` as it takes the folder
+(its pid, start time, and the time), before anything can start Ray; the next owner, holding
+the lock and so knowing the recorder is dead, stops every process of a Ray session it started
+that is still running (`sweep_ray_leftovers`).
+
+A process belongs to such a session when its command line or one of its open files names it:
+Ray names a session `session_<date>_<time>_<microseconds>_<driver pid>`, puts that name in the
+command line of its GCS, raylet and monitors, and every process it starts (the agents Ray
+retitles `ray::DashboardAgent`, workers) writes its logs under `/tmp/ray/<session>/`. Only
+sessions named after the recorder's pid and dated after its record count, and only processes
+that started after it did, so another Ray instance on the machine is never touched; where the
+recorder's pid now belongs to another live process, nothing is (that process may run Ray).
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import time
+from datetime import datetime
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +47,7 @@ log = logging.getLogger(__name__)
 LOCK_FILE = "owner.lock"
 RAY_FILE = "ray.json"
 RAY_GRACE_S = 5.0  # SIGTERM -> SIGKILL delay for a killed run's Ray leftovers
+RAY_INIT_WINDOW_S = 600.0  # how long after the record `ray.init` may name its session
 
 
 class RunBusyError(UserError, RuntimeError):
@@ -62,66 +71,77 @@ def own_run(run_dir: Path) -> Iterator[None]:
             ) from None
         record_holder(fd)
         sweep_ray_leftovers(run_dir)
+        record_owner(run_dir)
         yield
 
 
-def record_ray(run_dir: Path) -> list[int]:
-    """Record the processes of the local Ray instance this process started (none when it joined
-    a cluster or Ray is not running here); returns their pids."""
-    import ray
-
-    node = getattr(ray._private.worker, "_global_node", None)  # set only where this process started Ray
-    if not ray.is_initialized() or node is None or not getattr(node, "head", False):
-        return []
-    session = node.session_name
+def record_owner(run_dir: Path) -> None:
+    """Record this process as the one that may start Ray for `run_dir` (see the module's doc)."""
     me = os.getpid()
-    processes = []
-    for pid in _descendants(me):
-        marker = _ray_marker(process_cmdline(pid), session)
-        if marker:
-            processes.append({"pid": pid, "start": process_start(pid), "marker": marker})
-    record = {"session": session, "owner_pid": me, "owner_start": process_start(me), "processes": processes}
+    record = {"owner_pid": me, "owner_start": process_start(me), "recorded_at": time.time()}
+    with contextlib.suppress(OSError, ValueError):  # this process owned it before: its Ray may be older
+        earlier = json.loads((Path(run_dir) / RAY_FILE).read_text())
+        if (earlier.get("owner_pid"), earlier.get("owner_start")) == (me, record["owner_start"]):
+            record["recorded_at"] = min(record["recorded_at"], float(earlier["recorded_at"]))
     atomic_write_text(Path(run_dir) / RAY_FILE, json.dumps(record, indent=1) + "\n")
-    return [p["pid"] for p in processes]
 
 
-def _ray_marker(cmdline: str, session: str) -> str | None:
-    """What marks a process as this Ray session's: the session name in its command line (GCS,
-    raylet, monitors), or, for the processes Ray retitles (`ray::DashboardAgent`,
-    `ray::RuntimeEnvAgent`, workers), that title, found among the driver's descendants.
+def session_matcher(record: dict):
+    """A function telling whether a text (a command line, an open file's path) names a Ray
+    session the recorded owner started: named after its pid and dated no earlier than its record.
 
-    >>> _ray_marker("raylet --session_dir=/tmp/ray/session_1_2", "session_1_2")
-    'session_1_2'
-    >>> _ray_marker("ray::DashboardAgent", "session_1_2"), _ray_marker("sleep 300", "session_1_2")
-    ('ray::DashboardAgent', None)
+    >>> at = datetime(2026, 1, 2, 3, 4, 0).timestamp()
+    >>> names = session_matcher({"owner_pid": 77, "recorded_at": at})
+    >>> names("/tmp/ray/session_2026-01-02_03-04-05_123456_77/logs/raylet.out"), names("ray::IDLE")
+    (True, False)
+    >>> names("raylet --session_name=session_2026-01-02_03-04-05_123456_177")  # another driver's
+    False
+    >>> names("session_2026-01-01_23-59-59_1_77")  # dated before the record: an earlier process of that pid
+    False
     """
-    if session in cmdline:
-        return session
-    if cmdline.startswith("ray::"):
-        return cmdline.split()[0]
-    return None
+    pattern = re.compile(r"session_(\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d)_\d+_%d(?!\d)" % int(record["owner_pid"]))
+    since = float(record.get("recorded_at", 0.0)) - 1.0  # the session's stamp has whole seconds
+
+    def names(text: str) -> bool:
+        return any(datetime.strptime(stamp, "%Y-%m-%d_%H-%M-%S").timestamp() >= since
+                   for stamp in pattern.findall(text))
+    return names
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (children, theirs, ...), from /proc."""
-    children: dict[int, list[int]] = {}
+def _open_files(pid: int) -> list[str]:
+    """Where `pid`'s open file descriptors point ([] where that cannot be read)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    targets = []
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return targets
+
+
+def session_processes(record: dict) -> list[int]:
+    """The live processes of the Ray sessions the recorded owner started: started no earlier than
+    it, and naming such a session in their command line or an open file's path."""
+    names, since, me = session_matcher(record), record.get("owner_start") or 0, os.getpid()
+    found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (entry / "stat").read_text()
-                children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = int(entry.name)
+        start = process_start(pid)
+        if start is None or start < since:
+            continue
+        if names(process_cmdline(pid)) or any(names(target) for target in _open_files(pid)):
+            found.append(pid)
     return found
 
 
 def sweep_ray_leftovers(run_dir: Path, grace_s: float = RAY_GRACE_S) -> list[int]:
-    """Stop the Ray processes a dead earlier owner of `run_dir` recorded and left running
-    (same pid, same start time, its marker in its command line); returns their pids.
-    Call only while holding the folder (`own_run`): then the recorder is not running."""
+    """Stop the processes of the Ray sessions a dead earlier owner of `run_dir` started and left
+    running; returns their pids. Call only while holding the folder (`own_run`): then the
+    recorder is not running."""
     path = Path(run_dir) / RAY_FILE
     try:
         record = json.loads(path.read_text())
@@ -132,12 +152,14 @@ def sweep_ray_leftovers(run_dir: Path, grace_s: float = RAY_GRACE_S) -> list[int
         return []
     if process_start(record.get("owner_pid", 0)) == record.get("owner_start"):
         return []  # its recorder lives (this very process, on a second session): its Ray is in use
-    session = record.get("session") or "\0"
-    left = [p["pid"] for p in record.get("processes", [])
-            if process_start(p["pid"]) == p["start"] and p.get("marker", session) in process_cmdline(p["pid"])]
+    if not isinstance(record.get("owner_pid"), int) or process_start(record["owner_pid"]) is not None:
+        path.unlink(missing_ok=True)  # no owner named, or its pid now runs another process: that one's Ray is its own
+        return []
+    left = session_processes(record)
     if left:
         log.warning("stopping %d process(es) of Ray session %s left running by a killed earlier run of %s "
-                    "(pids %s)", len(left), session, run_dir, ", ".join(map(str, left)))
+                    "(pids %s)", len(left), f"session_*_{record['owner_pid']}", run_dir,
+                    ", ".join(map(str, left)))
         _stop(left, grace_s)
     path.unlink(missing_ok=True)
     return left

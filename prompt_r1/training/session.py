@@ -56,6 +56,8 @@ if TYPE_CHECKING:  # the caller opens the warehouse; the library only reads and 
 
 log = logging.getLogger(__name__)
 
+CLOSE_PATIENCE_S = 120.0  # how long stopping a run holds off a further Ctrl-C (then it interrupts as usual)
+
 
 def training_pool(warehouse: Warehouse, cfg: Config) -> tuple[list[QuestionRow], list[QuestionRow]]:
     """(train, validation) questions: train split, seeded shuffle, capped, a held-out share."""
@@ -139,7 +141,7 @@ class TrainingSession:
         try:
             self._start()
         except BaseException:  # a later stage failed (or SIGTERM/Ctrl-C): stop what earlier ones started
-            self._stack.close()
+            self._close()
             raise
         return self
 
@@ -211,7 +213,16 @@ class TrainingSession:
         log.info("resumed from %s: next step %d, data position %d", checkpoint, self.step, self.position)
 
     def __exit__(self, *exc: Any) -> None:
-        self._stack.close()
+        self._close()
+
+    def _close(self) -> None:
+        """Stop what `_start` started, newest first. A second Ctrl-C is held off meanwhile
+        (`interrupts_held`; each stop has its own deadline): cut short, it would leave actors,
+        servers or Ray's agents running."""
+        from prompt_r1.core.signals import interrupts_held
+
+        with interrupts_held("stopping the run's actors and servers", CLOSE_PATIENCE_S):
+            self._stack.close()
 
     def mark_finished(self) -> None:
         """The run is complete: later resumes of it are refused."""
@@ -228,16 +239,13 @@ class TrainingSession:
 
     def _start_pool(self):
         from prompt_r1.rollout.ray_pool import RolloutPool, cpus_needed, init_ray
-        from prompt_r1.training.run_owner import record_ray
 
         init_ray(self.cfg.rollout, cpus_needed(self.cfg))
-        record_ray(self.run_dir)  # Ray's own processes, for the sweep if this process dies while the actors start
         cfg = self.actor_cfg
         # a learner in Ray says where its ranks run: colocated engines go beside them (`rollout.colocate`)
         placements = getattr(self.learner, "placements", None)
         pool = self._stack.enter_context(RolloutPool(cfg, self.model_path, self.cfg.rollout.num_workers,
                                                      learner_placements=placements))
-        record_ray(self.run_dir)  # what the next owner stops if this process is killed (Ray's agents are up now)
         return pool
 
     # -- stages (each one Prefect task in the flow) --------------------------------------
