@@ -126,6 +126,13 @@ CREATE TABLE IF NOT EXISTS baseline_instructions (
     created_at    TIMESTAMP NOT NULL
 );
 
+CREATE TABLE IF NOT EXISTS question_renames (
+    old_id        VARCHAR PRIMARY KEY,  -- a question's id under an earlier row-key rule
+    new_id        VARCHAR NOT NULL,     -- its id now; trajectories, env calls and predictions follow it
+    source_file   VARCHAR NOT NULL,
+    renamed_at    TIMESTAMP NOT NULL
+);
+
 -- Warehouses made before environment failures were recorded as such: add the error columns and
 -- let failed rows hold NULL scores (each statement is a no-op on a current file).
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS error VARCHAR;

@@ -38,8 +38,11 @@ QUESTION_COLUMNS = pa.schema([
     ("question", pa.string()), ("golds", pa.list_(pa.string())), ("task_family", pa.string()),
     ("primary_metric", pa.string()), ("row_index", pa.int64()),
 ])
-# A question counts as updated when one of these differs from the stored row.
-_CONTENT = ("dataset", "split", "question", "golds", "task_family", "primary_metric", "row_index")
+# A question counts as updated when one of these differs from the stored row (a row that only
+# moved in its file is rewritten, not counted).
+_CONTENT = ("dataset", "split", "question", "golds", "task_family", "primary_metric")
+# Tables that refer to questions by id: a re-keyed question's rows follow it.
+_QUESTION_REFS = ("trajectories", "env_calls", "eval_predictions")
 
 
 def questions_table(rows: Iterable[QuestionRow]) -> pa.Table:
@@ -58,6 +61,7 @@ class SourceCounts:
     updated: int
     removed: int
     unchanged: int
+    rekeyed: int = 0  # stored under another id before (an earlier row-key rule), found by their text
 
 
 def lock_holder(message: str) -> str:
@@ -187,7 +191,7 @@ class Warehouse:
 
     def add_source(
         self, source_file: str, content_hash: str, dataset: str,
-        rows: pa.Table | Iterable[QuestionRow],
+        rows: pa.Table | Iterable[QuestionRow], rekey: bool = False,
     ) -> SourceCounts:
         """Write one source's questions in one transaction; the source is the truth about its rows.
 
@@ -195,6 +199,11 @@ class Warehouse:
         is stored already is updated in place when its content differs (a corrected gold answer),
         questions stored from an earlier version of `source_file` that it no longer holds are
         removed, and the source replaces that file's earlier `sources` row.
+
+        With `rekey` (a source keyed by its rows' text), questions stored for `source_file` under
+        ids it no longer gives are matched to its new ids by (dataset, split, text, repeat), and
+        every row that refers to them (trajectories, env calls, predictions) takes the new id, so
+        a change of row-key rule loses nothing already recorded (`question_renames` keeps the map).
         """
         table = rows if isinstance(rows, pa.Table) else questions_table(rows)
         table = table.select(QUESTION_COLUMNS.names).cast(QUESTION_COLUMNS)
@@ -203,6 +212,7 @@ class Warehouse:
         with self.transaction() as cur:
             cur.register("incoming", table)
             try:
+                rekeyed = self._rekey(cur, source_file, now) if rekey else 0
                 inserted, updated = cur.execute(
                     f"SELECT count(*) FILTER (WHERE q.question_id IS NULL), "
                     f"count(*) FILTER (WHERE q.question_id IS NOT NULL AND ({changed})) "
@@ -210,8 +220,8 @@ class Warehouse:
                 # Only changed rows are rewritten (an upsert of every row costs ~10x on 100k rows).
                 cur.execute(
                     "UPDATE questions q SET " + ", ".join(f"{c} = i.{c}" for c in _CONTENT)
-                    + f", ingested_at = ? FROM incoming i WHERE q.question_id = i.question_id AND ({changed})",
-                    [now])
+                    + f", row_index = i.row_index, ingested_at = ? FROM incoming i WHERE q.question_id = i.question_id "
+                    f"AND ({changed} OR i.row_index IS DISTINCT FROM q.row_index)", [now])
                 cur.execute(
                     "UPDATE questions q SET source_file = ?, source_hash = ? FROM incoming i "
                     "WHERE q.question_id = i.question_id", [source_file, content_hash])
@@ -227,7 +237,31 @@ class Warehouse:
             cur.execute("DELETE FROM sources WHERE source_file = ?", [source_file])
             cur.execute("INSERT INTO sources VALUES (?,?,?,?,?)",
                         [source_file, content_hash, dataset, table.num_rows, now])
-        return SourceCounts(inserted, updated, removed, table.num_rows - inserted - updated)
+        return SourceCounts(inserted - rekeyed, updated, removed - rekeyed, table.num_rows - inserted - updated, rekeyed)
+
+    @staticmethod
+    def _rekey(cur, source_file: str, now: datetime) -> int:
+        """Point the rows that refer to `source_file`'s questions stored under ids `incoming` no
+        longer has at the ids `incoming` gives the same (dataset, split, text, repeat); returns
+        how many questions were re-keyed. The stored questions themselves are then replaced by
+        `add_source`'s insert and removal, like any other change."""
+        cur.execute(
+            "CREATE OR REPLACE TEMP TABLE renames AS "
+            "WITH stored AS (SELECT question_id AS old_id, dataset, split, question, ROW_NUMBER() OVER "
+            "  (PARTITION BY dataset, split, question ORDER BY row_index, question_id) AS n FROM questions "
+            "  WHERE source_file = ? AND question_id NOT IN (SELECT question_id FROM incoming)), "
+            "fresh AS (SELECT question_id AS new_id, dataset, split, question, ROW_NUMBER() OVER "
+            "  (PARTITION BY dataset, split, question ORDER BY row_index) AS n FROM incoming "
+            "  WHERE question_id NOT IN (SELECT question_id FROM questions)) "
+            "SELECT old_id, new_id FROM stored JOIN fresh USING (dataset, split, question, n)", [source_file])
+        count = cur.execute("SELECT count(*) FROM renames").fetchone()[0]
+        if count:
+            for ref in _QUESTION_REFS:
+                cur.execute(f"UPDATE {ref} t SET question_id = r.new_id FROM renames r WHERE t.question_id = r.old_id")
+            cur.execute("INSERT OR REPLACE INTO question_renames SELECT old_id, new_id, ?, ? FROM renames",
+                        [source_file, now])
+        cur.execute("DROP TABLE renames")
+        return count
 
     def questions(
         self,

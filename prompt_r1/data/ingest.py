@@ -3,8 +3,12 @@
 Every source becomes rows of the `questions` table with its dataset, split, task family and
 primary metric. One source row is one question, even when two rows share their text: its id is
 a hash of (dataset, split, row key), the row key being the source's own `id` value when it has
-an `id` column and `<file name>:<row index>` otherwise. So re-ingesting finds the same ids, and a
-corrected file updates its questions in place (the report says how many).
+an `id` column, and otherwise the question text's hash with which repeat of that text the row is
+(`content_keys`): inserting, removing or moving a line changes no other question's id. So
+re-ingesting finds the same ids, and a corrected file updates its questions in place (the report
+says how many). Questions a warehouse stored under the earlier positional key
+(`<file name>:<row index>`) are re-keyed by their text when their source is next ingested, with
+every row that refers to them (`Warehouse.add_source`).
 
 A source is identified by the hash of its content and of how that content maps to questions,
 so re-ingesting an unchanged source is a no-op. Sources are read in bulk (DuckDB reads Parquet
@@ -25,7 +29,7 @@ import pyarrow as pa
 
 from prompt_r1.data.files import READERS
 from prompt_r1.data.rows import (
-    DEFAULT_METRIC, ID_COLUMN, INGEST_FORMAT, MAX_QUESTION_CHARS, Columns, IngestError, IngestReport, _not_empty,
+    DEFAULT_METRIC, ID_COLUMN, INGEST_FORMAT, KEYED_BY_CONTENT, MAX_QUESTION_CHARS, Columns, IngestError, IngestReport, _not_empty,
     build_table, source_hash,
 )
 from warehouse.store import Warehouse
@@ -77,9 +81,11 @@ def discover(source: Path) -> list[Path]:
 
 def _store(wh: Warehouse, source: str, content_hash: str, table: pa.Table) -> IngestReport:
     dataset = table.column("dataset")[0].as_py()
-    counts = wh.add_source(source, content_hash, dataset, table)
-    report = IngestReport(source, dataset, counts.inserted, False, counts.updated, counts.removed)
-    (log.warning if counts.updated or counts.removed else log.info)("%s: %s", source, report.describe())
+    by_content = (table.schema.metadata or {}).items() >= KEYED_BY_CONTENT.items()
+    counts = wh.add_source(source, content_hash, dataset, table, rekey=by_content)
+    report = IngestReport(source, dataset, counts.inserted, False, counts.updated, counts.removed, counts.rekeyed)
+    (log.warning if counts.updated or counts.removed or counts.rekeyed else log.info)(
+        "%s: %s", source, report.describe())
     return report
 
 

@@ -26,7 +26,10 @@ DEFAULT_METRIC = {"multihop_qa": "f1", "standard_qa": "f1", "math": "em", "gener
 MAX_QUESTION_CHARS: int = DataConfig.model_fields["max_question_chars"].default
 ID_COLUMN = "id"  # a source column with this name gives each row its key
 # Part of every content hash: when the way rows become questions changes, sources re-ingest.
-INGEST_FORMAT = 3
+INGEST_FORMAT = 4
+# Arrow schema metadata of a built table whose ids come from the rows' text (no `id` column): the
+# warehouse then re-keys questions it stored for the same source under other ids, by their text.
+KEYED_BY_CONTENT = {b"prompt_r1.row_keys": b"content"}
 QUESTION_ROLE = "user"
 """A row given as chat messages ({role, content}, the Parquet `prompt` column) holds its question in
 the LAST message of this role, as chat datasets mean it. System messages and earlier turns are the
@@ -68,6 +71,7 @@ class IngestReport:
     skipped: bool  # already ingested (same content hash)
     updated: int = 0  # stored questions whose text, gold answers or labels changed
     removed: int = 0  # questions of an earlier version of this source that it no longer holds
+    rekeyed: int = 0  # questions stored under their earlier positional id, now keyed by their text
 
     def describe(self) -> str:
         """What the ingest changed, in words.
@@ -82,6 +86,8 @@ class IngestReport:
             parts.append(f"{self.updated} updated (question text, gold answers or labels changed)")
         if self.removed:
             parts.append(f"{self.removed} removed (no longer in the source)")
+        if self.rekeyed:
+            parts.append(f"{self.rekeyed} re-keyed by their text (their trajectories and predictions follow them)")
         return ", ".join(parts)
 
 
@@ -96,7 +102,7 @@ class Columns:
     task_family: str | list
     primary_metric: str | list
     ids: list | None  # the source's own `id` column, when it has one
-    key_prefix: str  # row key without an id column: f"{key_prefix}:{row index}"
+    key_prefix: str  # names the source (a file name, `hf:<name>`) in every row key without an id column
     gold_field: str  # where the gold answers come from, for error messages
 
 
@@ -195,19 +201,35 @@ def build_table(cols: Columns, where: Callable[[int], str], max_question_chars: 
             golds.append(_golds(g))
         except ValueError as err:
             raise IngestError(f"{where(i)} field {cols.gold_field}: {err}") from None
-    keys = _row_keys(cols, where)
     per_row = {f: getattr(cols, f) if isinstance(getattr(cols, f), list) else [getattr(cols, f)] * n
                for f in ("dataset", "split", "task_family", "primary_metric")}
+    keys = _row_keys(cols, where) if cols.ids is not None else \
+        content_keys(cols.key_prefix, list(zip(per_row["dataset"], per_row["split"], questions)))
     ids = [question_id(d, s, k) for d, s, k in zip(per_row["dataset"], per_row["split"], keys)]
-    return pa.table({"question_id": ids, **{f: per_row[f] for f in ("dataset", "split")},
-                     "question": questions, "golds": golds,
-                     **{f: per_row[f] for f in ("task_family", "primary_metric")},
-                     "row_index": list(range(n))}, schema=QUESTION_COLUMNS)
+    table = pa.table({"question_id": ids, **{f: per_row[f] for f in ("dataset", "split")},
+                      "question": questions, "golds": golds,
+                      **{f: per_row[f] for f in ("task_family", "primary_metric")},
+                      "row_index": list(range(n))}, schema=QUESTION_COLUMNS)
+    return table if cols.ids is not None else table.replace_schema_metadata(KEYED_BY_CONTENT)
+
+
+def content_keys(source: str, rows: list[tuple[str, str, str]]) -> list[str]:
+    """Row keys of a source without an `id` column, from its name and each row's (dataset,
+    split, question text): the text's hash, and which repeat of that text this row is (0 for the
+    first), so inserting, removing or moving a row leaves every other row's key as it was.
+
+    >>> content_keys("qa.jsonl", [("d", "test", "Q1"), ("d", "test", "Q2"), ("d", "test", "Q1")])
+    ['qa.jsonl:text:32d833f348ce377c#0', 'qa.jsonl:text:8845886be6cbcf28#0', 'qa.jsonl:text:32d833f348ce377c#1']
+    """
+    seen: dict[tuple[str, str, str], int] = {}
+    keys = []
+    for row in rows:
+        n = seen[row] = seen.get(row, -1) + 1
+        keys.append(f"{source}:text:{hashlib.sha256(row[2].encode()).hexdigest()[:16]}#{n}")
+    return keys
 
 
 def _row_keys(cols: Columns, where: Callable[[int], str]) -> list[str]:
-    if cols.ids is None:
-        return [f"{cols.key_prefix}:{i}" for i in range(len(cols.questions))]
     seen: dict[str, int] = {}
     for i, value in enumerate(cols.ids):
         if value is None or str(value).strip() == "":
