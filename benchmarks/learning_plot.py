@@ -11,6 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 COLOURS = {"trained": "tab:blue", "control": "tab:grey"}
+OTHER_COLOURS = ("tab:purple", "tab:brown", "tab:olive", "tab:cyan")  # further seeds; not the probe panel's green/red
+
+
+def _colours(arms: list[str]) -> dict[str, str]:
+    """One colour per arm: the fixed ones, then the others in order (each seed its own).
+
+    >>> _colours(["trained", "trained-seed1", "control"])
+    {'trained': 'tab:blue', 'trained-seed1': 'tab:purple', 'control': 'tab:grey'}
+    """
+    others = iter(OTHER_COLOURS * len(arms))
+    return {arm: COLOURS.get(arm) or next(others) for arm in arms}
 
 
 def _series(curve: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -27,8 +38,9 @@ def plot(saved: dict, path: Path) -> None:
     results, verdict = saved["results"], saved.get("verdict")
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     (reward_ax, answer_ax), (groups_ax, probe_ax) = axes
+    colours = _colours(list(results))
     for arm, result in results.items():
-        colour = COLOURS.get(arm, None)
+        colour = colours[arm]
         reward_ax.plot(*_series(result["curve"], "reward_mean"), marker="o", color=colour, label=arm)
         answer_ax.plot(*_series(result["curve"], "answer_mean"), marker="o", color=colour, label=f"{arm}: answer")
         answer_ax.plot(*_series(result["curve"], "format_valid"), ls="--", color=colour, label=f"{arm}: format valid")
@@ -59,11 +71,12 @@ def _probe_panel(ax, results: dict, verdict: dict | None) -> None:
         ax.plot([0, 1], [b, a], color=colour, alpha=0.6, lw=1)
     for arm, result in results.items():
         means = [sum(r["answer_score"] for r in result[k]) / len(result[k]) for k in ("probe_before", "probe_after")]
-        ax.plot([0, 1], means, color=COLOURS.get(arm), lw=3, marker="o", label=f"{arm} mean")
+        ax.plot([0, 1], means, color=_colours(list(results))[arm], lw=3, marker="o", label=f"{arm} mean")
     title = f"probe answer score, {len(before)} questions (green up, red down)"
     if verdict:
-        gain = verdict["trained_gain"]
-        title += f"\ntrained {gain['diff']:+.3f} [{gain['ci_low']:+.3f}, {gain['ci_high']:+.3f}]"
+        gains = verdict.get("seed_gains") or {"trained": verdict["trained_gain"]}
+        title += "\n" + "; ".join(f"{arm} {g['diff']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]"
+                                  for arm, g in gains.items())
         if "trained_vs_control" in verdict:
             vs = verdict["trained_vs_control"]
             title += f"; vs control {vs['diff']:+.3f} [{vs['ci_low']:+.3f}, {vs['ci_high']:+.3f}]"
