@@ -7,7 +7,7 @@
 # process under its own deadline. Results: $GPU_CHECK_OUT/gpu_check.json and gpu_check.log. Without
 # CUDA it exits 2 (CI has no GPU).
 #
-#   bash scripts/gpu_check.sh              # on the GPU machine (GPU_CHECK_OUT=$OUT/gpu_check)
+#   bash scripts/gpu_check.sh              # on the GPU host (results in GPU_CHECK_OUT, default runs/gpu_check)
 #   bash scripts/gpu_check.sh --dry-run    # here: CPU, tiny shapes, a venv that sees only the GPU
 #                                          # machine's packages; checks the code, measures nothing
 #
