@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import importlib
 import math
-from array import array
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prompt_r1.core.failures import UserError
 
@@ -118,22 +117,28 @@ def turn_advantages(turn_rewards: Sequence[TurnRewards], group_ids: Sequence[Has
 def informative(rewards: Sequence[float], turn_rewards: Sequence[TurnRewards],
                 group_ids: Sequence[Hashable]) -> list[bool]:
     """Per trajectory: does its group carry a signal, in the outcome or in some turn's reward?
-    (>= 2 members, and the outcomes differ or some turn's defined rewards differ.) Outcomes are
-    compared in float32, as `core.grpo.informative_groups` compares them.
+    (>= 2 members, and the outcomes differ or some turn's defined rewards differ.) The outcome
+    part is `core.grpo.informative_groups`, the rule the paper's GRPO uses.
 
     >>> informative([1.0, 1.0, 0.0, 0.0], [[None, 1.0], [None, 0.5], [None], [None]], ["a", "a", "b", "b"])
     [True, True, False, False]
     """
+    import torch
+
+    from prompt_r1.core.grpo import informative_groups
+
+    index = {g: i for i, g in enumerate(dict.fromkeys(group_ids))}
+    outcome = informative_groups(torch.tensor(list(rewards), dtype=torch.float64),
+                                 torch.tensor([index[g] for g in group_ids])).tolist()
     members: dict[Hashable, int] = {}
-    seen: dict[tuple[Hashable, Any], set[float]] = {}
-    for reward, turns, group in zip(rewards, turn_rewards, group_ids, strict=True):
+    seen: dict[tuple[Hashable, int], set[float]] = {}
+    for turns, group in zip(turn_rewards, group_ids, strict=True):
         members[group] = members.get(group, 0) + 1
-        seen.setdefault((group, "outcome"), set()).add(array("f", [reward])[0])
         for t, r in enumerate(turns):
             if r is not None:
                 seen.setdefault((group, t), set()).add(float(r))
     varied = {group for (group, _), values in seen.items() if len(values) > 1}
-    return [members[g] > 1 and g in varied for g in group_ids]
+    return [o or (members[g] > 1 and g in varied) for o, g in zip(outcome, group_ids)]
 
 
 def turn_spans(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
