@@ -3,7 +3,7 @@
 vLLM generates about 3x faster than transformers on this CPU (BENCHMARKS.md, "Rollout"), but a
 training step is more than generation: the learner's update is the same for both, a vLLM engine
 takes longer to start, and every step pushes the new weights into it. So this trains the demo's
-own config (`configs/demo.yaml`: its steps, batch, validation and checkpoints) once per backend
+own config (`configs/demo-single-hop.yaml`: its steps, batch, validation and checkpoints) once per backend
 against one managed environment server, and compares the whole training session: start-up
 (learner, rollout actor and its engine), each step (rollout, update, weight sync) and the
 validations. The transformers arm runs first; ratios are against it, measured in the same process.
@@ -87,7 +87,7 @@ def train_once(cfg: Config, env: EnvConfig, home: Path, name: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
+    parser.add_argument("--config", default=str(ROOT / "configs" / "demo-single-hop.yaml"))
     parser.add_argument("--steps", type=int, default=None, help="train.steps (default: the config's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--keep-runs", action="store_true", help="Keep the runs' scratch home (removed by default).")

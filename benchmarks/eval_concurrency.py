@@ -46,7 +46,7 @@ def main() -> None:
         overrides = {"eval.suites": ["in_domain", "ood"], "eval.limit_per_dataset": args.limit,
                      "agent.model": args.agent, "agent.max_new_tokens": 96, "rollout.max_turns": 2,
                      "eval.agent_checkpoints": ["base"]}
-        cfg = load_config(ROOT / "configs/demo.yaml", overrides)
+        cfg = load_config(ROOT / "configs/demo-single-hop.yaml", overrides)
         agents = resolve_agents(cfg)
         start = time.perf_counter()
         outcome = evaluate(cfg, wh, "slice", agents, [env])

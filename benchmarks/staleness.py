@@ -3,7 +3,7 @@ the managed vLLM environment server directly and behind a proxy that adds 1-3 s 
 (a hosted API's latency); (b) on that proxy, our rollout loop vs a turn-synchronous loop that
 calls the environment one request at a time.
 
-(a) Demo-like settings (configs/demo.yaml: SmolLM2 agent with the protocol warm start, SmolLM2
+(a) Demo-like settings (configs/demo-single-hop.yaml: SmolLM2 agent with the protocol warm start, SmolLM2
 environment on one managed vLLM server), a few steps, no validation, one checkpoint at the end.
 Steps per hour = steps / (time from the run's first stage to its last step's end); start-up
 (models, actors) is not counted. One server serves all four runs; the proxy is
@@ -42,7 +42,7 @@ log = logging.getLogger("benchmarks.staleness")
 
 
 def demo_like(args: argparse.Namespace) -> Config:
-    return load_config(ROOT / "configs" / "demo.yaml", {
+    return load_config(ROOT / "configs" / "demo-single-hop.yaml", {
         "agent.model": args.agent, "agent.backend": args.backend, "agent.max_new_tokens": args.new_tokens,
         "rollout.batch_questions": args.batch_questions, "rollout.group_size": args.group_size,
         "train.steps": args.steps, "train.checkpoint_every": args.steps, "train.keep_checkpoints": 1,

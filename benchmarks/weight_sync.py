@@ -4,7 +4,7 @@ Why it exists: after every GRPO update the learner syncs the rollout engines
 (`TrainingSession.broadcast`: `weights_for_sync` -> `RolloutPool.broadcast`, verified by version
 and checksum on every engine). Under full fine-tuning that is every weight in `agent.dtype`; under
 `agent.lora.enabled` only the adapter. This measures both for the demo agent
-(`smollm2-135m-protocol`, float32 as `configs/demo.yaml` runs it) with a LoRA adapter of rank
+(`smollm2-135m-protocol`, float32 as `configs/demo-single-hop.yaml` runs it) with a LoRA adapter of rank
 `--r` on `--targets`, through a real `RolloutPool` of one transformers actor:
 - bytes sent (the tensors of the `WeightUpdate`);
 - `build s`: the learner making the update (merging or extracting, the copy to CPU, the checksum);

@@ -1,12 +1,16 @@
 """`make demo`: the main job on the embedded defaults, end to end, with timings.
 
-Ingests the sample data (and `--data` if given), starts the managed vLLM environment(s), trains
-SmolLM2-135M-Instruct with GRPO against SmolLM2, evaluates base vs trained agent vs `direct` and
-`cot` against the two demo environments, registers the agent, and prints the results table
-(each environment marked held out or trained on: Gemma 3 is held out, training used SmolLM2;
-the trained agent on held-out environments; tokens, dollars per question and per correct answer
-at the config's illustrative prices), where the plots are, and how to open the MLflow and
-Prefect UIs. `--quick` evaluates against SmolLM2 alone, so its split shows no held-out environment.
+Ingests the two-hop task and the sample data (and `--data` if given), starts the managed vLLM
+environment(s), trains the follow-up agent (SmolLM2-135M-Instruct after a format warm start) with
+GRPO and the follow-up call's turn reward against SmolLM2 on two-hop questions, evaluates base vs
+trained agent vs `direct` and `cot` against the two demo environments on 40 held-out two-hop
+questions and the single-hop sample datasets (the out-of-task check), registers the agent, and
+prints the results table (each environment marked held out or trained on: Gemma 3 is held out,
+training used SmolLM2; tokens, dollars per question and per correct answer at the config's
+illustrative prices), then what training changed (both checkpoints with intervals, their paired
+change, and what the agent did with the environment before -> after), where the plots are, and
+how to open the MLflow and Prefect UIs. `--quick` trains one small step and evaluates against
+SmolLM2 alone (so its split shows no held-out environment), on the same 40 two-hop questions.
 """
 
 from __future__ import annotations
@@ -19,12 +23,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = {  # `make demo QUICK=1`: same pipeline, smaller numbers (under 10 minutes here): one
-    # GRPO step on 2 questions x 2 samples, 2 validation questions, 1 test question per dataset,
-    # the agent methods with the environment only, against the first demo environment only (the
-    # full demo adds agent_only, the OPRO baseline and the transfer to Gemma 3)
-    "train.steps": 1, "rollout.group_size": 2, "train.validation_questions": 2,
-    "agent.max_new_tokens": 64, "eval.limit_per_dataset": 1,
+QUICK = {  # `make demo QUICK=1`: same pipeline, smaller numbers: one GRPO step on 2 two-hop
+    # questions x 4 samples, the same 40 held-out two-hop questions but 1 question per sample
+    # dataset, the agent methods with the environment only, against the first demo environment only
+    # (the full demo adds agent_only, the OPRO baseline and the transfer to Gemma 3)
+    "train.steps": 1, "rollout.batch_questions": 2, "rollout.group_size": 4, "eval.limit_per_dataset": 1,
 }
 QUICK_DROPS = ("agent_only", "opro", "gepa", "textgrad")
 
@@ -49,7 +52,7 @@ def main() -> int:
         overrides["eval.methods"] = [m for m in base.eval.methods if m not in QUICK_DROPS]
     if args.data:
         overrides["eval.suites"] = list(dict.fromkeys(base.eval.suites + ["in_domain", "ood"]))
-        overrides["eval.limit_per_dataset"] = 2  # 16 datasets: keep the demo within its time
+        overrides["eval.limit_per_dataset"] = 2  # 16 more datasets: keep the demo within its time
     t_start = time.perf_counter()
     from prompt_r1.models.resolver import resolve_agent
     from prompt_r1.models.bundled import resolve_model
@@ -67,6 +70,9 @@ def main() -> int:
     total = time.perf_counter() - t_start
     report = Path(result["evaluate"]["report"])
     print("\n" + report.read_text())
+    effect = report.parent / "training_effect.md"
+    if effect.exists():  # the headline again, after the long report
+        print("\n" + effect.read_text())
     before, after = result["train"]["validation_before"], result["train"]["validation"]
     if "val_reward" in after:
         print(f"Held-out validation reward, before -> after training: "

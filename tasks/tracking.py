@@ -406,7 +406,8 @@ def log_datasets(warehouse: "Warehouse", cfg: Config, purpose: str) -> dict[str,
         train, val = training_pool(warehouse, cfg)
         named = {"training": ("training", train), "validation": ("validation", val)}
     elif purpose == "evaluation":
-        named = {f"suite:{s}": ("evaluation", select_questions(warehouse, [s], cfg.eval.limit_per_dataset))
+        named = {f"suite:{s}": ("evaluation", select_questions(warehouse, [s], cfg.eval.limit_per_dataset,
+                                                                    cfg.eval.dataset_limits))
                  for s in cfg.eval.suites}
     else:
         raise ValueError(f"log_datasets: purpose must be `training` or `evaluation`, not {purpose!r}")

@@ -5,7 +5,7 @@ rule of where its agent engines run (`engine_place`), stated here for both `eval
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -51,6 +51,11 @@ class EvalConfig(StrictModel):
         description="`in_domain`, `ood`, `sample`, or dataset names.",
     )
     limit_per_dataset: int | None = Field(8, ge=1, description="Questions per dataset (None = all).")
+    dataset_limits: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict,
+        description="Questions of the named datasets, in place of `limit_per_dataset` (e.g. `{compositional_probe: "
+        "40}` beside 3 per sample dataset); a name that no suite evaluates is an error.",
+    )
     environments: list[EnvConfig] = Field(
         default_factory=list, description="Environment LLMs to evaluate against (empty = the training ones: the "
         "`train.environments` pool, else `environment`)."

@@ -100,11 +100,26 @@ def suite_datasets(warehouse: Warehouse, suites: Sequence[str]) -> list[tuple[st
     return wanted
 
 
-def select_questions(warehouse: Warehouse, suites: Sequence[str], limit: int | None) -> list[QuestionRow]:
+def select_questions(warehouse: Warehouse, suites: Sequence[str], limit: int | None,
+                     dataset_limits: Mapping[str, int] | None = None) -> list[QuestionRow]:
+    """The first `limit` questions of each dataset of `suites` (`dataset_limits` for those it names)."""
+    named = suite_datasets(warehouse, suites)
+    dataset_limits = dataset_limits or {}
     out: list[QuestionRow] = []
-    for dataset, split in suite_datasets(warehouse, suites):
-        out += warehouse.questions(splits=[split], datasets=[dataset], limit_per_dataset=limit)
+    for dataset, split in named:
+        out += warehouse.questions(splits=[split], datasets=[dataset],
+                                   limit_per_dataset=dataset_limits.get(dataset, limit))
     return out
+
+
+def check_dataset_limits(warehouse: Warehouse, cfg: Config) -> None:
+    """`eval.dataset_limits` may only name datasets that `eval.suites` evaluates: a typo would
+    otherwise leave the limit it meant to set silently at `limit_per_dataset`."""
+    evaluated = {d for d, _ in suite_datasets(warehouse, cfg.eval.suites)}
+    unknown = sorted(set(cfg.eval.dataset_limits) - evaluated)
+    if unknown:
+        raise EvalError(f"eval.dataset_limits names {', '.join(unknown)}, which no suite of eval.suites "
+                        f"({', '.join(cfg.eval.suites)}) evaluates; evaluated: {', '.join(sorted(evaluated))}")
 
 
 async def _env_method(env, questions: list[QuestionRow], method: str, concurrent: bool,
@@ -324,7 +339,8 @@ def evaluate(
     from prompt_r1.env import open_environment
     from prompt_r1.env.base import cost_usd
 
-    questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset)
+    check_dataset_limits(warehouse, cfg)
+    questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset, cfg.eval.dataset_limits)
     if not questions:
         raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
     environments = list(environments or cfg.eval_environments())

@@ -210,7 +210,8 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     `baselines`, the optimised instructions (results.md and baselines.json); with the environment
     `split`, held-out marks and the trained agent on held-out environments per suite (`suites`:
     suite -> datasets; results.md and heldout.csv); with the agent's `turns` (`turns.turn_rows`), what
-    it did with the environment (results.md and turns.csv). A folder the user named
+    it did with the environment (results.md and turns.csv); with both agent checkpoints, what
+    training changed (`training_effect`: results.md and training_effect.md). A folder the user named
     is checked first (`check_report_folder`)."""
     from prompt_r1.evaluation.compare import comparison_table, paired_comparisons, plot_accuracy_vs_cost
     from prompt_r1.evaluation.heldout import heldout_comparisons, heldout_table
@@ -231,8 +232,12 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
               "`answers differ`: of the `n` questions, how many got a different final answer; "
               "`dropped`: questions left out because an environment call failed under either method.\n\n"
               + comparison_table(comparisons)) if predictions is not None else ""
+    effect = _effect_section(results, comparisons, turns)
+    if effect:
+        files["training_effect"] = out_dir / "training_effect.md"
+        files["training_effect"].write_text(effect.lstrip("\n"))
     files["markdown"].write_text("# Evaluation results\n\nPrimary metric x 100 [95% bootstrap interval over "
-                                 "questions].\n\n" + markdown_table(results, held_out) + heldout_md + paired
+                                 "questions].\n\n" + markdown_table(results, held_out) + effect + heldout_md + paired
                                  + _turns_section(turns)
                                  + ("\n## Optimised instructions (prompt-optimisation baselines)\n\n"
                                     "Optimised on training questions; spend = optimisation only (the evaluation "
@@ -260,6 +265,19 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     for i, path in enumerate(plot_results(results, out_dir)):
         files[f"plot{i}"] = path
     return files
+
+
+def _effect_section(results: list[dict[str, Any]], comparisons: list[dict[str, Any]],
+                    turns: Sequence[Mapping[str, Any]] | None) -> str:
+    from prompt_r1.evaluation.training_effect import effect_rows, effect_table
+
+    rows = effect_rows(results, comparisons, turns or [])
+    if not rows:
+        return ""
+    return ("\n## What training changed (agent:trained vs agent:base, same questions)\n\nScores x 100 [95% "
+            "bootstrap interval over questions]; the change is paired over the questions both scored, with its "
+            "two-sided sign-flip p-value; the shares (of agent episodes no failure ended) are base -> trained.\n\n"
+            + effect_table(rows))
 
 
 def _turns_section(turns: Sequence[Mapping[str, Any]] | None) -> str:
