@@ -18,7 +18,7 @@ training starts and judged at the end; results go to `learning.json` and `learni
 
     .venv/bin/python benchmarks/learning.py                        # both arms, configs/learning-smollm.yaml
     .venv/bin/python benchmarks/learning.py --arms trained --steps 2   # a shorter look
-    .venv/bin/python benchmarks/learning.py --replot               # redraw from the saved JSON
+    .venv/bin/python benchmarks/learning.py --replot               # judge and redraw from the saved JSON
 
 On the compositional (two-hop) task (`configs/learning-compositional.yaml`, probe dataset
 `compositional_probe`) the result also holds the mechanism: per arm, the share of probe
@@ -202,12 +202,35 @@ def trained_arms(results: dict[str, dict]) -> list[str]:
     return [arm for arm in results if arm == "trained"] + [a for a in results if a.startswith("trained-seed")]
 
 
+def same_probe_ids(results: dict[str, dict], reference: str) -> dict[str, dict]:
+    """`results` with every arm's probe rows under `reference`'s question ids. Arms of one experiment
+    that ran on either side of a change of question ids (rows without an `id` are keyed by their
+    text since INGEST_FORMAT 4, by their line before) probe the same questions in the same (row)
+    order under other ids; an arm is relabelled only when its untrained probe matches the
+    reference's row by row in gold answers and environment prompts (the greedy untrained agent
+    passes each question on), else it is left as it is and the pairing refuses it."""
+    ref = results[reference]["probe_before"]
+    out = {}
+    for arm, r in results.items():
+        rows = r["probe_before"]
+        same = len(rows) == len(ref) and all(
+            (a["golds"], a.get("prompts")) == (b["golds"], b.get("prompts")) for a, b in zip(rows, ref))
+        if not same or [x["question_id"] for x in rows] == [x["question_id"] for x in ref]:
+            out[arm] = r
+            continue
+        ids = [x["question_id"] for x in ref]
+        out[arm] = {**r, **{part: [{**row, "question_id": qid} for row, qid in zip(r[part], ids)]
+                            for part in ("probe_before", "probe_after") if part in r}}
+    return out
+
+
 def judge(results: dict[str, dict], criteria: dict | None = None) -> dict:
     """The pre-registered criteria against the arms' figures. With several trained seeds, every
     seed's change must have its interval above 0 and their mean must reach the bar; each seed must
     keep its format, keep to the time budget and beat the control."""
     criteria = criteria or CRITERIA
     arms = trained_arms(results)
+    results = same_probe_ids(results, arms[0])
     trained = results[arms[0]]
     gains = {arm: compare(results[arm]["probe_after"], results[arm]["probe_before"], "answer_score", "gain")
              for arm in arms}
@@ -368,7 +391,8 @@ def main() -> None:
                         help="Keep the arms already in OUT/learning.json that this call does not run (an experiment "
                              "run in parts, e.g. the control after a crash); they must have the same config, "
                              "overrides and steps.")
-    parser.add_argument("--replot", action="store_true", help="Only redraw OUT/learning.png from OUT/learning.json.")
+    parser.add_argument("--replot", action="store_true", help="No training: judge the arms in OUT/learning.json again "
+                        "against its recorded criteria, rewrite its verdict and redraw OUT/learning.png.")
     parser.add_argument("--criteria", type=Path, metavar="FILE",
                         help="A pre-registered criterion file (JSON, e.g. benchmarks/criteria/*.json): the bar, and "
                              "the seeds of the trained arm; printed before training. Default: the built-in bar, one seed.")
@@ -380,6 +404,11 @@ def main() -> None:
     json_path, png_path = args.out / "learning.json", args.out / "learning.png"
     if args.replot:
         saved = json.loads(json_path.read_text())
+        results = saved["results"]
+        if "trained" in results:
+            saved["verdict"] = judge(results, saved.get("criteria"))
+            atomic_write_text(json_path, json.dumps(saved, indent=1))
+            print(report(saved["verdict"]))
         return plot(saved, png_path)
     overrides = parse_overrides(args.overrides)
     if args.steps is not None:

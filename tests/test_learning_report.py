@@ -141,3 +141,18 @@ def test_the_control_shuffles_each_outcome_with_its_turn_rewards():
     pairs = [(t.reward.total, t.turn_rewards[1]) for t in trajectories]
     assert sorted(pairs) == [(float(i), i / 10) for i in range(10)]          # moved together
     assert [p[0] for p in pairs] != [float(i) for i in range(10)]            # and moved
+
+
+def test_arms_probed_under_other_question_ids_are_paired_by_their_untrained_probe():
+    """Arms of one experiment on either side of a change of question ids (rows keyed by text, not
+    line) pair row by row when their untrained probes match; a probe that differs still refuses."""
+    n = len(CONTINENT)
+    zeros, ones = [0.0] * n, [1.0] * n
+    trained, control = _arm(zeros, ones), _arm(zeros, zeros)
+    for part in ("probe_before", "probe_after"):
+        control[part] = [{**row, "question_id": "new-" + row["question_id"]} for row in control[part]]
+    verdict = learning.judge({"trained": trained, "control": control})
+    assert verdict["trained_vs_control"]["diff"] == pytest.approx(1.0)
+    other = dict(control, probe_before=[{**r, "golds": ["elsewhere"]} for r in control["probe_before"]])
+    with pytest.raises(ValueError, match="different probe questions"):
+        learning.judge({"trained": trained, "control": other})
