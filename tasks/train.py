@@ -92,6 +92,7 @@ class FlowTrainingHooks(TrainingHooks):
         self.history: list[tuple[int, dict[str, float]]] = []  # this invocation's steps, for the table artifact
 
     def stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        self.announce(name)  # the task's own log line says only that it finished
         retries = STAGE_RETRIES.get(name, 0)
         return _stage.with_options(name=name, retries=retries, retry_delay_seconds=5 if retries else 0,
                                    retry_condition_fn=retry_unless_environment_failure)(fn, *args)

@@ -57,9 +57,14 @@ class TrainingHooks:
         `record`, `broadcast-weights`, `validate`, `checkpoint`; with `rollout.max_staleness` >= 1
         also `rollout-submit`, which queues a later step's batch and returns its `InFlight` handle
         at once, and `rollout` then collects that handle)."""
-        if name in ("rollout", "grpo-update", "validate", "checkpoint"):
-            log.info("%s ...", name)  # minutes-long stages on CPU: say what is running
+        self.announce(name)
         return fn(*args)
+
+    @staticmethod
+    def announce(name: str) -> None:
+        """Say which stage starts, for those that run for minutes on a CPU."""
+        if name in ("rollout", "grpo-update", "validate", "checkpoint"):
+            log.info("%s ...", name)
 
     def on_step(self, result: StepResult) -> None:
         shown = {k: round(v, 4) for k, v in result.metrics.items()
