@@ -174,11 +174,27 @@ def eval_rollout(cfg: Config) -> RolloutConfig:
     return cfg.rollout.model_copy(update={"max_turns": cfg.eval.max_turns or cfg.rollout.max_turns})
 
 
+def eval_batch(cfg: Config) -> int:
+    """Agent episodes evaluated together: a training step's trajectories, and with the vllm backend
+    at least `agent.vllm_max_num_seqs`, the sequences its engine's KV cache is sized to run at once
+    (a small training batch would otherwise leave the engine mostly idle between turns).
+
+    >>> from prompt_r1.config.experiment import parse_config
+    >>> shape = {"rollout": {"batch_questions": 2, "group_size": 4}}
+    >>> eval_batch(parse_config(shape)), eval_batch(parse_config({**shape, "agent": {"backend": "vllm", "vllm_max_num_seqs": 32}}))
+    (8, 32)
+    """
+    batch = cfg.rollout.batch_questions * cfg.rollout.group_size
+    if cfg.agent.backend == "vllm":
+        batch = max(batch, cfg.agent.vllm_max_num_seqs)
+    return max(1, batch)
+
+
 async def _agent_method(policy, env, questions, cfg: Config, label: str, seed: int) -> list[Prediction]:
     from prompt_r1.rollout.episode import rollout_batch
 
     preds: list[Prediction] = []
-    batch = max(1, cfg.rollout.batch_questions * cfg.rollout.group_size)
+    batch = eval_batch(cfg)
     for start in tqdm(range(0, len(questions), batch), desc=f"{env.name}:agent:{label}", leave=False):
         chunk = questions[start : start + batch]
         trajs = await rollout_batch(policy, env, chunk, eval_agent(cfg), eval_rollout(cfg), cfg.reward,
