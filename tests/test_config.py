@@ -166,7 +166,8 @@ def _number_keys() -> list[tuple[str, object, type]]:
             nested = models_in(field.annotation)
             if nested and "list" not in text:
                 walk(nested[0], f"{prefix}{name}.")
-            elif words & {"int", "float", "typing.Optional[int]", "typing.Optional[float]"} and "bool" not in words:
+            elif (words & {"int", "float", "typing.Optional[int]", "typing.Optional[float]"} and "bool" not in words
+                  and not text.startswith("dict")):  # a mapping to numbers (eval.dataset_limits) is not a number
                 found.append((f"{prefix}{name}", field.default, float if "float" in words else int))
 
     walk(Config, "")

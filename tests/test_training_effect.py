@@ -107,6 +107,9 @@ def test_dataset_limits_set_the_questions_of_the_datasets_they_name(warehouse) -
         check_dataset_limits(warehouse, cfg)
     with pytest.raises(Exception, match="greater than or equal to 1"):
         load_config(ROOT / "configs" / "smoke.yaml", {"eval.dataset_limits": {"compositional_probe": 0}})
+    for flag in (True, False):  # a boolean is never taken for a count
+        with pytest.raises(Exception, match="valid integer"):
+            load_config(ROOT / "configs" / "smoke.yaml", {"eval.dataset_limits": {"compositional_probe": flag}})
 
 
 @pytest.mark.parametrize("quick", [False, True])

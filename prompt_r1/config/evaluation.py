@@ -51,7 +51,7 @@ class EvalConfig(StrictModel):
         description="`in_domain`, `ood`, `sample`, or dataset names.",
     )
     limit_per_dataset: int | None = Field(8, ge=1, description="Questions per dataset (None = all).")
-    dataset_limits: dict[str, Annotated[int, Field(ge=1)]] = Field(
+    dataset_limits: dict[str, Annotated[int, Field(ge=1, strict=True)]] = Field(  # strict: a boolean is no count
         default_factory=dict,
         description="Questions of the named datasets, in place of `limit_per_dataset` (e.g. `{compositional_probe: "
         "40}` beside 3 per sample dataset); a name that no suite evaluates is an error.",
