@@ -1,7 +1,7 @@
 """The GPU run: every CUDA path of the training loop measured in one command, most valuable first.
 
-Why it exists: a GPU machine is lent rarely and for 15 minutes, so one prepared command measures
-everything, each part in its own process with its own deadline (a part that fails or runs out of
+Why it exists: time on a GPU host is scarce and a run should say as much as it can, so one command
+measures everything, each part in its own process with its own deadline (a part that fails or runs out of
 time is recorded with its error, and the next part runs):
 
 - peak: the bf16 matmul TFLOP/s of this card (8192^3 products), MFU's denominator;
@@ -18,12 +18,12 @@ time is recorded with its error, and the next part runs):
   reward per step, from the warehouse;
 - e: full-weight against LoRA sync at the Qwen3-1.7B shape (weight_sync.py): bytes and seconds.
 
-Writes `gpu_check.json` (everything) and `gpu_check.log` (every part's output) into `--out` (on the
-lent machine: a folder under $OUT, which comes back), and prints a summary table. `--dry-run` runs
+Writes `gpu_check.json` (everything) and `gpu_check.log` (every part's output) into `--out` (a folder
+on the GPU host; `scripts/gpu_check.sh` picks one), and prints a summary table. `--dry-run` runs
 the same parts on CPU at tiny shapes (CI's and this machine's check that nothing is missing or
 misnamed); its figures are not measurements.
 
-    python3 benchmarks/gpu_check.py --out $OUT/gpu_check --tokenizer DIR     # scripts/gpu_check.sh runs it
+    python3 benchmarks/gpu_check.py --out runs/gpu_check --tokenizer DIR     # scripts/gpu_check.sh runs it
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 PARTS = "abcde"
 # Seconds each part may take on the GPU (they sum to the default --budget-s); the dry run's are larger
-# because a shared 2-core machine is slower than the lent one.
+# because a shared 2-core CPU machine is slower than a GPU host.
 CAPS = {"peak": 15, "a": 130, "b": 40, "c": 140, "d": 140, "e": 95}
 DRY_CAPS = {"peak": 120, "a": 400, "b": 400, "c": 700, "d": 500, "e": 400}
 SHAPES = ["smollm2-135m", "qwen3-0.6b", "qwen3-1.7b"]

@@ -398,7 +398,7 @@ def log_datasets(warehouse: "Warehouse", cfg: Config, purpose: str) -> dict[str,
     purpose="training": the training pool (`training`) and its held-out share (`validation`);
     purpose="evaluation": one dataset per evaluation suite (`suite:<name>`, context `evaluation`),
     limited as the evaluation limits it. Returns dataset name -> number of questions."""
-    from prompt_r1.evaluation.evaluate import select_questions
+    from prompt_r1.evaluation.questions import select_questions
 
     if purpose == "training":
         from prompt_r1.training.session import training_pool

@@ -63,7 +63,7 @@ def test_training_run_logs_its_datasets_and_system_metrics(warehouse):
     from mlflow import MlflowClient
 
     from prompt_r1.config.experiment import load_config
-    from prompt_r1.evaluation.evaluate import select_questions
+    from prompt_r1.evaluation.questions import select_questions
     from prompt_r1.data.ingest import ingest
     from prompt_r1.training.session import training_pool
     from tasks.tracking import log_datasets, setup_mlflow, start_training_run

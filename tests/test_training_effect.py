@@ -90,7 +90,7 @@ def test_the_report_leads_with_what_training_changed(tmp_path) -> None:
 def test_dataset_limits_set_the_questions_of_the_datasets_they_name(warehouse) -> None:
     from prompt_r1.config.experiment import load_config
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.evaluation.evaluate import EvalError, check_dataset_limits, select_questions
+    from prompt_r1.evaluation.questions import EvalError, check_dataset_limits, select_questions
 
     ingest(warehouse, [ROOT / "data" / "sample", ROOT / "data" / "compositional"])
     suites = ["compositional_probe", "sample"]
@@ -121,7 +121,7 @@ def test_the_demo_trains_on_two_hop_questions_and_evaluates_40_held_out_ones(war
 
     from prompt_r1.config.experiment import load_config
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.evaluation.evaluate import check_dataset_limits, select_questions
+    from prompt_r1.evaluation.questions import check_dataset_limits, select_questions
     from prompt_r1.training.session import training_pool
 
     spec = importlib.util.spec_from_file_location("demo_script", ROOT / "scripts" / "demo.py")
