@@ -8,7 +8,12 @@ Libraries started later may take SIGTERM over. `ray.init` does twice: in Python 
 calls `sys.exit`) and, when its driver connects, in C++ (absl's failure-signal handler, which
 prints a stack dump and ends the process with SIGABRT, so no Python clean-up runs).
 `sigterm_kept` wraps such a call and hands SIGTERM back afterwards: to the handler the caller had
-installed, or to `interrupt_on_sigterm` when the caller had none (Python's default).
+installed, or to `interrupt_on_sigterm` when the caller had none (Python's default). An interrupt
+whose exception the library's code swallowed is raised again when the call returns: Ray's
+`sys.exit` handler can fire inside an at-fork callback (logging's lock release after Ray forks a
+server), where Python prints "Exception ignored" and goes on, and the driver would then run on.
+Python's C-level handler notes every signal it takes on the wakeup fd (`signal.set_wakeup_fd`),
+whichever Python handler then runs, so the block listens there.
 
 `interrupts_held` is the other direction: clean-up that must finish once begun (stopping Ray)
 takes no second Ctrl-C for a while.
@@ -17,7 +22,9 @@ takes no second Ctrl-C for a while.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -61,11 +68,41 @@ def sigterm_kept() -> Iterator[None]:
         yield
         return
     previous = signal.getsignal(signal.SIGTERM)
+    with _signals_noted() as noted:
+        try:
+            yield
+        finally:
+            handler = interrupt_on_sigterm if previous in (signal.SIG_DFL, None) else previous
+            signal.signal(signal.SIGTERM, handler)
+    for signum in sorted({signal.SIGINT, signal.SIGTERM} & noted):
+        handler = signal.getsignal(signum)  # what the signal would have run, had the call not swallowed it
+        if callable(handler):
+            handler(signum, None)
+
+
+@contextlib.contextmanager
+def _signals_noted() -> Iterator[set[int]]:
+    """The signals Python's C-level handler took while the block ran (main thread only), read from
+    a wakeup fd set for the block; a wakeup fd set before (asyncio's) gets the same bytes after."""
+    noted: set[int] = set()
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    before = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     try:
-        yield
+        yield noted
     finally:
-        handler = interrupt_on_sigterm if previous in (signal.SIG_DFL, None) else previous
-        signal.signal(signal.SIGTERM, handler)
+        signal.set_wakeup_fd(before)
+        data = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := reader.recv(4096):
+                data += chunk
+        reader.close()
+        writer.close()
+        noted.update(data)
+        if before != -1 and data:
+            with contextlib.suppress(OSError):
+                os.write(before, data)
 
 
 @contextlib.contextmanager
