@@ -94,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     setup_logging()
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.rollout.ray_pool import actor_environment
+    from prompt_r1.rollout.pool import actor_environment
     from warehouse.store import Warehouse
 
     with scratch_home("demo-backend-bench-", args.keep_runs) as home:

@@ -152,7 +152,7 @@ def pool_vs_single(predictions: Sequence[Mapping[str, Any]], envs: Sequence[str]
 def served(envs: Sequence[Any], log_dir: Path):
     """The environments as evaluation reaches them, each managed vLLM server started once for all
     agents (`actor_environment`); in-process ones as they are."""
-    from prompt_r1.rollout.ray_pool import actor_environment
+    from prompt_r1.rollout.pool import actor_environment
 
     with contextlib.ExitStack() as stack:
         yield [stack.enter_context(actor_environment(env, log_dir)) for env in envs]

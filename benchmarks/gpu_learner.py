@@ -292,7 +292,7 @@ def weight_sync(learner, model_dir: Path, dtype: str, device: str) -> dict:
 def run(args: argparse.Namespace, device: str = "cuda") -> dict:
     """The measurements; `main` calls it on CUDA only (`device="cpu"` is for trying the code out)."""
     import transformers
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     cuda = device == "cuda"
     gpu = torch.cuda.get_device_properties(0) if cuda else None

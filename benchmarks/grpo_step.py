@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prompt_r1.config.experiment import parse_config  # noqa: E402
 from prompt_r1.models.bundled import resolve_model  # noqa: E402
 from prompt_r1.core.reward import RewardBreakdown  # noqa: E402
-from prompt_r1.training.learner import GRPOLearner  # noqa: E402
+from prompt_r1.learner.grpo_learner import GRPOLearner  # noqa: E402
 from prompt_r1.core.trajectory import Trajectory  # noqa: E402
 
 

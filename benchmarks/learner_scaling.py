@@ -1,7 +1,7 @@
 """Learner scaling: step time and tokens/s of 1 rank vs N ranks (ddp, fsdp), and the weight broadcast.
 
 Why it exists: `train.world_size` > 1 spreads the GRPO update over a `LearnerGroup` of Ray
-actors (`prompt_r1/training/learner_group.py`); this measures what that costs or gains against
+actors (`prompt_r1/learner/ray_group.py`); this measures what that costs or gains against
 one rank, in the same process, on the same batch:
 - for each model shape (`--shapes`: randomly initialised models of published architectures,
   `benchmarks/gpu_learner.py`'s SHAPES: `tiny`, and `smollm2-135m`, the demo agent's shape),
@@ -85,7 +85,7 @@ def config(args: argparse.Namespace, model_dir: Path, world_size: int = 1, strat
 
 
 def measure(learner, batch: list, steps: int) -> dict[str, float]:
-    """Step time, tokens/s and broadcast time of a `learners.Learner` (driver's wall clock)."""
+    """Step time, tokens/s and broadcast time of a `learner.base.Learner` (driver's wall clock)."""
     import ray
 
     tokens = sum(len(t.prompt_ids) + len(t.token_ids) for t in batch)
@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     import ray
     from transformers import AutoTokenizer
 
-    from prompt_r1.rollout.ray_pool import init_ray
-    from prompt_r1.training.learner_group import LearnerGroup
+    from prompt_r1.cluster.connect import init_ray
+    from prompt_r1.learner.ray_group import LearnerGroup
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="learner-scaling-") as scratch:

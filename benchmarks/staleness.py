@@ -130,7 +130,7 @@ def main() -> None:
     from chaos_proxy import ChaosProxy
 
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.rollout.ray_pool import actor_environment
+    from prompt_r1.rollout.pool import actor_environment
     from warehouse.store import Warehouse
 
     with scratch_home("staleness-bench-", args.keep_runs) as home:

@@ -31,7 +31,7 @@ from prompt_r1.core.reward import RewardBreakdown
 from prompt_r1.core.tokens import agent_prompt_ids
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.models.resolver import resolve_agent
-from prompt_r1.training.learner import GRPOLearner
+from prompt_r1.learner.grpo_learner import GRPOLearner
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "On which continent is the country whose capital is Stockholm?"

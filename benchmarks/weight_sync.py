@@ -137,7 +137,7 @@ def before_after(learner, pool, repeats: int) -> dict:
     import ray
 
     from prompt_r1.core.weights import WeightUpdate, weights_checksum
-    from prompt_r1.rollout.ray_pool import UpdateRef
+    from prompt_r1.core.weights import UpdateRef
 
     old = WeightUpdate.make(10, "full", learner.merged_state_dict())  # tied head included, as before
     new = learner.weights_for_sync(11)
@@ -169,8 +169,9 @@ def projection(args: argparse.Namespace, full_bytes_per_s: float, adapter_bytes_
 
 def run(args: argparse.Namespace) -> dict:
     from prompt_r1.models.resolver import resolve_agent
-    from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.cluster.connect import init_ray
+    from prompt_r1.rollout.pool import RolloutPool
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     path = resolve_agent(args.model)
     init_ray(config(args, False).rollout)

@@ -37,8 +37,8 @@ def _check_training(cfg) -> None:
     traceback), checked first: raised as user errors, which the app ends with one line and exit 2."""
     from prompt_r1.env.vllm_server import check_server_host
     from prompt_r1.models.resolver import check_agent_spec
-    from prompt_r1.rollout.ray_pool import check_local_cpus
-    from prompt_r1.training.preflight import check_before_ray, preflight
+    from prompt_r1.cluster.connect import check_local_cpus
+    from prompt_r1.planning.machine import check_before_ray, preflight
 
     cfg.check_trainable()
     check_before_ray(cfg)  # train.device, and the models Ray's actors would fail to load

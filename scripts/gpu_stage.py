@@ -82,10 +82,10 @@ STAGED_WHEELS = ["pydantic", "pydantic-core", "annotated-types", "typing-inspect
 # then every path of the GPU check (learner, FSDP, CLI train through Ray, warehouse, weight sync).
 CHECK_IMPORTS = ["pydantic", "pydantic_core", "ray", "duckdb", "gguf", "jsonschema", "yaml", "typer", "rich",
                  "torch.distributed.fsdp", "torch.distributed.checkpoint", "transformers", "peft",
-                 "prompt_r1.config.experiment", "prompt_r1.training.learner", "prompt_r1.training.learners",
-                 "prompt_r1.training.learner_group", "prompt_r1.training.plan", "prompt_r1.training.preflight",
+                 "prompt_r1.config.experiment", "prompt_r1.learner.grpo_learner", "prompt_r1.learner.base",
+                 "prompt_r1.learner.ray_group", "prompt_r1.planning.plan", "prompt_r1.planning.machine",
                  "prompt_r1.training.session",
-                 "prompt_r1.rollout.ray_pool", "prompt_r1.env.inprocess", "prompt_r1.policy.hf", "prompt_r1.api",
+                 "prompt_r1.rollout.pool", "prompt_r1.env.inprocess", "prompt_r1.policy.hf", "prompt_r1.api",
                  "prompt_r1.cli", "warehouse"]
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # prompt_r1.models.bundled.SMOLLM2_GGUF
 COMPRESS_OVER = 8 * MIB  # wheels above this travel as xz of their contents (native code: a fifth of deflate's)

@@ -89,7 +89,7 @@ def hand_trajectories(tokenizer) -> list[Trajectory]:
 def spy_policy_loss(monkeypatch) -> list[dict]:
     """Record every policy_loss call the learner makes (its inputs and what it returned) while the
     real loss runs: the spy observes, it never replaces the loss."""
-    import prompt_r1.training.learner as learner_module
+    import prompt_r1.learner.grpo_learner as learner_module
 
     calls: list[dict] = []
     real = learner_module.policy_loss

@@ -12,11 +12,11 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from prompt_r1.data import order as data_order
-from prompt_r1.training.checkpoint import (export_checkpoint, latest_checkpoint, list_checkpoints, load_checkpoint,
+from prompt_r1.learner.checkpoint import (export_checkpoint, latest_checkpoint, list_checkpoints, load_checkpoint,
                                   save_checkpoint)
 from prompt_r1.cli import app
 from prompt_r1.data.order import batches
-from prompt_r1.training.learner import GRPOLearner
+from prompt_r1.learner.grpo_learner import GRPOLearner
 
 QUESTIONS = [f"q{i}" for i in range(5)]
 TOTAL_STEPS = 6
@@ -125,7 +125,7 @@ def test_export_refuses_a_folder_with_user_files_even_with_overwrite(tmp_path) -
 
 
 def test_export_replaces_only_an_earlier_export(tiny_model_path, tmp_path) -> None:
-    from prompt_r1.training.checkpoint import EXPORT_MARKER
+    from prompt_r1.learner.checkpoint import EXPORT_MARKER
 
     cfg = make_config()
     learner = GRPOLearner(cfg, tiny_model_path)
@@ -280,7 +280,7 @@ def test_a_damaged_checkpoint_is_named_and_resume_falls_back_to_the_newest_intac
         tiny_model_path, tmp_path, caplog) -> None:
     import logging
 
-    from prompt_r1.training.checkpoint import MANIFEST, CheckpointError, resume_checkpoint, verify_checkpoint
+    from prompt_r1.learner.checkpoint import MANIFEST, CheckpointError, resume_checkpoint, verify_checkpoint
 
     cfg = make_config(keep_checkpoints=3)
     learner = GRPOLearner(cfg, tiny_model_path)
@@ -323,7 +323,7 @@ def test_a_damaged_checkpoint_is_named_and_resume_falls_back_to_the_newest_intac
 
 
 def test_a_checkpoint_without_a_manifest_is_checked_by_reading_it(tiny_model_path, tmp_path) -> None:
-    from prompt_r1.training.checkpoint import MANIFEST, CheckpointError, verify_checkpoint
+    from prompt_r1.learner.checkpoint import MANIFEST, CheckpointError, verify_checkpoint
 
     cfg = make_config()
     path = save_checkpoint(GRPOLearner(cfg, tiny_model_path), tmp_path, 1, {"position": 1}, cfg)
@@ -370,7 +370,7 @@ def test_a_full_disk_during_a_checkpoint_says_so_and_keeps_nothing_half_written(
     written: DiskFullError says the disk is full, names the folder and `--resume`; no step folder
     and no temp folder stay behind."""
     from prompt_r1.core.failures import UserError
-    from prompt_r1.training.checkpoint import MANIFEST, STATE_FILE, DiskFullError
+    from prompt_r1.learner.checkpoint import MANIFEST, STATE_FILE, DiskFullError
 
     cfg = make_config()
     learner = GRPOLearner(cfg, tiny_model_path)
@@ -396,7 +396,7 @@ def test_a_full_disk_during_a_checkpoint_says_so_and_keeps_nothing_half_written(
 
 
 def test_a_full_disk_keeps_the_last_checkpoint_and_resume_continues_from_it(tiny_model_path, small_disk) -> None:
-    from prompt_r1.training.checkpoint import DiskFullError
+    from prompt_r1.learner.checkpoint import DiskFullError
 
     cfg = make_config(keep_checkpoints=3)
     learner = GRPOLearner(cfg, tiny_model_path)
@@ -410,7 +410,7 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_resume_continues_from_it(tiny
 
 
 def test_a_failed_write_with_room_left_is_not_called_a_full_disk(tmp_path) -> None:
-    from prompt_r1.training.checkpoint import disk_full
+    from prompt_r1.learner.checkpoint import disk_full
 
     import shutil
 
@@ -426,7 +426,7 @@ def test_a_checkpoint_with_the_whole_optimiser_state_in_one_file_still_resumes(t
     by parameter index, in trainer_state.pt: they load as before."""
     import shutil
 
-    from prompt_r1.training.checkpoint import MANIFEST, OPTIMIZER_DIR, STATE_FILE
+    from prompt_r1.learner.checkpoint import MANIFEST, OPTIMIZER_DIR, STATE_FILE
 
     cfg = make_config(lr=5e-3)
     learner = GRPOLearner(cfg, tiny_model_path)
@@ -462,7 +462,7 @@ def test_a_refused_resume_names_the_settings_that_changed() -> None:
     import yaml
 
     from prompt_r1.config.experiment import parse_config
-    from prompt_r1.training.checkpoint import STATE_FILE
+    from prompt_r1.learner.checkpoint import STATE_FILE
     from prompt_r1.training.run_record import ResumeError, open_run
 
     rng = random.Random(7)

@@ -149,8 +149,8 @@ def test_resume_passes_over_a_corrupted_newest_checkpoint_and_says_so(home):
     resume names that checkpoint, continues from step 1, and finishes the run."""
     from prompt_r1.config.experiment import load_config, run_dir
     from prompt_r1.models.resolver import resolve_agent
-    from prompt_r1.training.checkpoint import MANIFEST, save_checkpoint
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.checkpoint import MANIFEST, save_checkpoint
+    from prompt_r1.learner.grpo_learner import GRPOLearner
     from prompt_r1.training.run_record import open_run
     from prompt_r1.training.session import training_pool_hash
     from warehouse.store import Warehouse

@@ -156,9 +156,9 @@ def fake_gpu_ray():
 
 def test_a_colocated_engine_lands_beside_its_learner_rank_and_sees_its_gpu(fake_gpu_ray):
     ray = fake_gpu_ray
-    from prompt_r1.rollout.engine_placement import (actor_location, actor_options, place_colocated, release_all,
+    from prompt_r1.cluster.engine_placement import (actor_location, actor_options, place_colocated, release_all,
                                                     shared_gpus)
-    from prompt_r1.rollout.placement import in_group, release, reserve
+    from prompt_r1.cluster.placement import in_group, release, reserve
 
     @ray.remote
     class Probe:
@@ -190,8 +190,8 @@ def test_a_colocated_engine_lands_beside_its_learner_rank_and_sees_its_gpu(fake_
 
 
 def test_colocation_falls_back_or_refuses_what_it_cannot_share():
-    from prompt_r1.rollout.engine_placement import shared_gpus
-    from prompt_r1.rollout.placement import PlacementError
+    from prompt_r1.cluster.engine_placement import shared_gpus
+    from prompt_r1.cluster.placement import PlacementError
 
     cfg = parse_config({"agent": {"backend": "vllm", "tensor_parallel_size": 2}, "rollout": {"colocate": True},
                         "train": {"world_size": 2}})
@@ -212,8 +212,8 @@ def test_engines_sleep_for_each_update_and_wake_before_the_weight_sync(home, mon
     import ray
 
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.rollout.ray_pool import RolloutPool
-    from prompt_r1.training.learners import LocalLearner
+    from prompt_r1.rollout.pool import RolloutPool
+    from prompt_r1.learner.base import LocalLearner
     from prompt_r1.training.session import TrainingSession
     from warehouse.store import Warehouse
 

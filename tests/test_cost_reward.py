@@ -321,7 +321,7 @@ def test_learner_advantages_default_grpo_or_gdpo(tiny_model_path, monkeypatch, n
     from grpo_helpers import spy_policy_loss
 
     from prompt_r1.config.experiment import parse_config
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     cfg = parse_config({"seed": 0, "agent": {"model": "tiny", "max_response_tokens": 16},
                         "reward": {"normalize_parts": normalize_parts},
@@ -346,7 +346,7 @@ def test_the_session_window_spans_steps_and_survives_a_checkpoint(tiny_model_pat
     and a session restored from a checkpoint holds the same window (so `--resume` scales alike)."""
     from prompt_r1.config.experiment import parse_config
     from prompt_r1.core.questions import QuestionRow
-    from prompt_r1.training.learners import LocalLearner
+    from prompt_r1.learner.base import LocalLearner
     from prompt_r1.training.session import TrainingSession
 
     cfg = parse_config({"seed": 0, "agent": {"model": "tiny"}, "train": {"device": "cpu"},

@@ -167,7 +167,8 @@ def _turn_start(traj, turn: int) -> int:
 # -- (b) two training runs, one behind random delays: identical everything ----------------
 def _train(home: Path, max_delay_s: float, monkeypatch) -> tuple[list[dict], list[list[dict]], bytes]:
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+    from prompt_r1.cluster.connect import init_ray
+    from prompt_r1.rollout.pool import RolloutPool
     from prompt_r1.training.session import TrainingSession
     from warehouse.store import Warehouse
 

@@ -203,7 +203,7 @@ def test_environment_metrics_are_the_pooled_rule_on_each_environments_trajectori
 # -- managed servers ---------------------------------------------------------------------------
 def test_a_managed_server_starts_for_each_pool_member_that_needs_one(monkeypatch):
     import prompt_r1.env.vllm_server as vllm_server
-    from prompt_r1.rollout.ray_pool import actor_environments
+    from prompt_r1.rollout.pool import actor_environments
 
     started, stopped = [], []
 
@@ -311,7 +311,7 @@ def test_a_pool_of_two_trains_each_group_against_one_environment(tmp_path, monke
 
 
 def test_the_plan_counts_a_managed_server_for_each_pool_member():
-    from prompt_r1.training.memory import Machine, environment_components
+    from prompt_r1.planning.memory import Machine, environment_components
 
     cfg = load_config("configs/pool-demo.yaml")
     machine = Machine(nodes=1, gpus_per_node=0)

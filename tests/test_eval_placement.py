@@ -167,9 +167,9 @@ def test_the_placement_rule_against_its_statement():
 
 
 def test_plan_says_where_evaluation_places_its_engines():
-    from prompt_r1.training.memory import Machine
-    from prompt_r1.training.plan import make_plan
-    from prompt_r1.training.preflight import agent_architecture
+    from prompt_r1.planning.memory import Machine
+    from prompt_r1.planning.plan import make_plan
+    from prompt_r1.planning.machine import agent_architecture
 
     paper, one = load_config(ROOT / "configs" / "paper.yaml"), load_config(ROOT / "configs" / "one-gpu.yaml")
     plan = make_plan(paper, agent_architecture(paper), Machine(gpus_per_node=8, gpu_memory_gib=80))

@@ -182,7 +182,8 @@ def _session_whose_environment_dies_after_training(flag: Path):
 
     import ray
 
-    from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+    from prompt_r1.cluster.connect import init_ray
+    from prompt_r1.rollout.pool import RolloutPool
     from prompt_r1.training.session import TrainingSession
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors build _DyingEnv
@@ -209,7 +210,7 @@ def test_a_run_whose_final_validation_fails_stops_and_exports_no_agent(home, tmp
 
     from prompt_r1.config.experiment import load_config
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.training.checkpoint import step_dir_name
+    from prompt_r1.learner.checkpoint import step_dir_name
     from prompt_r1.training.hooks import TrainingHooks
 
     cfg = load_config(ROOT / "configs" / "smoke.yaml")

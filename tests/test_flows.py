@@ -123,7 +123,7 @@ def test_train_flow_rolls_out_ahead_at_max_staleness_1(prefect_api, home):
 
 def test_train_flow_killed_mid_run_resumes_without_duplicates(home, tmp_path):
     """SIGKILL the training flow after its second checkpoint, run it again, count the steps."""
-    from prompt_r1.training.checkpoint import step_dir_name
+    from prompt_r1.learner.checkpoint import step_dir_name
     from warehouse.store import Warehouse
 
     steps = 4

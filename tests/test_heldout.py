@@ -119,8 +119,8 @@ def test_an_exported_agent_carries_the_pool_it_was_trained_on(tiny_model_path, t
     """From a real checkpoint through `export_checkpoint` to the split (grpo_helpers' learner)."""
     from grpo_helpers import make_config
 
-    from prompt_r1.training.checkpoint import export_checkpoint, save_checkpoint
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.checkpoint import export_checkpoint, save_checkpoint
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     cfg = make_config()
     cfg.train.environments = parse_config({"train": {"environments": [{"name": "a", "model": "tiny", **ENV},

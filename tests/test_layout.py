@@ -17,10 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "prompt_r1"
 
 # Subpackage -> rank: a module may import its own subpackage and those of lower rank only.
-# `warehouse` sits above `core` (it stores the core's types) and below `data`.
+# `warehouse` sits above `core` (it stores the core's types) and below `data`. `cluster` (Ray) is
+# below every role that runs as Ray actors: rollouts, the learner, evaluation engines; `planning`
+# sizes the learner and the engines, and serves `training` and `evaluation` alike.
 RANK = {
-    "core": 0, "config": 1, "warehouse": 2, "data": 3, "models": 3, "env": 4, "policy": 4, "rollout": 5,
-    "training": 6, "evaluation": 6, "serving": 7, "api": 8, "cli": 9, "__init__": 10,
+    "core": 0, "config": 1, "warehouse": 2, "data": 3, "models": 3, "env": 4, "policy": 4, "cluster": 4,
+    "rollout": 5, "learner": 5, "planning": 6, "training": 7, "evaluation": 7, "serving": 8, "api": 9,
+    "cli": 10, "__init__": 11,
 }
 FORBIDDEN = ("prefect", "mlflow", "tasks", "flows")
 

@@ -44,7 +44,7 @@ def _agent(home: Path, run_id: str) -> dict[str, torch.Tensor]:
 
 
 def test_a_killed_rank_stops_train_naming_it_and_resume_finishes_the_run(home, tmp_path) -> None:
-    from prompt_r1.training.checkpoint import step_dir_name
+    from prompt_r1.learner.checkpoint import step_dir_name
     from warehouse.store import Warehouse
 
     env = {**os.environ, "PROMPT_R1_HOME": str(home), "HF_HUB_OFFLINE": "1", "COLUMNS": "1000"}

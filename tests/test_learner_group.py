@@ -20,10 +20,10 @@ from safetensors.torch import load_file
 
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import load_config, parse_config
-from prompt_r1.rollout.placement import in_group
-from prompt_r1.training.checkpoint import (OPTIMIZER_DIR, STATE_FILE, CheckpointError, load_checkpoint,
+from prompt_r1.cluster.placement import in_group
+from prompt_r1.learner.checkpoint import (OPTIMIZER_DIR, STATE_FILE, CheckpointError, load_checkpoint,
                                           save_checkpoint)
-from prompt_r1.training.learner import GRPOLearner
+from prompt_r1.learner.grpo_learner import GRPOLearner
 
 ray = pytest.importorskip("ray")
 
@@ -70,7 +70,7 @@ def _checkpoint_tensors(folder) -> tuple[dict[str, torch.Tensor], dict]:
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_train_and_checkpoint_as_one(local_ray, tiny_model_path, tmp_path, strategy) -> None:
-    from prompt_r1.training.learner_group import LearnerGroup
+    from prompt_r1.learner.ray_group import LearnerGroup
 
     cfg = make_config(**SETTINGS)
     one = GRPOLearner(cfg, tiny_model_path)
@@ -125,7 +125,7 @@ def test_two_ranks_train_and_checkpoint_as_one(local_ray, tiny_model_path, tmp_p
 
 def test_two_ranks_train_a_lora_adapter_as_one(local_ray, tiny_model_path, tmp_path) -> None:
     """ddp with LoRA: only adapter gradients are summed; the broadcast merges the adapter on rank 0."""
-    from prompt_r1.training.learner_group import LearnerGroup
+    from prompt_r1.learner.ray_group import LearnerGroup
 
     cfg = make_config(lora=True, lr=1e-2, **SETTINGS)
     one = GRPOLearner(cfg, tiny_model_path)
@@ -201,7 +201,7 @@ class ExitingReward:
 def test_a_rank_that_dies_mid_step_fails_the_step_naming_it(local_ray, tiny_model_path) -> None:
     from ray.util import placement_group_table
 
-    from prompt_r1.training.learner_group import LearnerGroup, LearnerRankError
+    from prompt_r1.learner.ray_group import LearnerGroup, LearnerRankError
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ExitingReward reaches the rank by value
     cfg = make_config(world_size=2, dist_timeout_s=60)
@@ -240,8 +240,8 @@ class Napper:
 def test_a_rank_that_hangs_fails_the_call_at_the_deadline_naming_it(local_ray) -> None:
     from ray.util import placement_group_table
 
-    from prompt_r1.rollout.placement import reserve
-    from prompt_r1.training.learner_group import LearnerGroup, LearnerRankError
+    from prompt_r1.cluster.placement import reserve
+    from prompt_r1.learner.ray_group import LearnerGroup, LearnerRankError
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     group = LearnerGroup.__new__(LearnerGroup)  # the waiting logic alone, on actors that load no model
@@ -260,7 +260,7 @@ def test_a_rank_that_hangs_fails_the_call_at_the_deadline_naming_it(local_ray) -
 
 
 def test_local_cpus_count_the_learner_ranks_before_anything_starts(local_ray) -> None:
-    from prompt_r1.rollout.ray_pool import RayWaitError, check_local_cpus
+    from prompt_r1.cluster.connect import RayWaitError, check_local_cpus
 
     cfg = load_config("configs/smoke.yaml", {"train.world_size": 2, "train.cpus_per_rank": 2})
     with pytest.raises(RayWaitError, match=r"learner group 2 ranks x 2 CPUs = 4 CPUs .* has 4 CPUs.*train.world_size"):
@@ -269,7 +269,7 @@ def test_local_cpus_count_the_learner_ranks_before_anything_starts(local_ray) ->
 
 
 def test_layout_settings_are_checked_and_do_not_change_the_run_identity(local_ray) -> None:
-    from prompt_r1.training.learner_group import learner_device
+    from prompt_r1.learner.ray_group import learner_device
 
     base = {"agent": {"model": "tiny", "lora": {"enabled": True}}}
     with pytest.raises(ConfigError, match=r"train\.strategy is fsdp with agent\.lora\.enabled.*ddp"):
@@ -286,20 +286,20 @@ def test_layout_settings_are_checked_and_do_not_change_the_run_identity(local_ra
 
 
 def test_ranks_take_a_gpu_each_when_the_cluster_has_gpus(monkeypatch) -> None:
-    from prompt_r1.training import learner_group
+    from prompt_r1.learner import ray_group
 
-    monkeypatch.setattr(learner_group.ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
-    assert learner_group.learner_device("auto") == learner_group.learner_device("cuda:1") == "cuda:0"
-    assert learner_group.learner_device("cpu") == "cpu"  # train.device: cpu places the ranks without GPUs
+    monkeypatch.setattr(ray_group.ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
+    assert ray_group.learner_device("auto") == ray_group.learner_device("cuda:1") == "cuda:0"
+    assert ray_group.learner_device("cpu") == "cpu"  # train.device: cpu places the ranks without GPUs
 
 
 def test_one_rank_is_a_ray_actor_when_it_would_train_on_a_gpu(monkeypatch) -> None:
     """A one-rank learner on a GPU runs in Ray (a placed GPU, none in the driver); on CPU it stays
     in this process."""
-    from prompt_r1.training import learners
+    from prompt_r1.learner import base as learner_base
 
-    monkeypatch.setattr(learners, "LocalLearner", lambda cfg, path: ("local", cfg.train.world_size))
-    monkeypatch.setattr("prompt_r1.rollout.ray_pool.init_ray", lambda rollout_cfg, cpus_needed=0.0: None)
+    monkeypatch.setattr(learner_base, "LocalLearner", lambda cfg, path: ("local", cfg.train.world_size))
+    monkeypatch.setattr("prompt_r1.cluster.connect.init_ray", lambda rollout_cfg, cpus_needed=0.0: None)
     opened = []
 
     class Group:
@@ -309,27 +309,27 @@ def test_one_rank_is_a_ray_actor_when_it_would_train_on_a_gpu(monkeypatch) -> No
         def close(self):
             opened.append("closed")
 
-    monkeypatch.setattr("prompt_r1.training.learner_group.LearnerGroup", Group)
+    monkeypatch.setattr("prompt_r1.learner.ray_group.LearnerGroup", Group)
     for gpus, device, expected in [(2.0, "auto", "ray"), (2.0, "cuda", "ray"), (2.0, "cpu", "local"),
                                    (0.0, "auto", "local")]:
         monkeypatch.setattr(ray, "cluster_resources", lambda gpus=gpus: {"CPU": 8.0, "GPU": gpus})
         cfg = make_config(device=device)
-        assert learners.learner_in_ray(cfg) is (expected == "ray")
-        with learners.open_learner(cfg, "unused") as learner:
+        assert learner_base.learner_in_ray(cfg) is (expected == "ray")
+        with learner_base.open_learner(cfg, "unused") as learner:
             if expected == "local":
                 assert learner == ("local", 1)
             else:
                 assert isinstance(learner, Group)
     assert opened == [1, "closed", 1, "closed"]
-    assert learners.learner_in_ray(make_config(world_size=2)) is True
+    assert learner_base.learner_in_ray(make_config(world_size=2)) is True
 
 
 def test_one_rank_joins_no_process_group_and_hands_its_weights_on_by_reference(local_ray, tiny_model_path) -> None:
     """World size 1 in Ray (a GPU learner) is the learner alone: the identity `Ranks`, no process
     group, no gradient buckets. Its weight sync stays in the object store: the driver gets the
     header and a reference, and what the reference holds matches the header."""
-    from prompt_r1.rollout.ray_pool import UpdateRef
-    from prompt_r1.training.learner_group import LearnerGroup
+    from prompt_r1.core.weights import UpdateRef
+    from prompt_r1.learner.ray_group import LearnerGroup
 
     with LearnerGroup(make_config(world_size=1, dist_timeout_s=120), tiny_model_path) as group:
         kind, joined = ray.get(group.actors[0].__ray_call__.remote(

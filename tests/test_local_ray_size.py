@@ -35,7 +35,7 @@ def two_cores(monkeypatch):
 def test_sizing_rule_against_its_statement(monkeypatch) -> None:
     """`local_cpus` is max(cores, what is asked) unless `ray_num_cpus` says otherwise, for any mix."""
     from prompt_r1.config.experiment import RolloutConfig
-    from prompt_r1.rollout.ray_connect import cpus_needed, local_cpus
+    from prompt_r1.cluster.connect import cpus_needed, local_cpus
 
     for cores in (1, 2, 8, 64):
         monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
@@ -55,14 +55,14 @@ def test_sizing_rule_against_its_statement(monkeypatch) -> None:
 
 
 def test_paper_config_is_admitted_on_a_fake_8_gpu_node(two_cores, caplog) -> None:
-    from prompt_r1.rollout.engine_placement import engine_bundle
-    from prompt_r1.rollout.placement import release, reserve_groups
-    from prompt_r1.rollout.ray_connect import check_local_cpus, cpus_needed, local_cpus
+    from prompt_r1.cluster.engine_placement import engine_bundle
+    from prompt_r1.cluster.placement import release, reserve_groups
+    from prompt_r1.cluster.connect import check_local_cpus, cpus_needed, local_cpus
     from ray.util import placement_group_table
 
     cfg = load_config("configs/paper.yaml")
     assert cfg.rollout.ray_num_cpus is None and cfg.rollout.ray_address is None
-    with caplog.at_level(logging.WARNING, logger="prompt_r1.rollout.ray_connect"):
+    with caplog.at_level(logging.WARNING, logger="prompt_r1.cluster.connect"):
         check_local_cpus(cfg.rollout, learner_ranks=cfg.train.world_size, cpus_per_rank=cfg.train.cpus_per_rank)
     assert "share the cores" in caplog.text and "gets 8 CPUs" in caplog.text
     num_cpus = local_cpus(cfg.rollout, cpus_needed(cfg))
@@ -84,10 +84,10 @@ def test_paper_config_is_admitted_on_a_fake_8_gpu_node(two_cores, caplog) -> Non
 
 
 def test_two_ranks_and_a_rollout_actor_share_two_cores_with_a_warning(two_cores, caplog) -> None:
-    from prompt_r1.rollout.ray_connect import check_local_cpus, cpus_needed, init_ray
+    from prompt_r1.cluster.connect import check_local_cpus, cpus_needed, init_ray
 
     cfg = load_config("configs/smoke.yaml", {"train.world_size": 2})
-    with caplog.at_level(logging.WARNING, logger="prompt_r1.rollout.ray_connect"):
+    with caplog.at_level(logging.WARNING, logger="prompt_r1.cluster.connect"):
         check_local_cpus(cfg.rollout, learner_ranks=2, cpus_per_rank=cfg.train.cpus_per_rank)
     assert "1 actors x 1 CPUs" in caplog.text and "learner group 2 ranks" in caplog.text
     assert "more than this machine's 2 cores" in caplog.text and "rollout.ray_num_cpus" in caplog.text
@@ -97,7 +97,7 @@ def test_two_ranks_and_a_rollout_actor_share_two_cores_with_a_warning(two_cores,
 
 
 def test_an_explicit_ray_num_cpus_too_small_is_still_refused(two_cores) -> None:
-    from prompt_r1.rollout.ray_connect import RayWaitError, check_local_cpus
+    from prompt_r1.cluster.connect import RayWaitError, check_local_cpus
 
     cfg = load_config("configs/smoke.yaml", {"train.world_size": 2, "rollout.ray_num_cpus": 2})
     with pytest.raises(RayWaitError, match=r"learner group 2 ranks .* has 2 CPUs \(rollout.ray_num_cpus\)"):

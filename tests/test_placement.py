@@ -1,4 +1,4 @@
-"""Placement groups with deadlines (`prompt_r1.rollout.placement`) on a local Ray with fake GPUs."""
+"""Placement groups with deadlines (`prompt_r1.cluster.placement`) on a local Ray with fake GPUs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import pytest
 import ray
 
-from prompt_r1.rollout.placement import PlacementError, in_group, missing_resources, release, reserve
+from prompt_r1.cluster.placement import PlacementError, in_group, missing_resources, release, reserve
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 from flows.cli import app
 from prompt_r1.config.experiment import load_config
 from prompt_r1.models.architecture import Architecture, folder_architecture, known_architecture
-from prompt_r1.training.memory import GIB, Machine, learner_parts
-from prompt_r1.training.plan import PlanError, make_plan
-from prompt_r1.training.preflight import preflight
+from prompt_r1.planning.memory import GIB, Machine, learner_parts
+from prompt_r1.planning.plan import PlanError, make_plan
+from prompt_r1.planning.machine import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "configs" / "paper.yaml"
@@ -118,17 +118,18 @@ def test_the_ddp_bucket_bounds_what_reduce_gradients_concatenates(monkeypatch, t
     import torch
     import torch.distributed as dist
 
-    from prompt_r1.training import memory, parallel
+    from prompt_r1.learner import collectives
+    from prompt_r1.planning import memory
 
-    assert memory.BUCKET_ELEMENTS == parallel.BUCKET_ELEMENTS  # the rule restates the learner's constant
+    assert memory.BUCKET_ELEMENTS == collectives.BUCKET_ELEMENTS  # the rule restates the learner's constant
     bucket, seen = 1000, []
-    monkeypatch.setattr(parallel, "BUCKET_ELEMENTS", bucket)
-    real = parallel._all_reduce_bucket
-    monkeypatch.setattr(parallel, "_all_reduce_bucket", lambda grads: (seen.append(sum(g.numel() for g in grads)),
+    monkeypatch.setattr(collectives, "BUCKET_ELEMENTS", bucket)
+    real = collectives._all_reduce_bucket
+    monkeypatch.setattr(collectives, "_all_reduce_bucket", lambda grads: (seen.append(sum(g.numel() for g in grads)),
                                                                       real(grads)))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
-        ranks = parallel.ReplicatedRanks(0, 1, torch.device("cpu"))
+        ranks = collectives.ReplicatedRanks(0, 1, torch.device("cpu"))
         rng = random.Random(0)
         for _ in range(30):
             sizes = [rng.choice([1, 7, 300, 999, 1000, 1500, 4000]) for _ in range(rng.randint(1, 25))]
@@ -152,8 +153,8 @@ def test_fsdp_keeps_the_root_unit_gathered_after_the_forward(tmp_path):
     from torch.distributed.tensor import DTensor
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from prompt_r1.training.memory import root_params
-    from prompt_r1.training.parallel import ShardedRanks
+    from prompt_r1.planning.memory import root_params
+    from prompt_r1.learner.collectives import ShardedRanks
 
     config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
@@ -188,7 +189,7 @@ def test_lora_shrinks_gradients_and_optimizer_to_the_adapter():
 
 
 def _expected_rank_gib(cfg, arch: Architecture, prompt: int) -> float:
-    """The memory rule stated a second time, from the architecture's numbers (see training.memory)."""
+    """The memory rule stated a second time, from the architecture's numbers (see planning.memory)."""
     t = cfg.train
     h, q, kv, i = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
     sides = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i),
@@ -445,7 +446,7 @@ def test_the_start_up_peak_never_exceeds_the_step_and_shrinks_with_fsdp():
 
 # -- train's check -------------------------------------------------------------------------------
 def test_preflight_leaves_a_machine_without_gpus_alone(monkeypatch):
-    import prompt_r1.training.preflight as plan_module
+    import prompt_r1.planning.machine as plan_module
 
     monkeypatch.setattr(plan_module, "local_gpus", lambda: (0, 0.0))
     assert preflight(_paper()) is None
@@ -454,7 +455,7 @@ def test_preflight_leaves_a_machine_without_gpus_alone(monkeypatch):
 
 
 def test_preflight_refuses_before_any_model_loads_when_the_gpus_are_too_small(monkeypatch):
-    import prompt_r1.training.preflight as plan_module
+    import prompt_r1.planning.machine as plan_module
 
     monkeypatch.setattr(plan_module, "local_gpus", lambda: (8, 80.0))
     assert preflight(_paper()).fits
@@ -581,7 +582,7 @@ def test_a_cuda_index_past_the_visible_gpus_is_refused_and_a_cluster_learner_is_
 
     from prompt_r1.config.base import ConfigError
     from prompt_r1.config.experiment import parse_config
-    from prompt_r1.training.preflight import check_train_device
+    from prompt_r1.planning.machine import check_train_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -173,7 +173,7 @@ def test_learner_logprobs_equal_the_sampled_ones_at_temperature_07(backend, mode
     from grpo_helpers import reward_of
 
     from prompt_r1.models.bundled import resolve_model
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
     from prompt_r1.core.trajectory import Trajectory
 
     path = resolve_model(model)

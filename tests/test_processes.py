@@ -35,7 +35,7 @@ with own_run(sys.argv[1]):
     if len(sys.argv) > 2:
         from pathlib import Path
         from prompt_r1.config.experiment import RolloutConfig
-        from prompt_r1.rollout.ray_connect import init_ray
+        from prompt_r1.cluster.connect import init_ray
         init_ray(RolloutConfig(ray_num_cpus=1))
         record = json.loads((Path(sys.argv[1]) / RAY_FILE).read_text())
         deadline = time.monotonic() + 120  # Ray's agents start a little after ray.init returns
@@ -206,7 +206,7 @@ import sys, time
 from prompt_r1.core.signals import install_sigterm_interrupt
 install_sigterm_interrupt()
 from prompt_r1.config.experiment import RolloutConfig
-from prompt_r1.rollout.ray_connect import init_ray
+from prompt_r1.cluster.connect import init_ray
 from prompt_r1.training.run_owner import own_run
 with own_run(sys.argv[1]):
     print("starting", flush=True)

@@ -7,7 +7,7 @@ driver passes it on.
 
 - Learner ranks (`train.world_size: 4`, two per node): each node's ranks see both of its rank
   GPUs, in one order, and each one's device is its own GPU among them (Ray Train's sharing,
-  `training/rank_gpus.py`); `NCCL_*` and `TORCH_NCCL_*` variables reach them. There is no CUDA
+  `learner/rank_gpus.py`); `NCCL_*` and `TORCH_NCCL_*` variables reach them. There is no CUDA
   here, so the ranks' `setup` (join the process group, load the model on the device) is replaced
   by a report of what the rank sees; everything before it is the real `LearnerGroup`.
 - Rollout actors, one per node, with an `openai` environment whose key is in a variable
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.config.experiment import load_config
-from prompt_r1.training.learner_group import LearnerRank
+from prompt_r1.learner.ray_group import LearnerRank
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a simulated cluster and a tiny-model rollout pool: minutes on a busy 2-core machine
@@ -57,7 +57,7 @@ class ReportingRank(LearnerRank):
     """A learner rank whose `setup` reports what it sees instead of joining NCCL (no CUDA here)."""
 
     def setup(self, host: str, port: int) -> dict:
-        from prompt_r1.rollout.engine_placement import actor_location
+        from prompt_r1.cluster.engine_placement import actor_location
 
         return {**actor_location(), "device": self.device,
                 "nccl": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_NCCL_"))}}
@@ -66,19 +66,19 @@ class ReportingRank(LearnerRank):
 def test_ranks_share_their_nodes_gpus_and_get_the_nccl_settings(gpu_nodes, tiny_model_path, monkeypatch):
     from ray import cloudpickle
 
-    from prompt_r1.rollout.ray_pool import init_ray
-    from prompt_r1.training import learner_group
+    from prompt_r1.cluster.connect import init_ray
+    from prompt_r1.learner import ray_group
 
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
-    monkeypatch.setattr(learner_group, "LearnerRank", ReportingRank)
+    monkeypatch.setattr(ray_group, "LearnerRank", ReportingRank)
     cfg = load_config("configs/smoke.yaml", {"train.world_size": 4, "train.cpus_per_rank": 0.5,
                                              "train.placement_strategy": "SPREAD",
                                              "rollout.ray_address": gpu_nodes.address})
     init_ray(cfg.rollout)
     try:
-        with learner_group.LearnerGroup(cfg, tiny_model_path) as group:
+        with ray_group.LearnerGroup(cfg, tiny_model_path) as group:
             seen = group.placements
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
@@ -98,7 +98,8 @@ def test_ranks_share_their_nodes_gpus_and_get_the_nccl_settings(gpu_nodes, tiny_
 def test_the_environment_key_reaches_rollout_actors_on_both_nodes_and_no_log(gpu_nodes, tiny_model_path,
                                                                               monkeypatch):
     from prompt_r1.env.openai_env import resolve_api_key
-    from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+    from prompt_r1.cluster.connect import init_ray
+    from prompt_r1.rollout.pool import RolloutPool
 
     assert KEY_VAR not in os.environ
     monkeypatch.setenv(KEY_VAR, KEY)  # after the nodes started: only the driver has it

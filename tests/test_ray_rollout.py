@@ -63,7 +63,7 @@ def test_an_unreachable_ray_address_fails_fast_with_a_message():
     import time
 
     from prompt_r1.config.experiment import RolloutConfig
-    from prompt_r1.rollout.ray_pool import RayWaitError, init_ray
+    from prompt_r1.cluster.connect import RayWaitError, init_ray
 
     if ray.is_initialized():
         ray.shutdown()
@@ -87,7 +87,7 @@ def test_an_address_that_is_no_ray_cluster_fails_within_the_deadline(tmp_path):
     code = """
 import socket, time
 from prompt_r1.config.experiment import RolloutConfig
-from prompt_r1.rollout.ray_pool import RayWaitError, init_ray
+from prompt_r1.cluster.connect import RayWaitError, init_ray
 silent = socket.create_server(("0.0.0.0", 0), backlog=64)
 started = time.monotonic()
 try:
@@ -106,7 +106,7 @@ def local_ray():
     if ray.is_initialized():
         ray.shutdown()
     from prompt_r1.config.experiment import RolloutConfig
-    from prompt_r1.rollout.ray_pool import init_ray
+    from prompt_r1.cluster.connect import init_ray
 
     init_ray(RolloutConfig(ray_num_cpus=2))
     yield
@@ -122,7 +122,7 @@ def smoke_cfg(**overrides):
 
 
 def test_pool_of_two_actors_and_weight_broadcast(local_ray, tiny_model_path, home):
-    from prompt_r1.rollout.ray_pool import RolloutPool
+    from prompt_r1.rollout.pool import RolloutPool
 
     cfg = smoke_cfg()
     batch = questions(3)
@@ -187,7 +187,8 @@ def test_cli_rollout_writes_jsonl_and_warehouse(local_ray, home, tmp_path):
 def test_a_pool_bigger_than_the_local_ray_fails_at_once(local_ray, tiny_model_path):
     import time
 
-    from prompt_r1.rollout.ray_pool import RayWaitError, RolloutPool
+    from prompt_r1.cluster.connect import RayWaitError
+    from prompt_r1.rollout.pool import RolloutPool
 
     started = time.monotonic()
     with pytest.raises(RayWaitError, match=r"3 actors x 1 CPUs = 3 CPUs, but the local Ray instance has 2 CPUs"):
@@ -198,8 +199,8 @@ def test_a_pool_bigger_than_the_local_ray_fails_at_once(local_ray, tiny_model_pa
 def test_actors_that_cannot_start_fail_within_the_deadline_and_free_their_claim(local_ray, tiny_model_path):
     import time
 
-    from prompt_r1.rollout.placement import PlacementError
-    from prompt_r1.rollout.ray_pool import RolloutPool
+    from prompt_r1.cluster.placement import PlacementError
+    from prompt_r1.rollout.pool import RolloutPool
 
     @ray.remote(num_cpus=2)
     class Holder:  # another job holding every CPU of the local instance
@@ -243,7 +244,8 @@ def hanging_rollouts(env_cfg):
 def test_a_stuck_rollout_fails_within_the_deadline(local_ray, tiny_model_path):
     import time
 
-    from prompt_r1.rollout.ray_pool import RayWaitError, RolloutPool
+    from prompt_r1.cluster.connect import RayWaitError
+    from prompt_r1.rollout.pool import RolloutPool
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cfg = smoke_cfg()
@@ -260,7 +262,7 @@ def test_a_stuck_rollout_fails_within_the_deadline(local_ray, tiny_model_path):
 def test_training_session_stops_what_it_started_when_a_later_stage_fails(local_ray, warehouse, tmp_path,
                                                                          monkeypatch):
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.rollout.ray_pool import RayWaitError
+    from prompt_r1.cluster.connect import RayWaitError
     from prompt_r1.training.session import TrainingSession
 
     ingest(warehouse, ["data/sample"])
@@ -333,14 +335,15 @@ def test_sigterm_after_ray_started_runs_the_python_cleanup(home, tiny_model_path
 def test_training_session_refuses_more_actors_than_local_cpus_before_loading_a_model(warehouse, tmp_path,
                                                                                      monkeypatch):
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.rollout.ray_pool import RayWaitError
-    from prompt_r1.training import learner, session
+    from prompt_r1.cluster.connect import RayWaitError
+    from prompt_r1.learner import grpo_learner
+    from prompt_r1.training import session
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the CPU check")
 
     ingest(warehouse, ["data/sample"])
-    monkeypatch.setattr(learner, "GRPOLearner", no_model)
+    monkeypatch.setattr(grpo_learner, "GRPOLearner", no_model)
     cfg = smoke_cfg(temperature=1.0)
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"num_workers": 3, "ray_num_cpus": 2})})
     with pytest.raises(RayWaitError, match=r"3 actors x 1 CPUs = 3 CPUs, but the local Ray instance has 2 CPUs"

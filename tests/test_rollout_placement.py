@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from prompt_r1.config.experiment import load_config
-from prompt_r1.rollout.engine_placement import actor_location, actor_options, engine_bundle, place_engines, release_all
-from prompt_r1.rollout.placement import PlacementError
+from prompt_r1.cluster.engine_placement import actor_location, actor_options, engine_bundle, place_engines, release_all
+from prompt_r1.cluster.placement import PlacementError
 
 ray = pytest.importorskip("ray")
 
@@ -169,7 +169,7 @@ def test_a_real_pool_reports_its_place_and_the_driver_never_calls_cuda(fake_gpu_
 
     from prompt_r1.core.questions import QuestionRow
     from prompt_r1.core.weights import WeightUpdate
-    from prompt_r1.rollout.ray_pool import RolloutPool
+    from prompt_r1.rollout.pool import RolloutPool
 
     state = WeightUpdate.make(1, "full", AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict())
     touched: list[str] = []
@@ -197,7 +197,8 @@ def never_ready(env_cfg):
 def test_placed_actors_that_never_start_fail_within_the_one_deadline(fake_gpu_ray, tiny_model_path):
     import sys
 
-    from prompt_r1.rollout.ray_pool import RayWaitError, RolloutPool
+    from prompt_r1.cluster.connect import RayWaitError
+    from prompt_r1.rollout.pool import RolloutPool
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     started = time.monotonic()

@@ -65,7 +65,8 @@ def questions(n: int) -> list[QuestionRow]:
 
 
 def run(cfg, model_path) -> tuple[list, list[dict]]:
-    from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+    from prompt_r1.cluster.connect import init_ray
+    from prompt_r1.rollout.pool import RolloutPool
 
     init_ray(cfg.rollout)
     with RolloutPool(cfg, model_path) as pool:
@@ -96,8 +97,9 @@ def test_actors_on_both_nodes_roll_out_what_one_node_does(two_nodes, tiny_model_
 
 
 def test_a_pool_bigger_than_the_cluster_fails_by_its_deadline_and_frees_what_it_placed(two_nodes, tiny_model_path):
-    from prompt_r1.rollout.placement import PlacementError
-    from prompt_r1.rollout.ray_pool import RolloutPool, init_ray
+    from prompt_r1.cluster.placement import PlacementError
+    from prompt_r1.cluster.connect import init_ray
+    from prompt_r1.rollout.pool import RolloutPool
 
     cfg = sampling_config(workers=3, address=two_nodes.address, timeout_s=3.0)  # 3 actors x 1 CPU, 2 CPUs
     init_ray(cfg.rollout)
@@ -120,17 +122,17 @@ def test_a_learner_group_over_both_nodes_trains_the_agent_of_one_rank(two_nodes,
     from transformers import AutoModelForCausalLM
 
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.training import learner_group
+    from prompt_r1.learner import ray_group
     from prompt_r1.training.session import TrainingSession
 
     groups = []
-    opened = learner_group.LearnerGroup.__init__
+    opened = ray_group.LearnerGroup.__init__
 
     def recording(self, *args, **kwargs):  # keeps each group, to read where its ranks ran
         opened(self, *args, **kwargs)
         groups.append(self)
 
-    monkeypatch.setattr(learner_group.LearnerGroup, "__init__", recording)
+    monkeypatch.setattr(ray_group.LearnerGroup, "__init__", recording)
     ingest(warehouse, ["data/sample"])
     agents = {}
     # four questions a step (two groups per rank), no validation rollouts; half a CPU per actor and

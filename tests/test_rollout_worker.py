@@ -1,5 +1,5 @@
 """The rollout actor's one refusal, stated once for the driver's pool and the actor: a managed
-vLLM environment must be started by the driver (`ray_pool.actor_environments`), never by an actor."""
+vLLM environment must be started by the driver (`pool.actor_environments`), never by an actor."""
 
 import pytest
 

@@ -89,7 +89,7 @@ def _stale_config(max_staleness: int, tis_cap: float = 1.5):
 
 
 def test_learner_weights_tokens_by_the_engines_log_probs_only_when_stale(tiny_model_path, monkeypatch):
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     calls = spy_policy_loss(monkeypatch)
     stale = GRPOLearner(_stale_config(1, tis_cap=1.5), tiny_model_path)
@@ -158,7 +158,7 @@ def _synchronous_run(session, hooks) -> None:
 def _train(home, name: str, overrides: dict, synchronous: bool = False, resume: bool = False) -> dict:
     """Train configs/smoke.yaml with `overrides`; what every stage, step and checkpoint left."""
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.training.checkpoint import _read_state
+    from prompt_r1.learner.checkpoint import _read_state
     from prompt_r1.training.hooks import TrainingHooks
     from prompt_r1.training.session import TrainingSession
     from warehouse.store import Warehouse
@@ -240,7 +240,7 @@ def test_max_staleness_1_trains_on_the_steps_weights_or_the_ones_before(home, ra
     assert all(m["tis_mean"] > 0 for m in run["metrics"])
 
     # resume from the checkpoint after update 1: the batch of step 1, in flight then, is redone
-    from prompt_r1.training.checkpoint import list_checkpoints
+    from prompt_r1.learner.checkpoint import list_checkpoints
 
     kept = list_checkpoints(home / "k1" / "checkpoints")
     assert [step for step, _ in kept] == [1, 2, 3]

@@ -212,7 +212,7 @@ def _turn_config(weight: float, **train):
 
 def test_the_learner_credits_each_turn_on_its_own_tokens(tiny_model_path, monkeypatch) -> None:
     from prompt_r1.core.grpo import group_advantages
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     learner = GRPOLearner(_turn_config(0.5, micro_batch_size=8, scale_by_std=False), tiny_model_path)
     calls = spy_policy_loss(monkeypatch)
@@ -233,7 +233,7 @@ def test_the_learner_credits_each_turn_on_its_own_tokens(tiny_model_path, monkey
 
 
 def _weights_after_step(path, cfg, trajectories) -> dict[str, torch.Tensor]:
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     learner = GRPOLearner(cfg, path)
     learner.step(trajectories)
@@ -258,7 +258,7 @@ def test_uniform_turn_rewards_change_nothing_and_varied_ones_train_uniform_outco
             t.reward = RewardBreakdown(1.0, 0.5, 0.5)
         return _with_turns(ts, [1.0, 0.0, 0.5, 0.0, 0.0, 1.0])
 
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     start = GRPOLearner(make_config(), tiny_model_path).model.state_dict()
     skipped = GRPOLearner(make_config(drop_uniform_groups=True), tiny_model_path).step(flat_outcomes())
@@ -272,7 +272,7 @@ def test_uniform_turn_rewards_change_nothing_and_varied_ones_train_uniform_outco
 
 
 def test_turn_credit_without_turn_rewards_is_an_error(tiny_model_path) -> None:
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
     from transformers import AutoTokenizer
 
     learner = GRPOLearner(_turn_config(0.5), tiny_model_path)

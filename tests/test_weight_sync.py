@@ -165,7 +165,7 @@ class StandInEngine:
         return {"version": update.version - (self.mode == "stale"), "checksum": checksum}
 
     def placement(self):
-        from prompt_r1.rollout.engine_placement import actor_location
+        from prompt_r1.cluster.engine_placement import actor_location
 
         return actor_location()
 
@@ -182,7 +182,7 @@ def local_ray():
 
 def stand_in_pool(modes: list[str], sync_timeout_s: float):
     """A `RolloutPool` whose actors are stand-ins (its broadcast and error naming are the real ones)."""
-    from prompt_r1.rollout.ray_pool import RolloutPool
+    from prompt_r1.rollout.pool import RolloutPool
 
     pool = RolloutPool.__new__(RolloutPool)
     pool.cfg = parse_config({"rollout": {"sync_timeout_s": sync_timeout_s}})
@@ -195,7 +195,8 @@ def stand_in_pool(modes: list[str], sync_timeout_s: float):
 @pytest.mark.parametrize("mode,says", [("corrupt", "now use other weights"), ("stale", "answered version 6"),
                                        ("fails", "failed to load it: RuntimeError: CUDA out of memory")])
 def test_a_wrong_or_failed_answer_names_the_engine(local_ray, mode, says):
-    from prompt_r1.rollout.ray_pool import RayWaitError, WeightSyncError
+    from prompt_r1.cluster.connect import RayWaitError
+    from prompt_r1.rollout.pool import WeightSyncError
 
     pool = stand_in_pool(["ok", mode], sync_timeout_s=30)
     update = WeightUpdate.make(7, "full", {"w": torch.randn(4, 4)})
@@ -211,7 +212,7 @@ def test_a_wrong_or_failed_answer_names_the_engine(local_ray, mode, says):
 
 
 def test_an_engine_that_does_not_answer_fails_the_sync_at_its_deadline(local_ray):
-    from prompt_r1.rollout.ray_pool import WeightSyncError
+    from prompt_r1.rollout.pool import WeightSyncError
 
     pool = stand_in_pool(["silent", "ok"], sync_timeout_s=2.0)
     t0 = time.monotonic()
@@ -226,7 +227,7 @@ def test_an_engine_that_does_not_answer_fails_the_sync_at_its_deadline(local_ray
 
 
 def test_right_answers_pass(local_ray):
-    from prompt_r1.rollout.ray_pool import UpdateRef
+    from prompt_r1.core.weights import UpdateRef
 
     pool = stand_in_pool(["ok", "ok"], sync_timeout_s=30)
     update = WeightUpdate.make(2, "full", {"w": torch.randn(3)})
@@ -245,7 +246,7 @@ LORA = {"enabled": True, "r": 4, "alpha": 8, "target_modules": "all-linear"}
 
 def lora_learner(model: str, path, seed: int = 0):
     """A LoRA learner whose adapter is non-trivial: lora_B (zero at start) perturbed."""
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     learner = GRPOLearner(parse_config({"agent": {"model": model, "lora": LORA}, "train": {"device": "cpu"}}), path)
     perturb_adapter(learner, seed)
@@ -315,7 +316,7 @@ def test_an_engine_copies_what_it_receives_and_never_writes_into_it(tiny_model_p
     the transformers policy loads full weights and adapters from them without writing into them,
     and what it then holds is its own copy (changing its weights leaves the received ones as sent)."""
     from prompt_r1.policy.hf import TransformersPolicy
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     full = GRPOLearner(parse_config({"agent": {"model": "tiny"}, "train": {"device": "cpu"}}), tiny_model_path)
     for learner in (full, lora_learner("tiny", tiny_model_path)):
@@ -331,7 +332,7 @@ def test_an_engine_copies_what_it_receives_and_never_writes_into_it(tiny_model_p
 
 def test_full_fine_tuning_syncs_full_weights_read_back_from_the_model(tiny_model_path):
     from prompt_r1.policy.hf import TransformersPolicy
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
     learner = GRPOLearner(parse_config({"agent": {"model": "tiny"}, "train": {"device": "cpu"}}), tiny_model_path)
     with torch.no_grad():

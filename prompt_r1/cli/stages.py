@@ -15,7 +15,7 @@ from prompt_r1.cli.common import (
     ConfigOpt, DbOpt, LockWaitOpt, SetOpt, _agent_folder, _fail, _fail_environment, _load, _open_db, app, console,
 )
 from prompt_r1.config.experiment import DataConfig
-from prompt_r1.training.memory import DEFAULT_PROMPT_TOKENS
+from prompt_r1.planning.memory import DEFAULT_PROMPT_TOKENS
 
 
 @app.command()
@@ -102,8 +102,8 @@ def plan(
 ) -> None:
     """Whether a config fits the machines, before any model loads: memory per GPU and where each
     learner rank and rollout engine goes (exit 0), or what does not fit and the setting to change (exit 2)."""
-    from prompt_r1.training.plan import make_plan
-    from prompt_r1.training.preflight import agent_architecture, check_train_device, local_machine
+    from prompt_r1.planning.plan import make_plan
+    from prompt_r1.planning.machine import agent_architecture, check_train_device, local_machine
 
     cfg = _load(config, set_)
     if gpus_per_node is None:  # planned for this machine: its GPUs must hold train.device, as train checks
@@ -184,7 +184,7 @@ def train(
 ) -> None:
     """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
     from prompt_r1 import api
-    from prompt_r1.training.preflight import check_before_ray
+    from prompt_r1.planning.machine import check_before_ray
 
     cfg = _load(config, set_)
     check_before_ray(cfg)  # before the run folder and Ray (train's preflight checks the device again)
@@ -243,7 +243,8 @@ def rollout(
 
     from prompt_r1.config.experiment import new_run_id, run_dir
     from prompt_r1.data.ingest import ingest as ingest_paths
-    from prompt_r1.rollout.ray_pool import RolloutPool, actor_environments, check_local_cpus, cpus_needed, init_ray
+    from prompt_r1.cluster.connect import check_local_cpus, cpus_needed, init_ray
+    from prompt_r1.rollout.pool import RolloutPool, actor_environments
     from collections import Counter
 
     from prompt_r1.core.failures import check_pool_error_rates

@@ -173,3 +173,14 @@ def peft_config_dict(peft_config: Any) -> dict[str, Any]:
             value = value.value  # PeftType / TaskType enums
         out[key] = value
     return out
+
+
+@dataclass(frozen=True)
+class UpdateRef:
+    """A `WeightUpdate` in Ray's object store, where the learner rank that made it put it: its
+    header (what the engines' answers are checked against) and the reference the engines resolve.
+    The reference is typed `Any` so that this module needs no Ray."""
+
+    header: SyncHeader
+    ref: Any                     # ray.ObjectRef of the WeightUpdate
+

@@ -32,13 +32,13 @@ from typing import Any
 
 import ray
 
+from prompt_r1.cluster.actor_group import SHUTDOWN_TIMEOUT_S
 from prompt_r1.config.experiment import AgentConfig, Config
 from prompt_r1.core.weights import WeightUpdate
 from prompt_r1.policy.base import Policy, Sample
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_TIMEOUT_S = 60.0  # an engine's own clean-up before ray.kill
 FIX = ("set eval.agent_placement to driver, lower agent.tensor_parallel_size or rollout.cpus_per_worker, free what "
        "other Ray jobs hold, or raise rollout.actor_start_timeout_s if nodes are still joining")
 
@@ -54,7 +54,7 @@ def engines_in_ray(cfg: Config, engines: int) -> bool:
     if (cfg.eval.agent_placement == "auto" and not ray.is_initialized() and cfg.rollout.ray_address is None
             and not _local_cuda()):
         return False  # a local instance on a machine without GPUs would count none: no Ray start for that
-    from prompt_r1.rollout.ray_connect import init_ray
+    from prompt_r1.cluster.connect import init_ray
 
     init_ray(cfg.rollout, engines * cfg.rollout.cpus_per_worker)
     gpus = ray.cluster_resources().get("GPU", 0.0)
@@ -82,7 +82,7 @@ def eval_bundle(cfg: Config, cluster_gpus: float) -> dict[str, float]:
     >>> eval_bundle(tp2, 8), eval_bundle(parse_config({}), 0)
     ({'CPU': 1.0, 'GPU': 2.0}, {'CPU': 1.0})
     """
-    from prompt_r1.rollout.engine_placement import engine_bundle
+    from prompt_r1.cluster.engine_placement import engine_bundle
 
     if cluster_gpus > 0:
         return {"CPU": float(cfg.rollout.cpus_per_worker), "GPU": float(cfg.agent.tensor_parallel_size)}
@@ -102,7 +102,7 @@ class EvalEngine:
         self.policy = make_policy(agent, model_path, seed=seed)
 
     def placement(self) -> dict[str, Any]:
-        from prompt_r1.rollout.engine_placement import actor_location
+        from prompt_r1.cluster.engine_placement import actor_location
 
         return actor_location()
 
@@ -139,7 +139,7 @@ class RemotePolicy(Policy):
             self.tokenizer = AutoTokenizer.from_pretrained(model_path)
 
     def _call(self, ref: Any, what: str) -> Any:
-        from prompt_r1.rollout.ray_connect import RayWaitError
+        from prompt_r1.cluster.connect import RayWaitError
 
         try:
             return ray.get(ref, timeout=self.timeout_s)
@@ -161,7 +161,7 @@ class RemotePolicy(Policy):
 
     def close(self) -> None:
         """The engine's own clean-up (within `SHUTDOWN_TIMEOUT_S`), then `ray.kill`, then its group."""
-        from prompt_r1.rollout.placement import release
+        from prompt_r1.cluster.placement import release
 
         if self.actor is None:
             return
@@ -178,10 +178,10 @@ def ray_policies(cfg: Config, agent: AgentConfig, paths: Mapping[str, Path]) -> 
     group of its own (see the module docstring); Ray must be running (`engines_in_ray` starts it).
     Placement and start-up share one deadline, `rollout.actor_start_timeout_s`; on any failure
     every engine started and every group reserved is given back."""
-    from prompt_r1.rollout.actor_env import actor_env_vars
-    from prompt_r1.rollout.engine_placement import actor_options, describe_location, release_all
-    from prompt_r1.rollout.placement import reserve_groups
-    from prompt_r1.rollout.ray_connect import RayWaitError
+    from prompt_r1.cluster.actor_env import actor_env_vars
+    from prompt_r1.cluster.engine_placement import actor_options, describe_location, release_all
+    from prompt_r1.cluster.placement import reserve_groups
+    from prompt_r1.cluster.connect import RayWaitError
 
     labels = list(paths)
     bundle = eval_bundle(cfg, ray.cluster_resources().get("GPU", 0.0))

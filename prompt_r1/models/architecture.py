@@ -1,6 +1,6 @@
 """Parameter count and layer shapes of a decoder-only LLM from its `config.json` alone.
 
-Why it exists: `prompt-r1 plan` (and `train`'s check before any model loads, `training.plan`)
+Why it exists: `prompt-r1 plan` (and `train`'s check before any model loads, `planning.plan`)
 sizes weights, gradients, optimiser state, activations and the KV cache of the agent model
 without loading it: loading a 4B model to learn that it does not fit is what the plan avoids.
 Everything here reads numbers; nothing imports torch.

@@ -185,7 +185,7 @@ def resolve_agent(spec: str | None, default_model: str | None = None, config_nam
     raise AgentSpecError(f"agent {spec!r} is not {accepted_forms()}")
 
 
-# files only a checkpoint of ours holds beside its `config.yaml` (`training.checkpoint`: the manifest,
+# files only a checkpoint of ours holds beside its `config.yaml` (`learner.checkpoint`: the manifest,
 # and the trainer state of checkpoints written before it); another tool's output folder may hold a
 # `config.yaml` of its own
 CHECKPOINT_MARKERS = ("manifest.json", "trainer_state.pt")

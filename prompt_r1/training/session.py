@@ -8,7 +8,7 @@ stage as a task and send metrics to MLflow. Resuming loads the newest intact che
 one is named in a warning and passed over) and drops warehouse rows of steps after it, so a resumed run reaches the same step count
 with no repeated or skipped data; it continues only the same run (same config and training
 pool, see `run_record`) unless forced. The learner is this process or `train.world_size` Ray
-ranks, behind one interface (`learners.Learner`); checkpoints resume at any world size.
+ranks, behind one interface (`learner.base.Learner`); checkpoints resume at any world size.
 
 Policy versions: the weights after `step` updates are policy version `step`; every sync
 (`broadcast`) sends that version and each trajectory comes back stamped with the version that
@@ -147,14 +147,14 @@ class TrainingSession:
 
     def _start(self) -> None:
         """Data, learner, environment server, rollout actors; each started piece is on `_stack`."""
-        from prompt_r1.training.checkpoint import resume_checkpoint
+        from prompt_r1.learner.checkpoint import resume_checkpoint
         from prompt_r1.env.vllm_server import check_server_host
         from prompt_r1.models.resolver import check_agent_spec, resolve_agent
-        from prompt_r1.rollout.ray_pool import check_local_cpus
+        from prompt_r1.cluster.connect import check_local_cpus
         from prompt_r1.training.run_owner import own_run
         from prompt_r1.training.run_record import open_run
-        from prompt_r1.training.learners import learner_in_ray, open_learner
-        from prompt_r1.training.preflight import check_train_device, preflight
+        from prompt_r1.learner.base import learner_in_ray, open_learner
+        from prompt_r1.planning.machine import check_train_device, preflight
 
         self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
         check_train_device(self.cfg)  # before Ray may start (`learner_in_ray` starts it for a GPU learner)
@@ -233,12 +233,13 @@ class TrainingSession:
     def _start_environments(self) -> Config:
         """The config the rollout actors get: managed vLLM servers of the training environments
         start here (driver), and actors reach them as `openai`."""
-        from prompt_r1.rollout.ray_pool import actor_environments
+        from prompt_r1.rollout.pool import actor_environments
 
         return self._stack.enter_context(actor_environments(self.cfg, self.run_dir / "logs"))
 
     def _start_pool(self):
-        from prompt_r1.rollout.ray_pool import RolloutPool, cpus_needed, init_ray
+        from prompt_r1.cluster.connect import cpus_needed, init_ray
+        from prompt_r1.rollout.pool import RolloutPool
 
         init_ray(self.cfg.rollout, cpus_needed(self.cfg))
         cfg = self.actor_cfg
@@ -388,7 +389,7 @@ class TrainingSession:
     def export_agent(self) -> Path | None:
         """The final checkpoint as a plain HF folder (`run_dir/agent`): merged under LoRA, no
         optimiser state; this is what evaluation loads and the registry stores."""
-        from prompt_r1.training.checkpoint import export_checkpoint, latest_checkpoint
+        from prompt_r1.learner.checkpoint import export_checkpoint, latest_checkpoint
 
         final = latest_checkpoint(self.ckpt_dir)
         return export_checkpoint(final, self.run_dir / "agent", overwrite=True) if final else None

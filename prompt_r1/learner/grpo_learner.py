@@ -20,7 +20,7 @@ Start-up memory: a learner alone (or a DDP rank) reads the float32 model into ho
 moves it to its device (4 bytes a parameter, 8 with the reference before it is cast). FSDP ranks
 build on the meta device; rank 0 alone reads the float32 model into host memory (4 bytes a
 parameter, once per group) and every rank's device receives only its shards, plus one full
-tensor at a time while it is broadcast (`parallel`).
+tensor at a time while it is broadcast (`collectives`).
 
 Log-probs (old, new and reference) are those of the sampling distribution, softmax(logits / T)
 at `agent.temperature`, which is what the policy backends report for each sampled token.
@@ -30,8 +30,8 @@ older than the learner's. The ratio keeps the recomputed old log-probs; the samp
 engine recorded (`Trajectory.logprobs`, the behaviour policy) enter as a truncated importance
 weight per token (`core.grpo.truncated_is_weights`, cap `train.tis_cap`). At k = 0 nothing changes.
 
-The same class is one rank of a learner group (`train.world_size` > 1, `learner_group`): it then
-holds a `Ranks` from `parallel` (the collectives: global token counts, gradient sums, sharding)
+The same class is one rank of a learner group (`train.world_size` > 1, `ray_group`): it then
+holds a `Ranks` from `collectives` (the collectives: global token counts, gradient sums, sharding)
 and trains its share of every mini-batch; alone it holds the identity `Ranks` and computes
 exactly what it always did.
 """
@@ -58,9 +58,9 @@ from prompt_r1.core.trajectory import Trajectory, rollout_stats
 from prompt_r1.core.turn_credit import token_advantages, turn_advantages
 from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
-from prompt_r1.training.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids,
+from prompt_r1.learner.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids,
                                         plan_mini_batches, question_order)
-from prompt_r1.training.parallel import Ranks, tied_aliases
+from prompt_r1.learner.collectives import Ranks, tied_aliases
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class GRPOLearner:
     def __init__(self, cfg: Config, model_path: str | Path, device: str | None = None,
                  ranks: Ranks | None = None) -> None:
         """`device` overrides `cfg.train.device` (same spellings); `ranks` makes this learner one
-        rank of a group (see `parallel`), the default is a learner alone."""
+        rank of a group (see `collectives`), the default is a learner alone."""
         cfg.check_trainable()
         self.cfg, self.model_path = cfg, str(model_path)
         self.ranks = ranks or Ranks()
@@ -134,7 +134,7 @@ class GRPOLearner:
         self.reference: torch.nn.Module | None = None
         if self.ranks.builds_on_meta:
             # FSDP: rank 0 alone reads the weights (host memory); every rank builds empty models
-            # that `distribute` shards and fills from rank 0 (see `parallel`)
+            # that `distribute` shards and fills from rank 0 (see `collectives`)
             source = self._build_model(meta=False) if self.ranks.rank == 0 else None
             torch.set_rng_state(self.ranks.broadcast_object(torch.get_rng_state()))  # as after rank 0's build
             model = self._build_model(meta=True)

@@ -3,7 +3,7 @@
 Why it exists: a run that does not fit finds out minutes in, after models load and placement
 groups wait, or a GPU runs out of memory mid-step. `prompt-r1 plan` prints `make_plan`'s result;
 `train` runs `preflight` before it loads a model when the run would use GPUs. Memory per process
-comes from `training.memory` (the rule, stated once). This module places the processes on
+comes from `planning.memory` (the rule, stated once). This module places the processes on
 `nodes` x `gpus_per_node` GPUs in the order the run reserves them: learner ranks, one GPU each,
 then rollout engines, `agent.tensor_parallel_size` GPUs on one node each; each gets GPUs of its
 own, except that colocated engines (`rollout.colocate`) share their learner ranks' GPUs and a
@@ -14,7 +14,7 @@ machines whose host memory is known, each node's host memory is checked too (the
 start-up copy, colocated engines' offloaded weights). When something does not fit,
 it names the settings to change, having checked that each one alone makes it fit (or saying that
 none does). What machine and agent a plan is made for, and `train`'s check, are in
-`training.preflight`.
+`planning.machine`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.failures import UserError
 from prompt_r1.models.architecture import Architecture
-from prompt_r1.training.memory import (
+from prompt_r1.planning.memory import (
     DEFAULT_PROMPT_TOKENS, Component, Machine, colocated, components, engine_kv_least,
     tensor_parallel_size,
 )
-from prompt_r1.training.plan_fixes import (engine_fits, engine_fixes, learner_fixes, limit_text, settings_text,
+from prompt_r1.planning.fixes import (engine_fits, engine_fixes, learner_fixes, limit_text, settings_text,
                                            variant)
 
 
@@ -317,7 +317,7 @@ def evaluation_text(cfg: Config, arch: Architecture, machine: Machine, prompt_to
     share too small for an engine to start is said (evaluation is not refused here: `train` is).
 
     >>> from prompt_r1.config.experiment import load_config
-    >>> from prompt_r1.training.preflight import agent_architecture
+    >>> from prompt_r1.planning.machine import agent_architecture
     >>> paper = load_config("configs/paper.yaml")
     >>> evaluation_text(paper, agent_architecture(paper), Machine(gpus_per_node=8), 512)  # doctest: +ELLIPSIS
     '2 agent engines (base, trained), each placed by Ray on 1 GPU of its own, at agent.vllm_gpu_..._utilization 0.9 each'

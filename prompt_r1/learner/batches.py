@@ -127,7 +127,7 @@ def split_plan(plan: list[list[str]], world_size: int) -> list[list[list[str]]]:
     >>> split_plan([["a", "b", "c"], ["d"]], 2)
     [[['a', 'b'], ['d']], [['c'], []]]
     """
-    from prompt_r1.rollout.ray_pool import split_evenly  # the one contiguous split (rollout chunks too)
+    from prompt_r1.cluster.actor_group import split_evenly  # the one contiguous split (rollout chunks too)
 
     shares: list[list[list[str]]] = [[] for _ in range(world_size)]
     for mini in plan:

@@ -40,7 +40,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig
-from prompt_r1.rollout.placement import PlacementError, in_group, release, reserve_groups
+from prompt_r1.cluster.placement import PlacementError, in_group, release, reserve_groups
 
 log = logging.getLogger(__name__)
 

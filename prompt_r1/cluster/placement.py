@@ -9,7 +9,7 @@ and the setting to change.
 
 `reserve_groups` places several groups under one deadline (one per rollout engine: engines are
 independent, so each may land on any node). Used by `prompt_r1.training` (learner ranks) and
-`prompt_r1.rollout.engine_placement` (rollout actors).
+`prompt_r1.cluster.engine_placement` (rollout actors).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ none is intact. Checkpoints written before the manifest existed are checked by r
 A checkpoint does not depend on the learner's world size: a learner group (`train.world_size`
 > 1) gathers the full weights to rank 0, which writes them in this same layout, and
 torch.distributed.checkpoint reshards the optimiser state to whatever world size loads it. On
-resume rank 0 alone reads the weights (others receive them, `parallel.Ranks.load_state_dict`)
+resume rank 0 alone reads the weights (others receive them, `collectives.Ranks.load_state_dict`)
 and each rank reads only its own part of the optimiser state: no rank holds the whole optimiser
 state at any time. So a run saved with N ranks resumes with M, under ddp or fsdp alike (on a
 cluster of several machines the run folder must be on storage every learner node sees: every
@@ -60,7 +60,7 @@ from prompt_r1.core.fsutil import atomic_dir, check_output_folder
 from prompt_r1.models.resolver import TRAINING_CONFIG
 
 if TYPE_CHECKING:
-    from prompt_r1.training.learner import GRPOLearner
+    from prompt_r1.learner.grpo_learner import GRPOLearner
 
 log = logging.getLogger(__name__)
 

@@ -22,14 +22,14 @@ Each actor stamps the trajectories it returns with the version of the weights it
 Environment clients: each actor holds one client per environment it trains against (the training
 pool, `Config.training_environments()`: `train.environments`, or the one `environment`) and each
 question draws one of them (`rollout_batch`). `inprocess` and `openai` environments are built
-inside each actor, with the driver's settings (`actor_env.actor_env_vars`) and the environments'
-API key variables handed over as an argument, never through `runtime_env` (`actor_env.secret_env`).
+inside each actor, with the driver's settings (`cluster.actor_env.actor_env_vars`) and the environments'
+API key variables handed over as an argument, never through `runtime_env` (`cluster.actor_env.secret_env`).
 A `vllm` environment is a server the driver starts (`actor_environments`, one per pool member that
 needs one); actors reach it as `openai` at its base URL. One laptop = a local Ray instance this process starts itself
 (`ray.init(address="local")`: a plain `ray.init()` would join whatever cluster `RAY_ADDRESS` or
-the machine's last `ray start` points at); a cluster = `ray_address` (both in `ray_connect`).
+the machine's last `ray start` points at); a cluster = `ray_address` (both in `cluster.connect`).
 
-Placement (`engine_placement`): each actor runs in its own placement group of one bundle, `{GPU:
+Placement (`cluster.engine_placement`): each actor runs in its own placement group of one bundle, `{GPU:
 agent.tensor_parallel_size, CPU: rollout.cpus_per_worker}` for vLLM on a cluster with GPUs, else
 `{CPU: rollout.cpus_per_worker}`; the groups are released when the pool shuts down (also when it
 fails to start). Each actor reports its node and GPU ids (`RolloutWorker.placement`), logged at
@@ -61,19 +61,17 @@ from prompt_r1.config.env import EnvConfig, PoolEnvConfig
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory
-from prompt_r1.core.weights import SyncHeader, WeightUpdate
-from prompt_r1.rollout.actor_env import actor_env_vars, secret_env
-from prompt_r1.rollout.engine_placement import (actor_options, describe_location, place_colocated,
+from prompt_r1.cluster.actor_env import actor_env_vars, secret_env
+from prompt_r1.cluster.actor_group import SHUTDOWN_TIMEOUT_S, split_evenly
+from prompt_r1.cluster.connect import RayWaitError, check_local_cpus, cpus_needed, init_ray, rollout_workers
+from prompt_r1.core.weights import SyncHeader, UpdateRef, WeightUpdate
+from prompt_r1.cluster.engine_placement import (actor_options, describe_location, place_colocated,
                                                 place_engines, release_all, shared_gpus)
-from prompt_r1.rollout.placement import describe
+from prompt_r1.cluster.placement import describe
 from prompt_r1.rollout.worker import RolloutWorker, refuse_managed_environments
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_TIMEOUT_S = 60.0  # an actor's own clean-up (environment client, policy) before ray.kill
-
-from prompt_r1.rollout.ray_connect import (RayWaitError, address_host_port, check_local_cpus,  # noqa: F401
-                                          cpus_needed, init_ray, rollout_workers)
 
 
 class WeightSyncError(RayWaitError):
@@ -115,15 +113,6 @@ class PendingRollout:
     refs: list[Any]              # one per actor with a share of the batch
     questions: int
     loads: list["PendingSync"] = field(default_factory=list)  # weight syncs queued before it, verified with it
-
-
-@dataclass(frozen=True)
-class UpdateRef:
-    """A `WeightUpdate` in the object store, where the learner rank that made it put it: its header
-    (what the engines' answers are checked against) and the reference the engines resolve."""
-
-    header: SyncHeader
-    ref: Any                     # ray.ObjectRef of the WeightUpdate
 
 
 @dataclass(eq=False)
@@ -330,20 +319,3 @@ class RolloutPool:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
-
-
-def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
-    """Contiguous chunks whose sizes differ by at most one.
-
-    >>> split_evenly([1, 2, 3, 4, 5], 2)
-    [[1, 2, 3], [4, 5]]
-    >>> split_evenly([1], 3)
-    [[1], [], []]
-    """
-    size, extra = divmod(len(items), parts)
-    chunks, start = [], 0
-    for index in range(parts):
-        end = start + size + (1 if index < extra else 0)
-        chunks.append(items[start:end])
-        start = end
-    return chunks

@@ -1,6 +1,6 @@
 """The settings `prompt-r1 plan` names when a config does not fit, each checked to fit on its own.
 
-Why it exists: an error that only says "does not fit" leaves the user guessing; `training.plan`
+Why it exists: an error that only says "does not fit" leaves the user guessing; `planning.plan`
 names the settings that would make the run fit, having recomputed the plan with each one
 (`learner_fixes` for a learner rank, `engine_fixes` for a vLLM engine's share), or says that only
 a combination does. Kept apart from the placement itself, which calls it.
@@ -12,7 +12,7 @@ from typing import Any
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.models.architecture import Architecture
-from prompt_r1.training.memory import (Machine, colocated, engine_component, engine_kv_least, learner_parts,
+from prompt_r1.planning.memory import (Machine, colocated, engine_component, engine_kv_least, learner_parts,
                                       tensor_parallel_size)
 
 

@@ -1,6 +1,6 @@
 """The plan for the machine at hand: its GPUs and RAM, the agent's shape, and `train`'s check.
 
-Why it exists: `training.plan` places a config on any machine it is given; this module finds the
+Why it exists: `planning.plan` places a config on any machine it is given; this module finds the
 machine a command runs on (`local_machine` for `prompt-r1 plan`, `_visible_machine` for a run:
 this machine's GPUs or a Ray cluster's) and the agent's shape (`agent_architecture`), and runs
 `preflight`, which refuses a GPU run that does not fit (or a `train.device` this machine lacks)
@@ -15,8 +15,8 @@ import os
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.models.architecture import Architecture
-from prompt_r1.training.memory import DEFAULT_GPU_MEMORY_GIB, DEFAULT_PROMPT_TOKENS, GIB, Machine
-from prompt_r1.training.plan import Plan, PlanError, make_plan
+from prompt_r1.planning.memory import DEFAULT_GPU_MEMORY_GIB, DEFAULT_PROMPT_TOKENS, GIB, Machine
+from prompt_r1.planning.plan import Plan, PlanError, make_plan
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def _visible_machine(cfg: Config) -> Machine | None:
     if cfg.rollout.ray_address:
         import ray
 
-        from prompt_r1.rollout.ray_pool import init_ray
+        from prompt_r1.cluster.connect import init_ray
 
         init_ray(cfg.rollout)  # connecting now, not after the learner loaded, lets the plan see the cluster
         gpus = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes()
@@ -110,7 +110,7 @@ def check_train_device(cfg: Config) -> None:
     is left to the node it lands on; `auto` and `cpu` always resolve."""
     if cfg.train.device in ("auto", "cpu") or cfg.rollout.ray_address:
         return
-    from prompt_r1.training.learner import resolve_device
+    from prompt_r1.learner.grpo_learner import resolve_device
 
     resolve_device(cfg.train.device)
 

@@ -11,7 +11,7 @@ its node's address and a free port, every rank joins the process group there
 (`LearnerGroup`) holds no model. For each step the driver plans the batch's mini-batches, splits
 each one over the ranks by whole GRPO groups (`batches.split_plan`) and sends every rank its
 trajectories and its share; the ranks' losses are normalised by global counts, so N ranks make
-the update one learner makes on the whole batch (`parallel` says how, under ddp and fsdp).
+the update one learner makes on the whole batch (`collectives` says how, under ddp and fsdp).
 
 Every wait on the ranks has the `train.dist_timeout_s` deadline. A rank that dies, raises or
 passes the deadline fails the call with `LearnerRankError`, which names the rank (a dead rank
@@ -37,11 +37,13 @@ from prompt_r1.config.experiment import Config
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.trajectory import Trajectory, rollout_stats
 from prompt_r1.core.weights import SyncHeader, WeightUpdate
-from prompt_r1.rollout.engine_placement import describe_location
-from prompt_r1.rollout.placement import in_group, release, reserve
-from prompt_r1.rollout.ray_pool import SHUTDOWN_TIMEOUT_S, UpdateRef, actor_env_vars
-from prompt_r1.training.batches import plan_mini_batches, split_plan
-from prompt_r1.training.rank_gpus import node_gpu_ids
+from prompt_r1.cluster.engine_placement import describe_location
+from prompt_r1.cluster.placement import in_group, release, reserve
+from prompt_r1.cluster.actor_env import actor_env_vars
+from prompt_r1.cluster.actor_group import SHUTDOWN_TIMEOUT_S
+from prompt_r1.core.weights import UpdateRef
+from prompt_r1.learner.batches import plan_mini_batches, split_plan
+from prompt_r1.learner.rank_gpus import node_gpu_ids
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +76,14 @@ class LearnerRank:
 
     def location(self) -> dict[str, Any]:
         """Where this rank runs: node, Ray's GPU ids, pid (`engine_placement.actor_location`)."""
-        from prompt_r1.rollout.engine_placement import actor_location
+        from prompt_r1.cluster.engine_placement import actor_location
 
         return actor_location()
 
     def share_gpus(self, visible: list[str]) -> str:
         """See the GPUs of every rank on this node and train on its own among them (`rank_gpus`);
         before anything touches CUDA. Returns the device."""
-        from prompt_r1.training.rank_gpus import adopt_node_gpus
+        from prompt_r1.learner.rank_gpus import adopt_node_gpus
 
         self.device = adopt_node_gpus(visible, ray.get_gpu_ids())
         return self.device
@@ -96,9 +98,9 @@ class LearnerRank:
     def setup(self, host: str, port: int) -> dict[str, Any]:
         """Join the process group, then build the learner (sharded under fsdp); returns where this
         rank runs (`engine_placement.actor_location`: node, GPU ids, pid)."""
-        from prompt_r1.rollout.engine_placement import actor_location
-        from prompt_r1.training.learner import GRPOLearner
-        from prompt_r1.training.parallel import join_process_group
+        from prompt_r1.cluster.engine_placement import actor_location
+        from prompt_r1.learner.grpo_learner import GRPOLearner
+        from prompt_r1.learner.collectives import join_process_group
 
         ranks = join_process_group(self.cfg.train.strategy, self.rank, self.world_size, host, port,
                                    torch.device(self.device), self.cfg.train.dist_timeout_s)
@@ -122,12 +124,12 @@ class LearnerRank:
         return state if self.rank == 0 else None
 
     def save_checkpoint(self, ckpt_dir: str, step: int, data_position: dict[str, Any]) -> str:
-        from prompt_r1.training.checkpoint import save_checkpoint
+        from prompt_r1.learner.checkpoint import save_checkpoint
 
         return str(save_checkpoint(self.learner, Path(ckpt_dir), step, data_position, self.cfg))
 
     def load_checkpoint(self, path: str) -> tuple[int, dict[str, Any]]:
-        from prompt_r1.training.checkpoint import load_checkpoint
+        from prompt_r1.learner.checkpoint import load_checkpoint
 
         return load_checkpoint(self.learner, Path(path))
 

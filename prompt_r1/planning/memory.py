@@ -1,6 +1,6 @@
 """What each process of a training run holds in memory, estimated from the agent's shape alone.
 
-Why it exists: `training.plan` (`prompt-r1 plan`, and `train`'s check before any model loads)
+Why it exists: `planning.plan` (`prompt-r1 plan`, and `train`'s check before any model loads)
 needs each process's memory before anything loads; this module is that estimate, the one
 statement of the memory rule, and `plan` places its results on the machines. It works from the
 agent's shape (`models.architecture`) and imports no torch.

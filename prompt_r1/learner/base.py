@@ -25,7 +25,7 @@ from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.weights import WeightUpdate
 
 if TYPE_CHECKING:
-    from prompt_r1.rollout.ray_pool import UpdateRef
+    from prompt_r1.core.weights import UpdateRef
 
 
 class Learner(Protocol):
@@ -37,7 +37,7 @@ class Learner(Protocol):
 
     def weights_for_sync(self, version: int) -> WeightUpdate | UpdateRef:
         """The rollout engines' weight sync as policy `version`: full weights, or the LoRA adapter
-        alone (from ranks: left in the object store, see `ray_pool.UpdateRef`)."""
+        alone (from ranks: left in the object store, see `core.weights.UpdateRef`)."""
         ...
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, data_position: dict[str, Any]) -> Path:
@@ -57,7 +57,7 @@ class LocalLearner:
     """World size 1: the `GRPOLearner` in this process."""
 
     def __init__(self, cfg: Config, model_path: str | Path):
-        from prompt_r1.training.learner import GRPOLearner  # looked up at call time (tests replace it)
+        from prompt_r1.learner.grpo_learner import GRPOLearner  # looked up at call time (tests replace it)
 
         self.cfg = cfg
         self.learner = GRPOLearner(cfg, model_path)
@@ -71,12 +71,12 @@ class LocalLearner:
         return update
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, data_position: dict[str, Any]) -> Path:
-        from prompt_r1.training.checkpoint import save_checkpoint
+        from prompt_r1.learner.checkpoint import save_checkpoint
 
         return save_checkpoint(self.learner, ckpt_dir, step, data_position, self.cfg)
 
     def load_checkpoint(self, path: Path) -> tuple[int, dict[str, Any]]:
-        from prompt_r1.training.checkpoint import load_checkpoint
+        from prompt_r1.learner.checkpoint import load_checkpoint
 
         return load_checkpoint(self.learner, path)
 
@@ -94,7 +94,7 @@ def learner_in_ray(cfg: Config) -> bool:
         return False
     import ray
 
-    from prompt_r1.rollout.ray_pool import cpus_needed, init_ray
+    from prompt_r1.cluster.connect import cpus_needed, init_ray
 
     init_ray(cfg.rollout, cpus_needed(cfg))
     return ray.cluster_resources().get("GPU", 0.0) > 0
@@ -107,8 +107,8 @@ def open_learner(cfg: Config, model_path: str | Path) -> Iterator[Learner]:
     if not learner_in_ray(cfg):
         yield LocalLearner(cfg, model_path)
         return
-    from prompt_r1.rollout.ray_pool import cpus_needed, init_ray
-    from prompt_r1.training.learner_group import LearnerGroup
+    from prompt_r1.cluster.connect import cpus_needed, init_ray
+    from prompt_r1.learner.ray_group import LearnerGroup
 
     init_ray(cfg.rollout, cpus_needed(cfg))
     group = LearnerGroup(cfg, model_path)
