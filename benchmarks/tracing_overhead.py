@@ -51,8 +51,9 @@ def run(args, overrides) -> None:
     from prompt_r1.data.ingest import ingest
     from prompt_r1.evaluation.evaluate import EvalAgents, evaluate
     from prompt_r1.models.resolver import resolve_agents
-    from tasks.tracing import episodes_to_trace
-    from tasks.tracking import log_eval_environment, setup_mlflow
+    from tasks.tracking.traces import episodes_to_trace
+    from tasks.tracking.eval_runs import log_eval_environment
+    from tasks.tracking.runs import setup_mlflow
     from warehouse.store import Warehouse
 
     cfg = load_config(args.config, {"environment.cache": False, **overrides})

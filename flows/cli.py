@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from prompt_r1.cli import ConfigOpt, SetOpt, _fail, _fail_environment, _load, app, console
+from prompt_r1.cli.common import ConfigOpt, SetOpt, app, console, fail, fail_environment, load
 from prompt_r1.config.experiment import parse_overrides
 from prompt_r1.models.resolver import register_scheme
 from prompt_r1.serving.observers import observe_episodes
@@ -21,13 +21,13 @@ from prompt_r1.core.failures import EnvironmentFailure
 
 def _registry_agent(uri: str) -> Path | None:
     """`models:/NAME@alias` / `models:/NAME/VERSION` -> local agent folder (MLflow imported only when used)."""
-    from tasks.registry import registry_agent_path
+    from tasks.tracking.registry import registry_agent_path
 
     return registry_agent_path(uri)
 
 
 # Under this CLI the library's agent resolver takes registry URIs (and defaults to the champion);
-# the flows install the same resolver with `tasks.registry.install_registry_resolver`, which
+# the flows install the same resolver with `tasks.tracking.registry.install_registry_resolver`, which
 # imports MLflow at once, so the command line keeps this lazy form to start fast.
 register_scheme("models", _registry_agent)
 
@@ -57,11 +57,11 @@ def pipeline(
     """Run the main job as a Prefect flow: ingest -> train -> evaluate, tracked in MLflow."""
     from flows.pipeline import pipeline_flow
 
-    _check_training(_load(config, set_))  # validate before starting anything
+    _check_training(load(config, set_))  # validate before starting anything
     try:
         result = pipeline_flow(str(config), data, parse_overrides(set_) or None)
     except EnvironmentFailure as err:
-        _fail_environment(err)
+        fail_environment(err)
     console.print(f"pipeline run {result['run_id']}; report: {result['evaluate']['report']}")
 
 
@@ -76,9 +76,9 @@ def run_flow(
     """Run one flow locally (the same code the deployments run)."""
     from prompt_r1.models.resolver import parse_labelled_specs
 
-    cfg = _load(config, set_)
+    cfg = load(config, set_)
     if agent and name != "evaluate":
-        _fail(f"--agent is for `run-flow evaluate`, not {name!r} (transfer-eval evaluates the registry's champion)")
+        fail(f"--agent is for `run-flow evaluate`, not {name!r} (transfer-eval evaluates the registry's champion)")
     agents = parse_labelled_specs(agent) or None
     if name == "train":
         _check_training(cfg)
@@ -86,7 +86,7 @@ def run_flow(
     try:
         _run_named_flow(name, config, overrides, agents)
     except EnvironmentFailure as err:
-        _fail_environment(err)
+        fail_environment(err)
 
 
 def _run_named_flow(name: str, config: Path, overrides: dict | None, agents: dict[str, str] | None = None) -> None:
@@ -102,7 +102,7 @@ def _run_named_flow(name: str, config: Path, overrides: dict | None, agents: dic
         result = evaluate_flow(str(config), agents, use_champion=name == "transfer-eval", overrides=overrides)
         console.print(f"evaluate run {result['run_id']}; report: {result['report']}")
     else:
-        _fail(f"unknown flow {name!r}: use ingest, train, evaluate or transfer-eval")
+        fail(f"unknown flow {name!r}: use ingest, train, evaluate or transfer-eval")
 
 
 @app.command()
@@ -117,7 +117,7 @@ def rerun_mlflow_run(run_id: str) -> dict:
     from prompt_r1.config.experiment import runs_home
 
     if not (runs_home() / "mlflow.db").is_file():  # looking a run up must not create an empty store
-        _fail(f"no MLflow run {run_id}: nothing has been tracked under {runs_home()} (no mlflow.db; "
+        fail(f"no MLflow run {run_id}: nothing has been tracked under {runs_home()} (no mlflow.db; "
               "PROMPT_R1_HOME points elsewhere?). Runs are tracked by `prompt-r1 pipeline` and `run-flow`")
     import mlflow
     from mlflow import MlflowClient
@@ -125,13 +125,13 @@ def rerun_mlflow_run(run_id: str) -> dict:
     from flows.evaluate import evaluate_flow
     from flows.pipeline import pipeline_flow
     from flows.train import train_flow
-    from tasks.tracking import setup_mlflow, tracking_uri
+    from tasks.tracking.runs import setup_mlflow, tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     try:
         run = MlflowClient().get_run(run_id)
     except Exception:
-        _fail(f"no MLflow run {run_id} in {tracking_uri()} (see `mlflow ui --backend-store-uri {tracking_uri()}`)")
+        fail(f"no MLflow run {run_id} in {tracking_uri()} (see `mlflow ui --backend-store-uri {tracking_uri()}`)")
     flow_name = run.data.tags.get("flow")
     tmp = Path(tempfile.mkdtemp(prefix="rerun-"))
     local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="config/resolved_config.yaml",
@@ -145,13 +145,13 @@ def rerun_mlflow_run(run_id: str) -> dict:
     elif flow_name == "pipeline":
         result = pipeline_flow(local)
     else:
-        _fail(f"run {run_id} has no `flow` tag (pipeline/train/evaluate); it was not made by prompt-r1")
+        fail(f"run {run_id} has no `flow` tag (pipeline/train/evaluate); it was not made by prompt-r1")
     MlflowClient().set_tag(result["run_id"], "rerun_of", run_id)
     return result
 
 
 def _trace_episode(*episode) -> None:
-    from tasks.tracing import trace_answer  # MLflow loads only when an episode is traced
+    from tasks.tracking.traces import trace_answer  # MLflow loads only when an episode is traced
 
     trace_answer(*episode)
 

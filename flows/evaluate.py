@@ -22,10 +22,10 @@ from prompt_r1.core.failures import EnvironmentFailure
 from tasks.artifacts import publish_eval_table
 from tasks.evaluate import evaluate_environment
 from tasks.ingest import ingest_sources
-from tasks.tracing import episodes_to_trace
-from tasks.registry import install_registry_resolver
-from tasks.tracking import (log_datasets, log_eval_environment, log_heldout_metrics,
-                            log_results_table, log_run_identity, metric_key, setup_mlflow)
+from tasks.tracking.traces import episodes_to_trace
+from tasks.tracking.registry import install_registry_resolver
+from tasks.tracking.eval_runs import log_eval_environment, log_heldout_metrics, log_results_table
+from tasks.tracking.runs import log_datasets, log_run_identity, metric_key, setup_mlflow
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)

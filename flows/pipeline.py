@@ -18,7 +18,7 @@ from prompt_r1 import load_config
 from prompt_r1.config.experiment import default_db_path, run_dir
 from prompt_r1.env.vllm_server import keep_server
 from tasks.ingest import ingest_sources
-from tasks.tracking import log_run_identity, setup_mlflow
+from tasks.tracking.runs import log_run_identity, setup_mlflow
 from warehouse.store import Warehouse
 
 

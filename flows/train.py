@@ -28,8 +28,8 @@ from prompt_r1.training.session import TrainingSession, training_pool_hash
 from tasks.artifacts import publish_training_metrics
 from tasks.train import FlowTrainingHooks, registration_score
 from tasks.ingest import ingest_sources
-from tasks.registry import register_agent
-from tasks.tracking import MetricBuffer, log_datasets, log_run_identity, setup_mlflow, start_training_run
+from tasks.tracking.registry import register_agent
+from tasks.tracking.runs import MetricBuffer, log_datasets, log_run_identity, setup_mlflow, start_training_run
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)

@@ -84,7 +84,7 @@ def main() -> int:
     print(f"Registered agent: prompt-r1-agent version {result['train']['model_version']}"
           f" (champion: {result['train']['champion']})")
     from mlflow import MlflowClient
-    from tasks.tracking import compare_url, tracking_uri
+    from tasks.tracking.runs import compare_url, tracking_uri
 
     experiment = MlflowClient(tracking_uri()).get_experiment_by_name(base.name)
     print("Look at the runs:\n"

@@ -8,7 +8,7 @@ throw-away profile) and writes:
 
 - `mlflow-experiment.png`: the experiment on MLflow's model-training side (`workflowType=
   machine_learning` in the address: MLflow 3.17 otherwise opens its GenAI overview);
-- `mlflow-runs-chart.png`: the saved comparison view (`compare_url` in tasks/tracking.py, the address
+- `mlflow-runs-chart.png`: the saved comparison view (`compare_url` in tasks/tracking/runs.py, the address
   the demo prints): the `eval-<environment>` runs grouped by `env_model`, headline charts only;
 - `mlflow-trace.png`: one agent episode's trace (its spans, the environment call's tokens and cost,
   the score and gold answers);
@@ -163,7 +163,7 @@ def pick_objects(db: Path, experiment: str | None, method: str) -> dict[str, Any
         raise SystemExit(f"{db}: experiment {exp.name} holds no traces (eval.trace_episodes > 0?)")
     # the richest one: most environment calls, scored
     trace = max(traces, key=lambda t: (t.info.state.value == "OK", len(t.data.spans), t.info.request_time))
-    from tasks.tracking import save_compare_view
+    from tasks.tracking.runs import save_compare_view
 
     save_compare_view(client, exp.experiment_id, exp.tags)  # a database from before the view existed
     return {"experiment": exp, "eval_run": evals[0], "trace": trace}
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 def shoot(page: Page, base: str, exp_id: str, run_id: str, trace, args) -> None:
     """Each page, waited for until it shows what it should; one that never does is still shot
     (to see why) and named at the end, with a non-zero exit."""
-    from tasks.tracking import compare_url
+    from tasks.tracking.runs import compare_url
 
     out, method, missed = args.out, args.method, []
 
@@ -234,7 +234,7 @@ def shoot(page: Page, base: str, exp_id: str, run_id: str, trace, args) -> None:
 
     take(f"{base}/#/experiments/{exp_id}?workflowType=machine_learning",
          ["smoke" if not args.experiment else args.experiment, "Run Name"], "mlflow-experiment.png")
-    # the view every experiment holds (tasks/tracking.py: COMPARE_VIEW), the address the demo prints
+    # the view every experiment holds (tasks/tracking/runs.py: COMPARE_VIEW), the address the demo prints
     try:
         page.goto(compare_url(exp_id, base), ["Group by: env_model", "eval-"], args.deadline, settle_s=5.0)
         for component in ("mlflow.assistant.chat_panel.close", "mlflow.experiment_page.shared_view.dismiss"):

@@ -30,7 +30,7 @@ from prompt_r1.env.base import cost_usd
 from prompt_r1.training.hooks import StepResult, TrainingHooks
 from tasks.artifacts import training_progress
 from tasks.evaluate import retry_unless_environment_failure
-from tasks.tracking import MetricBuffer
+from tasks.tracking.runs import MetricBuffer
 
 T = TypeVar("T")
 

@@ -28,8 +28,8 @@ def registry(home, monkeypatch):
 
     from prompt_r1.models import resolver as agent_resolver
     from prompt_r1.models.bundled import resolve_model
-    from tasks.registry import register_agent
-    from tasks.tracking import setup_mlflow
+    from tasks.tracking.registry import register_agent
+    from tasks.tracking.runs import setup_mlflow
 
     cfg = load_config("configs/smoke.yaml", {})
     setup_mlflow("smoke")
@@ -66,8 +66,8 @@ def test_champion_is_a_pyfunc_model_that_answers(registry):
     import pandas as pd
 
     from prompt_r1.models.resolver import register_scheme, resolve_agent
-    from tasks.registry import registry_agent_path
-    from tasks.tracking import tracking_uri
+    from tasks.tracking.registry import registry_agent_path
+    from tasks.tracking.runs import tracking_uri
 
     cfg, agent, versions = registry
     assert [v for v, _ in versions] == ["1", "2", "3"]
@@ -107,7 +107,7 @@ def test_champion_is_a_pyfunc_model_that_answers(registry):
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers(registry, tmp_path):
-    from tasks.tracking import tracking_uri
+    from tasks.tracking.runs import tracking_uri
 
     from tests.test_ask_serve import free_port
 

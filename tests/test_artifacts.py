@@ -1,5 +1,5 @@
 """What the flows publish beside their results: Prefect artifacts (tasks/artifacts.py: keys,
-tables, the training progress) and MLflow dataset inputs and system metrics (tasks/tracking.py).
+tables, the training progress) and MLflow dataset inputs and system metrics (tasks/tracking/runs.py).
 
 The pure parts are checked against independent statements over generated cases; the artifacts
 themselves are created in flows under Prefect's test harness and read back through its API, the
@@ -66,7 +66,7 @@ def test_training_run_logs_its_datasets_and_system_metrics(warehouse):
     from prompt_r1.evaluation.questions import select_questions
     from prompt_r1.data.ingest import ingest
     from prompt_r1.training.session import training_pool
-    from tasks.tracking import log_datasets, setup_mlflow, start_training_run
+    from tasks.tracking.runs import log_datasets, setup_mlflow, start_training_run
 
     ingest(warehouse, [Path("data/sample")])
     cfg = load_config("configs/smoke.yaml", {"data": {"validation_fraction": 0.25}})
@@ -107,7 +107,7 @@ def test_training_run_logs_its_datasets_and_system_metrics(warehouse):
 
 def test_log_datasets_rejects_an_unknown_purpose(warehouse):
     from prompt_r1.config.experiment import load_config
-    from tasks.tracking import log_datasets
+    from tasks.tracking.runs import log_datasets
 
     with pytest.raises(ValueError, match="purpose must be `training` or `evaluation`, not 'tuning'"):
         log_datasets(warehouse, load_config("configs/smoke.yaml"), "tuning")

@@ -203,7 +203,8 @@ def test_optimised_instructions_reach_mlflow_and_the_report(home, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from prompt_r1.evaluation.report import write_report
-    from tasks.tracking import log_eval_environment, setup_mlflow
+    from tasks.tracking.eval_runs import log_eval_environment
+    from tasks.tracking.runs import setup_mlflow
 
     row = {"env_name": "e1", "dataset": "gsm8k", "method": "opro", "n": 2, "primary_metric": "em", "score": 0.5,
            "em": 0.5, "errors": 0, "env_prompt_tokens": 10, "env_completion_tokens": 5, "cost_usd": 0.0}

@@ -212,7 +212,7 @@ def test_rerun_of_a_training_run_reproduces_its_metrics(home):
 
     from flows.cli import rerun_mlflow_run
     from flows.train import train_flow
-    from tasks.tracking import tracking_uri
+    from tasks.tracking.runs import tracking_uri
 
     with prefect_test_harness(server_startup_timeout=180):
         first = train_flow("configs/smoke.yaml", resume=False)

@@ -350,7 +350,7 @@ def test_per_environment_metrics_reach_mlflow_under_train_env_name_metric(home):
     import mlflow
     from mlflow import MlflowClient
 
-    from tasks import tracking
+    from tasks.tracking import runs as tracking
     from tasks.train import environment_metrics
 
     names = ["env-a", "env.b_2", "a-b-c", "x"]

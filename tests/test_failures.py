@@ -249,8 +249,8 @@ def test_train_flow_whose_final_validation_fails_registers_nothing(home, tmp_pat
     from prefect.testing.utilities import prefect_test_harness
 
     import flows.train
-    from tasks.registry import MODEL_NAME
-    from tasks.tracking import tracking_uri
+    from tasks.tracking.registry import MODEL_NAME
+    from tasks.tracking.runs import tracking_uri
 
     monkeypatch.setattr(flows.train, "TrainingSession", _session_whose_environment_dies_after_training(
         tmp_path / "env-down"))

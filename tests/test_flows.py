@@ -31,7 +31,7 @@ def _client():
     import mlflow
     from mlflow import MlflowClient
 
-    from tasks.tracking import tracking_uri
+    from tasks.tracking.runs import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     return MlflowClient()
@@ -161,7 +161,7 @@ def test_train_flow_continues_only_a_run_with_the_same_config_and_pool(home):
     from flows.train import unfinished_run
     from prompt_r1.config.experiment import run_dir
     from prompt_r1.training.run_record import write_record
-    from tasks.tracking import setup_mlflow
+    from tasks.tracking.runs import setup_mlflow
 
     exp = setup_mlflow("smoke")
     client = _client()

@@ -60,7 +60,7 @@ def test_an_environment_outside_the_trained_agents_pool_is_held_out(tmp_path):
     other = [EnvConfig(**{**a, "model": "tiny-smollm2"}), EnvConfig(**{**a, "price_per_1k_prompt": 1.0,
                                                                      "temperature": 0.7})]
     assert [environment_split(evaluating, {"trained": str(agent)}, [e]).held_out["a"] for e in other] == [True, False]
-    from tasks.registry import _run_config_text  # registration reads the same carried config
+    from tasks.tracking.registry import _run_config_text  # registration reads the same carried config
 
     assert _run_config_text(agent) == (agent / TRAINING_CONFIG).read_text()
 
@@ -235,7 +235,8 @@ def test_held_out_tags_and_metrics_reach_mlflow(home):
     import mlflow
     from mlflow import MlflowClient
 
-    from tasks.tracking import log_eval_environment, log_heldout_metrics, setup_mlflow
+    from tasks.tracking.eval_runs import log_eval_environment, log_heldout_metrics
+    from tasks.tracking.runs import setup_mlflow
 
     preds = _predictions(random.Random(2))
     split = EnvSplit({"a": False, "b": True, "c": True}, "test")

@@ -132,6 +132,42 @@ def test_imports_go_downward_only_and_never_to_orchestration():
     assert violations(import_graph()) == []
 
 
+def shell_graph() -> dict[str, set[str]]:
+    """The import graph of the library, the warehouse and the orchestration shell (`tasks/`, `flows/`)."""
+    files = library_modules()
+    for top in ("warehouse", "tasks", "flows"):
+        files.update({module_name(p): p for p in sorted((ROOT / top).rglob("*.py"))})
+    known = set(files)
+    return {name: {t for t in imports_of(path, known) if t != name} for name, path in files.items()}
+
+
+def test_no_import_cycle_in_the_orchestration_shell():
+    assert cycles(shell_graph()) == []
+
+
+def private_imports(files: dict[str, Path]) -> list[str]:
+    """`from a.b import _name` where `a.b` lies in another package than the importer: a private
+    helper used across packages should be made public where it lives."""
+    out = []
+    for module, path in sorted(files.items()):
+        package = module.rpartition(".")[0] if path.name != "__init__.py" else module
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                source_package = node.module if node.module in files and files[node.module].name == "__init__.py" \
+                    else node.module.rpartition(".")[0]
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__") and source_package != package:
+                        out.append(f"{module} imports {node.module}.{alias.name}")
+    return out
+
+
+def test_no_package_imports_another_packages_private_names():
+    files = library_modules()
+    for top in ("warehouse", "tasks", "flows"):
+        files.update({module_name(p): p for p in sorted((ROOT / top).rglob("*.py"))})
+    assert private_imports(files) == []
+
+
 def test_every_subpackage_says_what_it_owns_and_may_import():
     for init in sorted(LIB.glob("*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""

@@ -24,7 +24,7 @@ def _client():
     import mlflow
     from mlflow import MlflowClient
 
-    from tasks.tracking import tracking_uri
+    from tasks.tracking.runs import tracking_uri
 
     mlflow.set_tracking_uri(tracking_uri())
     return MlflowClient()
@@ -33,7 +33,7 @@ def _client():
 def test_pick_evenly_matches_an_independent_statement():
     """At most k indices, all distinct and in range, the first one 0, consecutive gaps differing
     by at most one (evenly spread), and every index when k >= n."""
-    from tasks.tracing import pick_evenly
+    from tasks.tracking.traces import pick_evenly
 
     rng = random.Random(0)
     for _ in range(2000):
@@ -67,8 +67,8 @@ def _episode(error: str | None = None) -> dict:
 def test_an_episode_becomes_a_trace_and_a_failed_call_a_failed_span(home):
     import mlflow
 
-    from tasks.tracing import trace_episodes
-    from tasks.tracking import setup_mlflow
+    from tasks.tracking.traces import trace_episodes
+    from tasks.tracking.runs import setup_mlflow
 
     setup_mlflow("t")
     with mlflow.start_run() as run:
@@ -96,7 +96,7 @@ def test_an_episode_becomes_a_trace_and_a_failed_call_a_failed_span(home):
 
 
 def test_experiment_kind_is_set_once_and_a_users_choice_stays(home):
-    from tasks.tracking import EXPERIMENT_KIND, MODEL_TRAINING, setup_mlflow
+    from tasks.tracking.runs import EXPERIMENT_KIND, MODEL_TRAINING, setup_mlflow
 
     exp_id = setup_mlflow("kinds")
     client = _client()
@@ -113,7 +113,8 @@ def test_smoke_evaluation_is_seen_in_mlflow_as_a_user_would(home):
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.evaluate import evaluate_flow
-    from tasks.tracking import COMPARE_VIEW, EXPERIMENT_KIND, MODEL_TRAINING, RESULTS_TABLE, SHARED_VIEW_PREFIX, compare_url
+    from tasks.tracking.eval_runs import RESULTS_TABLE
+    from tasks.tracking.runs import COMPARE_VIEW, EXPERIMENT_KIND, MODEL_TRAINING, SHARED_VIEW_PREFIX, compare_url
 
     cap = 3
     overrides = {"eval.agent_checkpoints": ["base"], "eval.environments": SMOKE_ENVS, "eval.trace_episodes": cap}

@@ -282,7 +282,7 @@ def test_three_quick_interrupts_still_stop_ray_at_exit(tmp_path, gap_s):
 # Imports MLflow's set-up, says so, waits for the go file, then sets up MLflow on the home.
 RACER = """
 import os, sys, time
-from tasks.tracking import setup_mlflow
+from tasks.tracking.runs import setup_mlflow
 print("ready", flush=True)
 deadline = time.monotonic() + 300
 while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:

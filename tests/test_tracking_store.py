@@ -1,6 +1,6 @@
 """A new run home's MLflow database, copied from a template, is the database MLflow itself makes.
 
-`tasks.tracking.create_store` copies an empty database made once per MLflow version instead of
+`tasks.tracking.runs.create_store` copies an empty database made once per MLflow version instead of
 running MLflow's migrations for every new home. Checked against MLflow making one itself: the same
 tables, indexes and schema version, the same `Default` experiment once opened, and a store that
 takes runs, metrics and registered models.
@@ -16,7 +16,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from tasks import tracking
+from tasks.tracking import runs as tracking
 
 
 def schema(db: Path) -> tuple[list, list]:

@@ -16,9 +16,7 @@ library), never `tasks/`, `flows/`, Prefect or MLflow.
 from __future__ import annotations
 
 from prompt_r1.cli import stages, use  # noqa: F401  (each registers its commands on `app`)
-from prompt_r1.cli.common import (  # noqa: F401  (the names `flows.cli` builds on)
-    ConfigOpt, SetOpt, _fail, _fail_environment, _load, app, console,
-)
+from prompt_r1.cli.common import app
 
 
 def main() -> None:

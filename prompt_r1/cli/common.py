@@ -46,10 +46,10 @@ class _Commands(TyperGroup):
             return super().invoke(ctx)
         except EnvironmentFailure as err:
             log.debug("environment failure", exc_info=True)
-            _fail_environment(err)
+            fail_environment(err)
         except UserError as err:
             log.debug("user error", exc_info=True)
-            _fail(str(err))
+            fail(str(err))
         except (typer.Exit, typer.Abort):
             raise
         except typer.TyperException as err:  # usage errors: click prints them (stderr) and exits 2
@@ -83,7 +83,7 @@ def _print_json_error(message: str, exit_code: int, **extra: Any) -> None:
     print(json.dumps({"error": message, "exit_code": exit_code, **extra}), flush=True)
 
 
-def _fail(message: str, **json_extra: Any) -> None:
+def fail(message: str, **json_extra: Any) -> None:
     """Exit 2 with `error: <message>`. Under `--json` that line goes to stderr, and stdout gets a
     JSON object of the message, the exit code and `json_extra`."""
     from rich.markup import escape
@@ -97,7 +97,7 @@ def _fail(message: str, **json_extra: Any) -> None:
     raise typer.Exit(USER_ERROR_EXIT_CODE)
 
 
-def _fail_environment(err: Exception, recorded: bool = True) -> None:
+def fail_environment(err: Exception, recorded: bool = True) -> None:
     """A run stopped by environment failures (`EnvironmentFailure`): its message and exit 3
     (`recorded`: the failed calls are in the warehouse, as in training and evaluation)."""
     from rich.markup import escape
@@ -122,18 +122,18 @@ def _open_db(db: Optional[Path], read_only: bool = False, wait_s: Optional[float
         return Warehouse(db or default_db_path(), read_only=read_only,
                          wait_s=LOCK_WAIT_S if wait_s is None else wait_s)
     except WarehouseError as err:
-        _fail(str(err))
+        fail(str(err))
 
 
 LockWaitOpt = typer.Option(None, "--lock-wait", min=0.0, help="Seconds to wait while another process holds "
                            "the warehouse before giving up (default 30).")
 
 
-def _load(config: Path, overrides: list[str] | None = None):
+def load(config: Path, overrides: list[str] | None = None):
     try:
         return load_config(config, parse_overrides(overrides))
     except ConfigError as err:
-        _fail(str(err))
+        fail(str(err))
 
 
 def _agent_folder(spec: Optional[str], cfg) -> Path | str:
@@ -143,7 +143,7 @@ def _agent_folder(spec: Optional[str], cfg) -> Path | str:
     try:
         return resolve_agent(spec, default_model=cfg.agent.model, config_name=cfg.name)
     except (AgentSpecError, FileNotFoundError) as err:
-        _fail(str(err))
+        fail(str(err))
 
 
 @app.callback()

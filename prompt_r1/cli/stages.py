@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from prompt_r1.cli.common import (
-    ConfigOpt, DbOpt, LockWaitOpt, SetOpt, _agent_folder, _fail, _fail_environment, _load, _open_db, app, console,
+    ConfigOpt, DbOpt, LockWaitOpt, SetOpt, _agent_folder, fail, fail_environment, load, _open_db, app, console,
 )
 from prompt_r1.config.experiment import DataConfig
 from prompt_r1.planning.memory import DEFAULT_PROMPT_TOKENS
@@ -50,7 +50,7 @@ def ingest(
         except IngestError as err:
             for r in reports:
                 console.print(f"kept: {escape(r.source)} ({r.inserted} questions)", highlight=False)
-            _fail(f"{err}\nNothing from that source was written; sources before it are kept.")
+            fail(f"{err}\nNothing from that source was written; sources before it are kept.")
         for r in reports:
             console.print(f"{escape(r.source)}: {r.describe()}", highlight=False, soft_wrap=True)
         print_summary(wh)
@@ -76,7 +76,7 @@ def summary(db: Optional[Path] = DbOpt, lock_wait: Optional[float] = LockWaitOpt
 @app.command("check-config")
 def check_config(config: Path = ConfigOpt, set_: list[str] = SetOpt) -> None:
     """Validate a config file (with its `--set` overrides) and print its hash."""
-    cfg = _load(config, set_)
+    cfg = load(config, set_)
     console.print(f"{config}: ok (name={cfg.name}, hash={cfg.hash()})")
 
 
@@ -105,7 +105,7 @@ def plan(
     from prompt_r1.planning.plan import make_plan
     from prompt_r1.planning.machine import agent_architecture, check_train_device, local_machine
 
-    cfg = _load(config, set_)
+    cfg = load(config, set_)
     if gpus_per_node is None:  # planned for this machine: its GPUs must hold train.device, as train checks
         check_train_device(cfg)
     arch = agent_architecture(cfg, params)
@@ -116,7 +116,7 @@ def plan(
     elif not as_json:
         console.print(result.render(), markup=False, highlight=False, soft_wrap=True)
     if not result.fits:
-        _fail(result.error(), plan=result.to_dict())
+        fail(result.error(), plan=result.to_dict())
 
 
 # -- commands added by later modules go below ----------------------------------------------
@@ -139,17 +139,17 @@ def serve_env(
     from prompt_r1.config.experiment import logs_dir
     from prompt_r1.env.vllm_server import VLLMServerError, managed_vllm_server
 
-    cfg = _load(config)
+    cfg = load(config)
     candidates = [cfg.environment, *cfg.training_environments(), *cfg.eval.environments]
     if env is None:
         env_cfg = cfg.environment
     else:
         named = [e for e in candidates if e.name == env]
         if not named:
-            _fail(f"{config}: no environment named {env!r}; known: {sorted({e.name for e in candidates})}")
+            fail(f"{config}: no environment named {env!r}; known: {sorted({e.name for e in candidates})}")
         env_cfg = named[0]
     if env_cfg.kind != "vllm":
-        _fail(f"{config}: environment {env_cfg.name!r} has kind={env_cfg.kind}; serve-env starts managed "
+        fail(f"{config}: environment {env_cfg.name!r} has kind={env_cfg.kind}; serve-env starts managed "
               "vLLM servers only (kind: vllm)")
     log_dir = logs_dir()
     console.print(f"starting vLLM for {env_cfg.model} (log under {log_dir}); this takes a minute on CPU ...")
@@ -164,7 +164,7 @@ def serve_env(
             while True:
                 time.sleep(3600)
     except VLLMServerError as err:
-        _fail(str(err))
+        fail(str(err))
     except KeyboardInterrupt:
         pass
     console.print("server stopped")
@@ -186,7 +186,7 @@ def train(
     from prompt_r1 import api
     from prompt_r1.planning.machine import check_before_ray
 
-    cfg = _load(config, set_)
+    cfg = load(config, set_)
     check_before_ray(cfg)  # before the run folder and Ray (train's preflight checks the device again)
 
     def started(run_id: str, folder: Path) -> None:
@@ -218,7 +218,7 @@ def evaluate(
     """Evaluate methods x suites x environments; writes warehouse rows, tables and plots."""
     from prompt_r1 import api
 
-    cfg = _load(config, set_)
+    cfg = load(config, set_)
     result = api.evaluate(cfg, agents=agent, run_id=run_id, out=out, warehouse=db, concurrent=not sequential,
                           overwrite=overwrite)
     console.print(result.table())
@@ -251,7 +251,7 @@ def rollout(
     from prompt_r1.core.seeding import derive_seed
     from prompt_r1.core.trajectory import env_call_records, rollout_stats
 
-    cfg = _load(config, set_)
+    cfg = load(config, set_)
     run_id = run_id or new_run_id()
     # Mistakes fail before Ray starts: a run id that names no folder (ConfigError), more actors than
     # local CPUs (RayWaitError), an agent.model that is no agent (AgentSpecError).
@@ -263,7 +263,7 @@ def rollout(
             ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)
         pool_questions = wh.questions(splits=["train"], datasets=cfg.data.train_datasets or None)
         if not pool_questions:
-            _fail(f"no train-split questions in {wh.path} (sources: {cfg.data.sources}); "
+            fail(f"no train-split questions in {wh.path} (sources: {cfg.data.sources}); "
                   "ingest a dataset with a train split first (`prompt-r1 ingest ...`)")
         random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool_questions)
         questions = pool_questions[: cfg.rollout.batch_questions]

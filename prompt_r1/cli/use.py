@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from prompt_r1.cli.common import (
-    ConfigOpt, SetOpt, _agent_folder, _fail, _fail_environment, _load, app, console, err_console,
+    ConfigOpt, SetOpt, _agent_folder, fail, fail_environment, load, app, console, err_console,
 )
 from prompt_r1.config.experiment import logs_dir
 
@@ -46,7 +46,7 @@ def export(
     try:
         folder = export_checkpoint(checkpoint, out_dir, overwrite=overwrite)
     except (FileNotFoundError, FileExistsError, ValueError, OSError) as err:
-        _fail(f"cannot export {checkpoint}: {err}")
+        fail(f"cannot export {checkpoint}: {err}")
     console.print(f"exported {checkpoint} -> {folder}")
 
 
@@ -74,12 +74,12 @@ def ask(
     from prompt_r1.core.failures import EXIT_CODE, EnvironmentFailure
     from prompt_r1.serving.service import check_question, pick_environment
 
-    cfg = _load(config, set_)
+    cfg = load(config, set_)
     check_question(question, cfg.data.max_question_chars)  # before the agent and the environment are loaded
     try:
         env_cfg = pick_environment(cfg, env)
     except KeyError as err:
-        _fail(f"{config}: {err.args[0]}")
+        fail(f"{config}: {err.args[0]}")
     folder = _agent_folder(agent, cfg)
     if not as_json:
         console.print(f"agent {folder}; environment {env_cfg.name} ({env_cfg.model})", highlight=False)
@@ -113,7 +113,7 @@ def ask(
                       f"{usage['agent_completion_tokens']}, environment {usage['env_prompt_tokens']}+"
                       f"{usage['env_completion_tokens']}; cost ${report['cost_usd']:.6f}", highlight=False)
     if failure is not None:
-        _fail_environment(failure, recorded=False)
+        fail_environment(failure, recorded=False)
 
 
 @app.command()
@@ -131,7 +131,7 @@ def serve(
     from prompt_r1.serving.service import config_environments
     from prompt_r1.serving.http import ServeConfig, serve_agent
 
-    cfg = _load(config, set_)
+    cfg = load(config, set_)
     folder = _agent_folder(agent, cfg)
     models = ", ".join(f"prompt-r1:{name}" for name in config_environments(cfg))
     console.print(f"agent {folder}; models {models}; http://{host}:{port}/v1 (Ctrl-C stops)", highlight=False)

@@ -1,6 +1,6 @@
 """Which questions an evaluation asks: the datasets of its suites, and how many of each.
 
-Stated once for `evaluate`, the MLflow dataset record (`tasks.tracking.log_datasets`) and the
+Stated once for `evaluate`, the MLflow dataset record (`tasks.tracking.runs.log_datasets`) and the
 demo's checks, so that what is logged as evaluated is what was evaluated.
 """
 

@@ -3,7 +3,7 @@
 A spec is, in this order:
 - a registry URI `models:/NAME@alias` or `models:/NAME/VERSION`: resolved by the function a
   higher layer installed with `register_scheme("models", fn)`. The library knows nothing of
-  MLflow, so the tracking layer plugs it in (`tasks.registry.install_registry_resolver`, and the
+  MLflow, so the tracking layer plugs it in (`tasks.tracking.registry.install_registry_resolver`, and the
   `prompt-r1` entry point in `flows.cli`); imports stay downward (flows -> tasks -> prompt_r1);
 - a bundled model name from `prompt_r1.models.bundled` (`tiny-protocol`, `smollm2-135m-protocol`, ...);
 - a folder: a HF model folder (config.json), or a training run folder (its exported `agent/`);

@@ -1,6 +1,6 @@
 """The MLflow model registry of trained agents: register a version (champion when it validates
 better), find a registered version's local folder, and let the library's agent resolver take
-`models:/...` specs. Apart from `tasks.tracking`, which logs runs, because a registered agent is
+`models:/...` specs. Apart from `runs`, which logs runs, because a registered agent is
 a product users load, not a record of a run.
 """
 
@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from prompt_r1.config.experiment import Config, runs_home
 from prompt_r1.core.fsutil import atomic_dir
-from tasks.tracking import tracking_uri
+from tasks.tracking.runs import tracking_uri
 
 MODEL_NAME = "prompt-r1-agent"
 CHAMPION = "champion"

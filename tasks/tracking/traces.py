@@ -4,7 +4,7 @@ environment replied, what it cost and how it scored.
 The library hands over plain data (`prompt_r1.evaluation.evaluate.episode_record`: turns with
 their wall-clock spans, environment calls with usage, latency, cost and error, answer, golds,
 scores); this module turns one record into one trace after the episode has run, so evaluation
-itself carries no tracing work. A trace is:
+itself carries no traces work. A trace is:
 
 - a root `AGENT` span `episode` (inputs: the question; outputs: the final answer), tagged
   `env_name`, `env_model`, `method`, `dataset`, `question_id`;
@@ -150,7 +150,7 @@ def trace_answer(source: str, cfg: Any, env_cfg: Any, question: str, traj: Any) 
     from prompt_r1.env.base import cost_usd
     from prompt_r1.evaluation.evaluate import EPISODE_DROPS
     from prompt_r1.serving.service import env_failure
-    from tasks.tracking import setup_mlflow, tracking_uri
+    from tasks.tracking.runs import setup_mlflow, tracking_uri
 
     where = f"{tracking_uri()}#{cfg.name}"  # PROMPT_R1_HOME may move within one process
     if where not in _tracked or mlflow.get_tracking_uri() != tracking_uri():
