@@ -17,6 +17,7 @@ from prompt_r1.config.experiment import parse_overrides
 from prompt_r1.models.resolver import register_scheme
 from prompt_r1.serving.observers import observe_episodes
 from prompt_r1.core.failures import EnvironmentFailure
+from prompt_r1.training.checks import check_run
 
 
 def _registry_agent(uri: str) -> Path | None:
@@ -32,22 +33,6 @@ def _registry_agent(uri: str) -> Path | None:
 register_scheme("models", _registry_agent)
 
 
-def _check_training(cfg) -> None:
-    """Mistakes a training flow would meet only once Prefect runs it (and logs them with a
-    traceback), checked first: raised as user errors, which the app ends with one line and exit 2."""
-    from prompt_r1.env.vllm_server import check_server_host
-    from prompt_r1.models.resolver import check_agent_spec
-    from prompt_r1.cluster.connect import check_local_cpus
-    from prompt_r1.planning.machine import check_before_ray, preflight
-
-    cfg.check_trainable()
-    check_before_ray(cfg)  # train.device, and the models Ray's actors would fail to load
-    check_agent_spec(cfg.agent.model, cfg.name)
-    check_local_cpus(cfg.rollout)
-    check_server_host(cfg.environment)
-    preflight(cfg)  # a run on GPUs that does not fit them (`prompt-r1 plan`); nothing on a machine without
-
-
 @app.command()
 def pipeline(
     config: Path = typer.Option(Path("configs/demo.yaml"), "--config", "-c", help="YAML experiment config."),
@@ -57,7 +42,7 @@ def pipeline(
     """Run the main job as a Prefect flow: ingest -> train -> evaluate, tracked in MLflow."""
     from flows.pipeline import pipeline_flow
 
-    _check_training(load(config, set_))  # validate before starting anything
+    check_run(load(config, set_))  # validate before starting anything
     try:
         result = pipeline_flow(str(config), data, parse_overrides(set_) or None)
     except EnvironmentFailure as err:
@@ -81,7 +66,7 @@ def run_flow(
         fail(f"--agent is for `run-flow evaluate`, not {name!r} (transfer-eval evaluates the registry's champion)")
     agents = parse_labelled_specs(agent) or None
     if name == "train":
-        _check_training(cfg)
+        check_run(cfg)
     overrides = parse_overrides(set_) or None
     try:
         _run_named_flow(name, config, overrides, agents)

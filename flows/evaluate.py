@@ -34,16 +34,18 @@ log = logging.getLogger(__name__)
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | None = None,
                   use_champion: bool = False, overrides: dict[str, Any] | None = None,
-                  parent_run_id: str | None = None) -> dict[str, Any]:
+                  parent_run_id: str | None = None, ingest: bool = True) -> dict[str, Any]:
     """Evaluate; returns the MLflow run id, the results rows and the report folder.
 
     `agents` maps labels to agent specs (`prompt_r1.models.resolver`: folders, run ids, bundled
     models, `models:/` URIs); `use_champion` evaluates the registry's champion alone.
+    `ingest=False`: the caller has ingested `data.sources` already (the pipeline, once per run).
     """
     cfg = load_config(config, overrides)
     setup_mlflow(cfg.name)
     db = str(default_db_path())
-    ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)
+    if ingest:
+        ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)
     install_registry_resolver()  # `champion` and `models:/` specs resolve through the registry
     resolved = resolve_agents(cfg, agents, labels=["champion"] if use_champion else None)
     split = environment_split(cfg, resolved)  # held out = not in the pool agent:trained was trained on

@@ -1,5 +1,7 @@
 """`pipeline` flow, the main job: ingest -> train -> evaluate (base vs trained vs baselines).
 
+Ingestion runs once, here; the train and evaluate flows it calls read the warehouse it filled.
+
 When an evaluation environment is the training environment's managed vLLM server, that server
 stays up from training through evaluation instead of being stopped and started again.
 """
@@ -40,11 +42,12 @@ def pipeline_flow(config: str = "configs/demo.yaml", data: str | None = None,
         log_dir = run_dir(cfg.name, parent.info.run_id) / "logs"
         with keep_server(cfg.environment, cfg.eval_environments(), log_dir):
             t0 = time.perf_counter()
-            trained = train_flow(config, overrides, resume=False, parent_run_id=parent.info.run_id)
+            trained = train_flow(config, overrides, resume=False, parent_run_id=parent.info.run_id, ingest=False)
             seconds["train"] = time.perf_counter() - t0
             agents = {"trained": trained["checkpoint"]} if trained["checkpoint"] else {}
             t0 = time.perf_counter()
-            evaluated = evaluate_flow(config, agents, overrides=overrides, parent_run_id=parent.info.run_id)
+            evaluated = evaluate_flow(config, agents, overrides=overrides, parent_run_id=parent.info.run_id,
+                                      ingest=False)
             seconds["evaluate"] = time.perf_counter() - t0
         mlflow.log_metrics({f"final_{k}": v for k, v in trained["validation"].items()})
         mlflow.log_metrics({f"base_{k}": v for k, v in trained["validation_before"].items()})

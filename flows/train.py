@@ -3,11 +3,13 @@
 The schedule is the library's (`TrainingSession.run`, the same loop as `prompt-r1 train`); the
 flow adds run bookkeeping: which MLflow run to continue, metrics, and the agent's registration.
 
-A crashed or cancelled run is continued by running the flow again with the same config: it
-finds the newest unfinished training run of the experiment whose `config_hash` and `pool_hash`
-tags match (same settings, same training questions), loads its last checkpoint and goes on.
-Unfinished runs under other settings are left alone (and the log says why): a new run starts.
-Metrics are flushed to MLflow at checkpoints only, so the redone steps are never logged twice.
+A crashed or cancelled run is continued by running the flow again with the same config, by the
+rule every entry point uses (`run_record.find_resumable`): the newest unfinished run folder of this
+config hash and training pool; the flow continues the MLflow run of that id, loads its last
+checkpoint and goes on. Unfinished runs under other settings are left alone (and the log says
+why): a new run starts. Metrics are flushed to MLflow at checkpoints only, so the redone steps are
+never logged twice. The training pool is built once (`TrainingPool.load`) and handed to the run
+choice, the dataset record and the session.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from mlflow import MlflowClient
 from prefect import flow
 
 from prompt_r1 import load_config
-from prompt_r1.config.experiment import default_db_path, run_dir
+from prompt_r1.config.experiment import Config, default_db_path, run_dir, runs_home
 from prompt_r1.core.failures import EnvironmentFailure
 from prompt_r1.policy import backend_deterministic
-from prompt_r1.training.run_record import mismatches, read_record
-from prompt_r1.training.session import TrainingSession, training_pool_hash
+from prompt_r1.data.pool import TrainingPool
+from prompt_r1.training.run_record import find_resumable
+from prompt_r1.training.session import TrainingSession
 from tasks.artifacts import publish_training_metrics
 from tasks.train import FlowTrainingHooks, registration_score
 from tasks.ingest import ingest_sources
@@ -35,70 +38,84 @@ from warehouse.store import Warehouse
 log = logging.getLogger(__name__)
 
 
-def unfinished_run(experiment_id: str, config_name: str, config_hash: str, pool: str) -> str | None:
-    """Newest training run of the experiment that did not finish (crashed, killed, or running)
-    and was started with this config and training pool; the newer ones passed over are logged."""
-    runs = MlflowClient().search_runs(
-        [experiment_id], "tags.flow = 'train' and attributes.status != 'FINISHED'",
-        order_by=["attributes.start_time DESC"], max_results=50)
-    for run in runs:
-        tags = run.data.tags
-        diffs = mismatches({"config_hash": tags.get("config_hash"), "pool_hash": tags.get("pool_hash")},
-                           config_hash, pool)
-        record = read_record(run_dir(config_name, run.info.run_id)) or {}
-        if record.get("finished_at"):  # ended after its last step, e.g. while registering
-            diffs.append(f"its run folder says it finished at {record['finished_at']}")
-        if not diffs:
-            return run.info.run_id
-        log.warning("not continuing unfinished training run %s (status %s): %s", run.info.run_id,
-                    run.info.status, "; ".join(diffs))
-    return None
+def continued_run(experiment_id: str, cfg: Config, questions: TrainingPool) -> str | None:
+    """The run to continue (`find_resumable`: the newest unfinished run folder of this config and
+    pool) when it is a training run of this experiment whose MLflow run did not finish; every
+    newer candidate passed over is logged with the reason."""
+    client = MlflowClient()
+
+    def mlflow_reason(run_id: str) -> str | None:
+        try:
+            run = client.get_run(run_id)
+        except mlflow.exceptions.MlflowException:
+            return "no MLflow run of that id (a run of `prompt-r1 train`: continue it with `prompt-r1 train --resume`)"
+        if run.info.experiment_id != experiment_id or run.data.tags.get("flow") != "train":
+            return f"MLflow run {run_id} is not a training run of experiment {experiment_id}"
+        if run.info.status == "FINISHED":
+            return "its MLflow run finished"
+        return None
+
+    run_id, skipped = find_resumable(runs_home() / cfg.name, cfg.hash(), questions.hash, accept=mlflow_reason)
+    for reason in skipped:
+        log.warning("not continuing unfinished training run %s", reason)
+    return run_id
 
 
 @flow(name="train", log_prints=True)
 def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | None = None,
-               resume: bool = True, parent_run_id: str | None = None) -> dict[str, Any]:
-    """Train the agent with GRPO; returns the MLflow run id, final checkpoint and validation."""
+               resume: bool = True, parent_run_id: str | None = None, ingest: bool = True) -> dict[str, Any]:
+    """Train the agent with GRPO; returns the MLflow run id, final checkpoint and validation.
+    `ingest=False`: the caller has ingested `data.sources` already (the pipeline, once per run)."""
     cfg = load_config(config, overrides)
     exp_id = setup_mlflow(cfg.name)
     db = str(default_db_path())
-    ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)
+    if ingest:
+        ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)
     with Warehouse(db) as wh:
-        pool = training_pool_hash(wh, cfg)
-    previous = unfinished_run(exp_id, cfg.name, cfg.hash(), pool) if resume else None
-    if previous:
-        run = start_training_run(run_id=previous)
-        log.info("continuing unfinished training run %s (config hash %s, pool hash %s)", previous, cfg.hash(), pool)
-    else:
-        run = start_training_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
-                               parent_run_id=parent_run_id,
-                               tags={"flow": "train", "config_hash": cfg.hash(), "pool_hash": pool,
-                                     # exact reruns whatever the environment latency (docs/determinism.md)
-                                     "deterministic": str(backend_deterministic(cfg.agent)).lower()})
-        log.info("starting training run %s (config hash %s, pool hash %s)", run.info.run_id, cfg.hash(), pool)
-    run_id = run.info.run_id
-    with run, Warehouse(db) as wh:
-        if not previous:
-            log_run_identity(cfg, "train", wh.source_hashes(), config)
-            log_datasets(wh, cfg, "training")
-        buffer = MetricBuffer(run_id)
-        with TrainingSession(cfg, wh, run_id, run_dir(cfg.name, run_id), resume=True) as session:
-            buffer.recover(session.ckpt_dir / f"metrics-{session.step:05d}.json")
-            try:
-                pool = cfg.training_environments() if cfg.train.environments else []  # per-env metrics
-                hooks = FlowTrainingHooks(cfg.train.steps, buffer, session.ckpt_dir, pool, cfg.reward.format_cap)
-                outcome = session.run(hooks)
-            except EnvironmentFailure as err:  # the flow and MLflow run fail; nothing is registered
-                mlflow.set_tag("env_failure", str(err)[:5000])
-                raise
-        final, val = outcome.agent, outcome.validation
-        if hooks.history:
-            publish_training_metrics(hooks.history)
-        # never registered (or promoted) on a score computed from failures
-        version, champion = (register_agent(run_id, final, registration_score(val, bool(session.val_questions)))
-                             if final else (None, False))
-        mlflow.set_tags({"registered_version": str(version), "champion": str(champion)})
-        session.mark_finished()
-    return {"run_id": run_id, "checkpoint": str(final) if final else None, "validation": val,
+        questions = TrainingPool.load(wh, cfg)
+        previous = continued_run(exp_id, cfg, questions) if resume else None
+        if previous:
+            run = start_training_run(run_id=previous)
+            log.info("continuing unfinished training run %s (config hash %s, pool hash %s)", previous, cfg.hash(),
+                     questions.hash)
+        else:
+            run = start_training_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
+                                     parent_run_id=parent_run_id,
+                                     tags={"flow": "train", "config_hash": cfg.hash(), "pool_hash": questions.hash,
+                                           # exact reruns whatever the environment latency (docs/determinism.md)
+                                           "deterministic": str(backend_deterministic(cfg.agent)).lower()})
+            log.info("starting training run %s (config hash %s, pool hash %s)", run.info.run_id, cfg.hash(),
+                     questions.hash)
+        with run:
+            outcome, version, champion = _train(cfg, config, wh, run.info.run_id, questions, logged=bool(previous))
+    final, val = outcome.agent, outcome.validation
+    return {"run_id": run.info.run_id, "checkpoint": str(final) if final else None, "validation": val,
             "validation_before": outcome.validation_before,
             "model_version": version, "champion": champion}
+
+
+def _train(cfg: Config, config: str, wh: Warehouse, run_id: str, questions: TrainingPool, logged: bool):
+    """The session inside the active MLflow run: identity and datasets (once per run), metrics,
+    and the agent's registration. Returns (outcome, registered version, became champion)."""
+    if not logged:
+        log_run_identity(cfg, "train", wh.source_hashes(), config)
+        log_datasets(wh, cfg, "training", pool=questions)
+    buffer = MetricBuffer(run_id)
+    with TrainingSession(cfg, wh, run_id, run_dir(cfg.name, run_id), resume=True, questions=questions) as session:
+        buffer.recover(session.ckpt_dir / f"metrics-{session.step:05d}.json")
+        try:
+            environments = cfg.training_environments() if cfg.train.environments else []  # per-env metrics
+            hooks = FlowTrainingHooks(cfg.train.steps, buffer, session.ckpt_dir, environments, cfg.reward.format_cap)
+            outcome = session.run(hooks)
+        except EnvironmentFailure as err:  # the flow and MLflow run fail; nothing is registered
+            mlflow.set_tag("env_failure", str(err)[:5000])
+            raise
+    if hooks.history:
+        publish_training_metrics(hooks.history)
+    # never registered (or promoted) on a score computed from failures
+    final = outcome.agent
+    version, champion = (register_agent(run_id, final, registration_score(outcome.validation, bool(questions.validation)))
+                         if final else (None, False))
+    mlflow.set_tags({"registered_version": str(version), "champion": str(champion)})
+    session.mark_finished()
+    return outcome, version, champion

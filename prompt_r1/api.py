@@ -31,6 +31,7 @@ from prompt_r1.config.experiment import Config, default_db_path, load_config as 
 from prompt_r1.config.experiment import logs_dir, run_dir, runs_home
 
 if TYPE_CHECKING:
+    from prompt_r1.data.pool import TrainingPool
     from prompt_r1.config.env import EnvConfig
     from prompt_r1.core.trajectory import Trajectory
     from prompt_r1.evaluation.evaluate import EvalOutcome
@@ -73,12 +74,11 @@ class TrainResult:
     validation_after: dict[str, float]
 
 
-def resumable_run(wh: "Warehouse", cfg: Config) -> str:
+def resumable_run(cfg: Config, questions: "TrainingPool") -> str:
     """The newest unfinished run of this config and training pool, or `ResumeError` saying why none."""
     from prompt_r1.training.run_record import ResumeError, find_resumable
-    from prompt_r1.training.session import training_pool_hash
 
-    pool = training_pool_hash(wh, cfg)
+    pool = questions.hash
     run_id, skipped = find_resumable(runs_home() / cfg.name, cfg.hash(), pool)
     if run_id is None:
         passed = "".join(f"\n  passed over {reason}" for reason in skipped)
@@ -96,6 +96,7 @@ def train(cfg: Config, *, run_id: str | None = None, resume: bool = False, force
     update -> broadcast -> checkpoint) x `train.steps` -> export. `resume` continues `run_id`, or
     the newest unfinished run of this config; `force` continues it under a changed config.
     `on_start(run_id, folder)` is called once the run is known."""
+    from prompt_r1.data.pool import TrainingPool
     from prompt_r1.training.run_record import ResumeError
     from prompt_r1.training.hooks import TrainingHooks
     from prompt_r1.training.session import TrainingSession
@@ -106,15 +107,16 @@ def train(cfg: Config, *, run_id: str | None = None, resume: bool = False, force
         run_dir(cfg.name, run_id)  # the one run-name rule, before any work
     with open_warehouse(warehouse) as wh:
         _ingest_sources(wh, cfg)
+        questions = TrainingPool.load(wh, cfg)  # built once: the run choice and the session read it
         if resume and not run_id:
-            run_id = resumable_run(wh, cfg)
+            run_id = resumable_run(cfg, questions)
         elif resume and not run_dir(cfg.name, run_id).is_dir():
             raise ResumeError(f"--resume: no run {run_id!r} under {runs_home() / cfg.name}")
         run_id = run_id or new_run_id()
         folder = run_dir(cfg.name, run_id)
         if on_start:
             on_start(run_id, folder)
-        with TrainingSession(cfg, wh, run_id, folder, resume=resume, force=force) as session:
+        with TrainingSession(cfg, wh, run_id, folder, resume=resume, force=force, questions=questions) as session:
             outcome = session.run(hooks or TrainingHooks(cfg.train.steps))
             session.mark_finished()
     return TrainResult(run_id, folder, outcome.agent, outcome.validation_before, outcome.validation)

@@ -65,7 +65,7 @@ def test_training_run_logs_its_datasets_and_system_metrics(warehouse):
     from prompt_r1.config.experiment import load_config
     from prompt_r1.evaluation.questions import select_questions
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.training.session import training_pool
+    from prompt_r1.data.pool import TrainingPool
     from tasks.tracking.runs import log_datasets, setup_mlflow, start_training_run
 
     ingest(warehouse, [Path("data/sample")])
@@ -85,7 +85,8 @@ def test_training_run_logs_its_datasets_and_system_metrics(warehouse):
     finally:
         mlflow.set_system_metrics_sampling_interval(None)
         mlflow.set_system_metrics_samples_before_logging(None)
-    train, val = training_pool(warehouse, cfg)
+    pool = TrainingPool.load(warehouse, cfg)
+    train, val = pool.train, pool.validation
     suite = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset)
     assert counts == {"training": len(train), "validation": len(val), f"suite:{cfg.eval.suites[0]}": len(suite)}
     digests = []

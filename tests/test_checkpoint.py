@@ -197,15 +197,15 @@ class _FakeSession:
 
     seen: list[str] = []
 
-    def __init__(self, cfg, wh, run_id, run_dir, resume=False, force=False):
-        self.args = (cfg, wh, run_id, run_dir, resume, force)
+    def __init__(self, cfg, wh, run_id, run_dir, resume=False, force=False, questions=None):
+        self.args = (cfg, wh, run_id, run_dir, resume, force, questions)
 
     def __enter__(self):
         from prompt_r1.training.run_record import open_run
-        from prompt_r1.training.session import training_pool_hash
+        from prompt_r1.data.pool import TrainingPool
 
-        cfg, wh, run_id, run_dir, resume, force = self.args
-        open_run(run_dir, cfg.name, cfg.hash(), training_pool_hash(wh, cfg), resume, force)
+        cfg, wh, run_id, run_dir, resume, force, questions = self.args
+        open_run(run_dir, cfg.name, cfg.hash(), (questions or TrainingPool.load(wh, cfg)).hash, resume, force)
         _FakeSession.seen.append(run_id)
         return self
 
@@ -225,6 +225,7 @@ def test_cli_resume_picks_the_same_unfinished_run(home, monkeypatch) -> None:
     from prompt_r1.training import session as train_loop
     from prompt_r1.config.experiment import load_config
     from prompt_r1.data.ingest import ingest
+    from prompt_r1.data.pool import TrainingPool
     from prompt_r1.training.run_record import write_record
     from warehouse.store import Warehouse
 
@@ -232,7 +233,7 @@ def test_cli_resume_picks_the_same_unfinished_run(home, monkeypatch) -> None:
     cfg = load_config("configs/smoke.yaml")
     with Warehouse(home / "warehouse.duckdb") as wh:
         ingest(wh, cfg.data.sources)
-        pool = train_loop.training_pool_hash(wh, cfg)
+        pool = TrainingPool.load(wh, cfg).hash
     same = {"config_hash": cfg.hash(), "pool_hash": pool, "finished_at": None}
     write_record(home / "smoke" / "20250101-000000-aaaaaa", {**same, "started_at": "2025-01-01T00:00:00"})
     write_record(home / "smoke" / "20250102-000000-bbbbbb", {**same, "config_hash": "other", "started_at": "2025-01-02"})

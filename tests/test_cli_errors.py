@@ -152,7 +152,7 @@ def test_resume_passes_over_a_corrupted_newest_checkpoint_and_says_so(home):
     from prompt_r1.learner.checkpoint import MANIFEST, save_checkpoint
     from prompt_r1.learner.grpo_learner import GRPOLearner
     from prompt_r1.training.run_record import open_run
-    from prompt_r1.training.session import training_pool_hash
+    from prompt_r1.data.pool import TrainingPool
     from warehouse.store import Warehouse
 
     cfg = load_config("configs/smoke.yaml")
@@ -161,7 +161,7 @@ def test_resume_passes_over_a_corrupted_newest_checkpoint_and_says_so(home):
         from prompt_r1.data.ingest import ingest
 
         ingest(wh, cfg.data.sources)
-        open_run(folder, cfg.name, cfg.hash(), training_pool_hash(wh, cfg), resume=False)
+        open_run(folder, cfg.name, cfg.hash(), TrainingPool.load(wh, cfg).hash, resume=False)
     learner = GRPOLearner(cfg, resolve_agent(cfg.agent.model))
     for step in (1, 2):
         save_checkpoint(learner, folder / "checkpoints", step, {"position": step}, cfg)

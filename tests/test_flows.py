@@ -37,13 +37,29 @@ def _client():
     return MlflowClient()
 
 
-def test_pipeline_flow_end_to_end_and_rerun(prefect_api, home):
+def test_pipeline_flow_end_to_end_and_rerun(prefect_api, home, monkeypatch):
+    import tasks.ingest
     from flows.cli import rerun_mlflow_run
     from flows.pipeline import pipeline_flow
+    from prompt_r1.data.pool import TrainingPool
     from warehouse.store import Warehouse
 
+    calls = {"ingest": 0, "pool": 0}
+    real_ingest, real_load = tasks.ingest.ingest, TrainingPool.load.__func__
+
+    def counted_ingest(*args, **kwargs):
+        calls["ingest"] += 1
+        return real_ingest(*args, **kwargs)
+
+    def counted_load(cls, *args, **kwargs):
+        calls["pool"] += 1
+        return real_load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(tasks.ingest, "ingest", counted_ingest)
+    monkeypatch.setattr(TrainingPool, "load", classmethod(counted_load))
     state = pipeline_flow("configs/smoke.yaml", return_state=True)
     assert state.is_completed(), state.message
+    assert calls == {"ingest": 1, "pool": 1}, "a pipeline run ingests once and builds its training pool once"
     result = state.result()
     steps = 2
 
@@ -157,26 +173,39 @@ def test_train_flow_killed_mid_run_resumes_without_duplicates(home, tmp_path):
 
 
 def test_train_flow_continues_only_a_run_with_the_same_config_and_pool(home):
-    """The unfinished run of a changed config (or pool, or a finished run folder) is left alone."""
-    from flows.train import unfinished_run
-    from prompt_r1.config.experiment import run_dir
+    """The flow continues by the rule every entry point uses (`find_resumable` over run folders),
+    and only a run that is an unfinished MLflow training run of its experiment: the newest
+    folder of a changed config or pool, a finished folder, a folder of `prompt-r1 train` (no
+    MLflow run) and a folder whose MLflow run finished are passed over."""
+    from types import SimpleNamespace
+
+    from flows.train import continued_run
+    from prompt_r1.config.experiment import load_config, run_dir
     from prompt_r1.training.run_record import write_record
     from tasks.tracking.runs import setup_mlflow
 
+    cfg = load_config("configs/smoke.yaml")
+    pool = SimpleNamespace(hash="P")
     exp = setup_mlflow("smoke")
     client = _client()
 
-    def run(status: str, **tags: str) -> str:
-        made = client.create_run(exp, tags={"flow": "train", **tags})
-        client.set_terminated(made.info.run_id, status)
-        time.sleep(0.01)  # distinct start times
-        return made.info.run_id
+    def run(status: str, started: str, config_hash: str = cfg.hash(), pool_hash: str = "P",
+            finished: str | None = None, mlflow_run: bool = True) -> str:
+        run_id = client.create_run(exp, tags={"flow": "train"}).info.run_id if mlflow_run else f"cli-{started}"
+        if mlflow_run:
+            client.set_terminated(run_id, status)
+        write_record(run_dir("smoke", run_id), {"config_hash": config_hash, "pool_hash": pool_hash,
+                                                "started_at": started, "finished_at": finished})
+        return run_id
 
-    same = run("FAILED", config_hash="A", pool_hash="P")
-    run("FAILED", config_hash="A", pool_hash="Q")  # other training questions
-    run("KILLED", config_hash="B", pool_hash="P")  # changed config (newest of these)
-    run("FINISHED", config_hash="A", pool_hash="P")
-    assert unfinished_run(exp, "smoke", "A", "P") == same
-    assert unfinished_run(exp, "smoke", "C", "P") is None
-    write_record(run_dir("smoke", same), {"config_hash": "A", "pool_hash": "P", "finished_at": "2025-01-01"})
-    assert unfinished_run(exp, "smoke", "A", "P") is None
+    same = run("FAILED", "2025-01-01")
+    run("FAILED", "2025-01-02", pool_hash="Q")  # other training questions
+    run("KILLED", "2025-01-03", config_hash="B")  # changed config
+    run("FAILED", "2025-01-04", finished="2025-01-04")  # its folder says it finished
+    run("FAILED", "2025-01-05", mlflow_run=False)  # a run of `prompt-r1 train`
+    run("FINISHED", "2025-01-06")  # its MLflow run finished
+    assert continued_run(exp, cfg, pool) == same
+    assert continued_run(exp, cfg, SimpleNamespace(hash="R")) is None
+    write_record(run_dir("smoke", same), {"config_hash": cfg.hash(), "pool_hash": "P", "started_at": "2025-01-01",
+                                          "finished_at": "2025-02-01"})
+    assert continued_run(exp, cfg, pool) is None

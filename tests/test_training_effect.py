@@ -122,14 +122,14 @@ def test_the_demo_trains_on_two_hop_questions_and_evaluates_40_held_out_ones(war
     from prompt_r1.config.experiment import load_config
     from prompt_r1.data.ingest import ingest
     from prompt_r1.evaluation.questions import check_dataset_limits, select_questions
-    from prompt_r1.training.session import training_pool
+    from prompt_r1.data.pool import TrainingPool
 
     spec = importlib.util.spec_from_file_location("demo_script", ROOT / "scripts" / "demo.py")
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
     cfg = load_config(ROOT / "configs" / "demo.yaml", dict(demo.QUICK) if quick else None)
     ingest(warehouse, cfg.data.sources)
-    train, _ = training_pool(warehouse, cfg)
+    train = TrainingPool.load(warehouse, cfg).train
     assert train and {q.dataset for q in train} == {"compositional_train"}
     assert cfg.reward.turn.scorer and cfg.reward.turn.weight > 0
     check_dataset_limits(warehouse, cfg)

@@ -61,7 +61,7 @@ def test_train_refuses_it_before_any_model_loads(cuda_vllm, warehouse, tmp_path,
     def no_model(*args, **kwargs):
         raise AssertionError("data or models were loaded before the server check")
 
-    monkeypatch.setattr(session, "training_pool", no_model)
+    monkeypatch.setattr(session.TrainingPool, "load", no_model)
     cfg = load_config("configs/smoke.yaml", {"environment.kind": "vllm",
                                              "environment.model": "smollm2-135m-instruct"})
     with pytest.raises(vllm_server.VLLMServerError, match="CUDA build"):

@@ -184,10 +184,10 @@ def train(
 ) -> None:
     """GRPO training: rollout -> reward -> update for `train.steps` (no Prefect/MLflow; see `pipeline`)."""
     from prompt_r1 import api
-    from prompt_r1.planning.machine import check_before_ray
+    from prompt_r1.training.checks import check_run_settings
 
     cfg = load(config, set_)
-    check_before_ray(cfg)  # before the run folder and Ray (train's preflight checks the device again)
+    check_run_settings(cfg)  # before "starting run" is printed (the session checks again, with the rest)
 
     def started(run_id: str, folder: Path) -> None:
         console.print(f"{'resuming' if resume else 'starting'} run {run_id} ({folder}; config hash {cfg.hash()})",

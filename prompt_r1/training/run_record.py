@@ -4,16 +4,16 @@
 and validation, in order: the data position is an index into them), when the run started and
 when it finished. A resume compares them with the current config and pool: a changed config
 or pool is refused unless forced (and then logged loudly and recorded in the file), and a
-finished run is never continued. The CLI picks the run to resume from these records; the
-Prefect flow keeps the same hashes as MLflow tags.
+finished run is never continued. Every entry point picks the run to resume from these records
+(`find_resumable`); the Prefect flow also keeps the same hashes as MLflow tags.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from datetime import datetime, timezone
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,20 +30,6 @@ RUN_FILE = "run.json"
 
 class ResumeError(UserError, ValueError):
     """A run that must not be continued (changed config, finished, or already present)."""
-
-
-def pool_hash(train_ids: list[str], val_ids: list[str]) -> str:
-    """Short hash of the training pool, order included (data positions index into it).
-
-    >>> pool_hash(["a", "b"], ["c"]) == pool_hash(["a", "b"], ["c"])
-    True
-    >>> pool_hash(["a", "b"], ["c"]) == pool_hash(["b", "a"], ["c"])
-    False
-    >>> pool_hash(["a", "b"], ["c"]) == pool_hash(["a"], ["b", "c"])
-    False
-    """
-    blob = json.dumps({"train": list(train_ids), "validation": list(val_ids)})
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def _now() -> str:
@@ -162,9 +148,13 @@ def mark_finished(run_dir: Path) -> None:
     write_record(run_dir, record)
 
 
-def find_resumable(runs_root: Path, config_hash: str, pool: str) -> tuple[str | None, list[str]]:
+def find_resumable(runs_root: Path, config_hash: str, pool: str,
+                   accept: Callable[[str], str | None] | None = None) -> tuple[str | None, list[str]]:
     """The newest unfinished run under `runs_root` (one config name's folder) with this config
-    and pool, and why each newer or other candidate was passed over."""
+    and pool, and why each newer or other candidate was passed over: the one rule for which run
+    continues, used by `prompt-r1 train --resume`, `prompt_r1.train` and the train flow. `accept`
+    (run id -> a reason to pass it over, or None) lets a caller add its own condition (the flow:
+    the run is an unfinished MLflow training run)."""
     runs_root = Path(runs_root)
     candidates = []
     for folder in runs_root.iterdir() if runs_root.is_dir() else []:
@@ -179,6 +169,8 @@ def find_resumable(runs_root: Path, config_hash: str, pool: str) -> tuple[str | 
             reason = f"{folder.name}: finished at {record['finished_at']}"
         else:
             diffs = mismatches(record, config_hash, pool)
+            if not diffs and accept is not None and (refused := accept(folder.name)):
+                diffs = [refused]
             reason = f"{folder.name}: {'; '.join(diffs)}" if diffs else ""
         candidates.append((record.get("started_at") or "", folder.name, reason))
     skipped = []

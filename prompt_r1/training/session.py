@@ -35,7 +35,6 @@ rollout actors while the learner trains; `run_ahead` holds them and states the r
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -45,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 from prompt_r1.config.experiment import Config
 from prompt_r1.config.env import env_prices
 from prompt_r1.core.cost_reward import CostWindow
-from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
 from prompt_r1.core.questions import QuestionRow
+from prompt_r1.data.pool import TrainingPool
 from prompt_r1.training.hooks import StepResult, TrainingHooks, TrainingOutcome
 from prompt_r1.training.run_ahead import InFlight, RunAhead
 
@@ -57,34 +56,6 @@ if TYPE_CHECKING:  # the caller opens the warehouse; the library only reads and 
 log = logging.getLogger(__name__)
 
 CLOSE_PATIENCE_S = 120.0  # how long stopping a run holds off a further Ctrl-C (then it interrupts as usual)
-
-
-def training_pool(warehouse: Warehouse, cfg: Config) -> tuple[list[QuestionRow], list[QuestionRow]]:
-    """(train, validation) questions: train split, seeded shuffle, capped, a held-out share."""
-    pool = warehouse.questions(splits=["train"], datasets=cfg.data.train_datasets or None)
-    if not pool:
-        from prompt_r1.config.base import ConfigError
-
-        raise ConfigError(f"no train-split questions in the warehouse (data.sources: {cfg.data.sources}, "
-                          f"data.train_datasets: {cfg.data.train_datasets or 'all'}); ingest a train/ folder "
-                          "first (e.g. `prompt-r1 ingest data/sample`)")
-    random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool)
-    if cfg.data.max_train_questions:
-        pool = pool[: cfg.data.max_train_questions]
-    n_val = min(len(pool) - 1, max(1, round(len(pool) * cfg.data.validation_fraction))) if cfg.data.validation_fraction else 0
-    return pool[n_val:], pool[:n_val]
-
-
-def questions_hash(train: list[QuestionRow], val: list[QuestionRow]) -> str:
-    """Identifies a training pool (train + validation ids, in order): a resume must see the same."""
-    from prompt_r1.training.run_record import pool_hash
-
-    return pool_hash([q.question_id for q in train], [q.question_id for q in val])
-
-
-def training_pool_hash(warehouse: Warehouse, cfg: Config) -> str:
-    """`questions_hash` of the pool `cfg` trains on (to pick the run to resume before starting)."""
-    return questions_hash(*training_pool(warehouse, cfg))
 
 
 def usable_for_update(trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -122,10 +93,12 @@ class TrainingSession:
     """One training run; use as a context manager (it starts and stops servers and actors)."""
 
     def __init__(self, cfg: Config, warehouse: Warehouse, run_id: str, run_dir: Path, resume: bool = False,
-                 force: bool = False):
+                 force: bool = False, questions: TrainingPool | None = None):
         """`resume`: continue the run in `run_dir` if it holds one (refused when its config or
-        pool changed, unless `force`, or when it finished); without it the folder must be new."""
+        pool changed, unless `force`, or when it finished); without it the folder must be new.
+        `questions`: the training pool the caller already built (`TrainingPool.load`), else built here."""
         self.cfg, self.warehouse, self.run_id, self.run_dir = cfg, warehouse, run_id, run_dir
+        self.questions = questions
         self.resume, self.force = resume, force
         self.ckpt_dir = run_dir / "checkpoints"
         self._stack = ExitStack()
@@ -147,33 +120,25 @@ class TrainingSession:
 
     def _start(self) -> None:
         """Data, learner, environment server, rollout actors; each started piece is on `_stack`."""
+        from prompt_r1.learner.base import open_learner
         from prompt_r1.learner.checkpoint import resume_checkpoint
-        from prompt_r1.env.vllm_server import check_server_host
-        from prompt_r1.models.resolver import check_agent_spec, resolve_agent
-        from prompt_r1.cluster.connect import check_local_cpus
+        from prompt_r1.models.resolver import resolve_agent
+        from prompt_r1.training.checks import check_run_capacity, check_run_settings
         from prompt_r1.training.run_owner import own_run
         from prompt_r1.training.run_record import open_run
-        from prompt_r1.learner.base import learner_in_ray, open_learner
-        from prompt_r1.planning.machine import check_train_device, preflight
 
-        self.cfg.check_trainable()  # before data, models or servers: a config that cannot train fails at once
-        check_train_device(self.cfg)  # before Ray may start (`learner_in_ray` starts it for a GPU learner)
-        check_agent_spec(self.cfg.agent.model, self.cfg.name)  # an agent.model naming no agent, too
-        for env_cfg in self.cfg.training_environments():  # a managed vLLM server this machine's vLLM cannot run
-            check_server_host(env_cfg)
+        check_run_settings(self.cfg)  # before data, models, servers or Ray: a config that cannot train fails at once
         # One process per run folder (a second is refused naming the holder), taken before Ray
-        # starts (`learner_in_ray` may start it); a killed earlier owner's Ray leftovers are stopped.
+        # starts (the capacity check may start it); a killed earlier owner's Ray leftovers are stopped.
         self._stack.enter_context(own_run(self.run_dir))
-        train = self.cfg.train  # and more actors (rollout, learner ranks) than a local Ray instance can start
-        check_local_cpus(self.cfg.rollout, learner_ranks=train.world_size if learner_in_ray(self.cfg) else 0,
-                         cpus_per_rank=train.cpus_per_rank)
-        preflight(self.cfg)  # and, when the run would use GPUs, a config that does not fit them (`prompt-r1 plan`)
-        self.train_questions, self.val_questions = training_pool(self.warehouse, self.cfg)
+        check_run_capacity(self.cfg)
+        self.questions = self.questions or TrainingPool.load(self.warehouse, self.cfg)
+        self.train_questions, self.val_questions = self.questions.train, self.questions.validation
         self.by_id = {q.question_id: q for q in self.train_questions}
         self.turn_scorer = self._check_turn_scorer()  # a task scorer that cannot judge this pool stops here
         # Checked before any model loads, so a refused resume fails in a second.
-        open_run(self.run_dir, self.cfg.name, self.cfg.hash(), questions_hash(self.train_questions, self.val_questions),
-                 self.resume, self.force, config=self.cfg)
+        open_run(self.run_dir, self.cfg.name, self.cfg.hash(), self.questions.hash, self.resume, self.force,
+                 config=self.cfg)
         self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
         # in this process, or train.world_size ranks in Ray (then nothing here holds a model)
         self.learner = self._stack.enter_context(open_learner(self.cfg, self.model_path))
@@ -185,7 +150,7 @@ class TrainingSession:
             self.warehouse.delete_steps_after(self.run_id, self.step - 1)
         self.actor_cfg = self._start_environments()
         self.pool = self._start_pool()
-        self.ahead = RunAhead(self.pool, self.cfg.rollout.max_staleness, train.steps, sent_version=self.step)
+        self.ahead = RunAhead(self.pool, self.cfg.rollout.max_staleness, self.cfg.train.steps, sent_version=self.step)
         self._stack.callback(self.ahead.drop)  # runs before the pool stops (the stack is LIFO)
         if latest is not None:
             self.broadcast()

@@ -30,6 +30,7 @@ from prompt_r1.core.fsutil import LockBusy, atomic_copy_file, file_lock
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow
+    from prompt_r1.data.pool import TrainingPool
     from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
@@ -245,20 +246,21 @@ def questions_frame(questions: "list[QuestionRow]"):
     return pd.DataFrame([[getattr(q, c) for c in columns] for q in questions], columns=columns)
 
 
-def log_datasets(warehouse: "Warehouse", cfg: Config, purpose: str) -> dict[str, int]:
+def log_datasets(warehouse: "Warehouse", cfg: Config, purpose: str, pool: "TrainingPool | None" = None) -> dict[str, int]:
     """`mlflow.log_input` the questions of the active run, each as a dataset whose source is the
     warehouse file and whose digest covers every question id in order.
 
-    purpose="training": the training pool (`training`) and its held-out share (`validation`);
+    purpose="training": the training pool (`training`) and its held-out share (`validation`):
+    `pool` when the caller built it (`TrainingPool.load`), else built here;
     purpose="evaluation": one dataset per evaluation suite (`suite:<name>`, context `evaluation`),
     limited as the evaluation limits it. Returns dataset name -> number of questions."""
     from prompt_r1.evaluation.questions import select_questions
 
     if purpose == "training":
-        from prompt_r1.training.session import training_pool
+        from prompt_r1.data.pool import TrainingPool
 
-        train, val = training_pool(warehouse, cfg)
-        named = {"training": ("training", train), "validation": ("validation", val)}
+        pool = pool or TrainingPool.load(warehouse, cfg)
+        named = {"training": ("training", pool.train), "validation": ("validation", pool.validation)}
     elif purpose == "evaluation":
         named = {f"suite:{s}": ("evaluation", select_questions(warehouse, [s], cfg.eval.limit_per_dataset,
                                                                     cfg.eval.dataset_limits))
