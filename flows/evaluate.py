@@ -7,6 +7,7 @@ environment (`use_champion=True`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import mlflow
@@ -16,7 +17,8 @@ from prompt_r1.models.resolver import resolve_agents
 from prompt_r1 import load_config
 from prompt_r1.config.experiment import default_db_path, run_dir
 from prompt_r1.evaluation.report import markdown_table, write_report
-from prompt_r1.evaluation.evaluate import EvalAgents, EvalOutcome
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.evaluation.evaluate import EvalAgents, EvalOutcome, evaluate
 from prompt_r1.evaluation.heldout import environment_split, heldout_comparisons
 from prompt_r1.core.failures import EnvironmentFailure
 from tasks.artifacts import publish_eval_table
@@ -55,31 +57,27 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
                           tags={"flow": "evaluate", "suite": suite, "method": "all"}) as run:
         run_id = run.info.run_id
         out = run_dir(cfg.name, run_id) / "eval"
-        total = EvalOutcome()
+
+        def each_environment(env_cfg: EnvConfig, work: Callable[[], EvalOutcome]) -> EvalOutcome:
+            """One environment as its own Prefect task, then its runs in MLflow."""
+            try:
+                part = evaluate_environment(env_cfg, work)
+            except EnvironmentFailure as err:  # the flow run fails; MLflow says why
+                mlflow.log_metric(metric_key(env_cfg.name, "env_error_rate"), err.error_rate)
+                mlflow.set_tag("env_failure", str(err)[:5000])
+                raise
+            log_eval_environment(run_id, env_cfg.name, env_cfg.model, cfg.eval.suites, part.results, part.baselines,
+                                 part.suites, resolved, episodes_to_trace(part.episodes, cfg.eval.trace_episodes),
+                                 held_out=split.held_out[env_cfg.name])
+            return part
+
         with Warehouse(db) as wh:
             log_run_identity(cfg, "evaluate", wh.source_hashes(), config)
             log_datasets(wh, cfg, "evaluation")
             mlflow.log_params({f"eval_agent.{k}": v for k, v in resolved.items()})
             mlflow.set_tag("use_champion", str(use_champion))
             with EvalAgents(cfg, resolved) as opened:  # loaded once for every environment
-                for env_cfg in cfg.eval_environments():
-                    try:
-                        outcome = evaluate_environment(cfg, wh, run_id, opened, env_cfg, out / "logs")
-                    except EnvironmentFailure as err:  # the flow run fails; MLflow says why
-                        mlflow.log_metric(metric_key(env_cfg.name, "env_error_rate"), err.error_rate)
-                        mlflow.set_tag("env_failure", str(err)[:5000])
-                        raise
-                    log_eval_environment(run_id, env_cfg.name, env_cfg.model, cfg.eval.suites, outcome.results,
-                                         outcome.baselines, outcome.suites, resolved,
-                                         episodes_to_trace(outcome.episodes, cfg.eval.trace_episodes),
-                                         held_out=split.held_out[env_cfg.name])
-                    total.results += outcome.results
-                    total.predictions += outcome.predictions
-                    total.examples += outcome.examples
-                    total.baselines += outcome.baselines
-                    total.seconds.update(outcome.seconds)
-                    total.suites = outcome.suites
-                    total.turns += outcome.turns
+                total = evaluate(cfg, wh, run_id, opened, log_dir=out / "logs", on_environment=each_environment)
         files = write_report(total.results, total.examples, out, total.seconds, total.predictions,
                              total.baselines, split, total.suites, total.turns)
         mlflow.log_artifacts(str(out), artifact_path="eval")

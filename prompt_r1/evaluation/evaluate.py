@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,8 @@ class Prediction:
 
 @dataclass
 class EvalOutcome:
+    """What an evaluation produced: for every environment, or (a part) for one."""
+
     predictions: list[dict[str, Any]] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     examples: list[dict[str, Any]] = field(default_factory=list)
@@ -71,6 +73,21 @@ class EvalOutcome:
     episodes: list[dict[str, Any]] = field(default_factory=list)  # every agent episode, `episode_record`s
     suites: dict[str, list[str]] = field(default_factory=dict)  # suite -> its datasets, as evaluated
     turns: list[dict[str, Any]] = field(default_factory=list)  # what the agent did per cell (`turns.turn_rows`)
+
+    def add(self, part: "EvalOutcome") -> None:
+        """Take in one environment's part (its rows, episodes, spend, times and error rate)."""
+        self.predictions += part.predictions
+        self.results += part.results
+        self.examples += part.examples
+        self.baselines += part.baselines
+        self.episodes += part.episodes
+        self.seconds.update(part.seconds)
+        self.env_error_rates.update(part.env_error_rates)
+
+
+# `on_environment(env_cfg, work)`: runs one environment's part of an evaluation; calls `work()`
+# (which evaluates that environment, writes its rows and returns its part) and returns its result.
+EnvironmentHook = Callable[[EnvConfig, Callable[[], EvalOutcome]], EvalOutcome]
 
 
 async def _env_method(env, questions: list[QuestionRow], method: str, concurrent: bool,
@@ -295,17 +312,17 @@ def evaluate(
     environments: Sequence[EnvConfig] | None = None,
     log_dir: Path | None = None,
     concurrent: bool = True,
+    on_environment: EnvironmentHook | None = None,
 ) -> EvalOutcome:
-    """Run every configured method on the configured suites against each environment.
+    """Run every configured method on the configured suites against each environment: the one
+    evaluation loop, for the CLI, the Python API and the flows.
 
     `agents` maps a label (`base`, `trained`, ...) to a model folder, opened here and closed at
-    the end; or is an open `EvalAgents`, which the caller closes (to evaluate the same agents
-    against environments one call at a time without loading them again). Rows are written to the
+    the end; or is an open `EvalAgents`, which the caller closes. Rows are written to the
     warehouse per environment (one transaction each), so a failure keeps earlier environments.
+    `on_environment` wraps each environment's part (`EnvironmentHook`): the flows run it as a
+    Prefect task and log it to MLflow; by default it simply runs.
     """
-    from prompt_r1.env import open_environment
-    from prompt_r1.env.base import cost_usd
-
     check_dataset_limits(warehouse, cfg)
     questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset, cfg.eval.dataset_limits)
     if not questions:
@@ -313,31 +330,14 @@ def evaluate(
     environments = list(environments or cfg.eval_environments())
     outcome = EvalOutcome(suites={s: sorted({d for d, _ in suite_datasets(warehouse, [s])}) for s in cfg.eval.suites})
     opened = agents if isinstance(agents, EvalAgents) else EvalAgents(cfg, agents)
+    run_part = on_environment or (lambda env_cfg, work: work())
     try:
         agent_only_rows = opened.agent_only_rows(questions, outcome.seconds) if "agent_only" in cfg.eval.methods else {}
         for env_cfg in environments:
-            log.info("evaluating against environment %s (%s, %s)", env_cfg.name, env_cfg.kind, env_cfg.model)
-            with open_environment(env_cfg, warehouse=warehouse, log_dir=log_dir) as env:
-                # One event loop per environment: async clients stay bound to the loop they started in.
-                env_rows = asyncio.run(_evaluate_env(env, cfg, questions, opened.policies, agent_only_rows, outcome,
-                                                      concurrent, warehouse))
-            for r in env_rows:
-                r["env_name"] = env_cfg.name
-            for e in outcome.examples:
-                e.setdefault("env_name", env_cfg.name)
-            for e in outcome.episodes:
-                if "env_name" not in e:
-                    e.update(env_name=env_cfg.name, env_model=env_cfg.model)
-                    for call in e["env_calls"]:  # prices are per environment: input and output apart
-                        call["input_cost_usd"] = cost_usd(env_cfg, call["prompt_tokens"], 0)
-                        call["output_cost_usd"] = cost_usd(env_cfg, 0, call["completion_tokens"])
-            results = aggregate(env_rows, env_cfg)
-            warehouse.write_eval(run_id, env_rows, results)  # failures included: recorded before any stop
-            outcome.predictions += env_rows
-            outcome.results += results
-            outcome.env_error_rates[env_cfg.name] = check_error_rate(
-                env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
-                env_cfg.max_error_rate, "evaluation")
+            def work(env_cfg: EnvConfig = env_cfg) -> EvalOutcome:
+                return _evaluate_environment(cfg, warehouse, run_id, env_cfg, questions, opened, agent_only_rows,
+                                             outcome.suites, concurrent, log_dir)
+            outcome.add(run_part(env_cfg, work))
         outcome.turns = evaluation_turns(cfg, outcome.episodes, questions)
     except BaseException:
         opened.close()  # a crash may have broken an agent engine: a retry with the same agents builds them anew
@@ -346,6 +346,39 @@ def evaluate(
         if opened is not agents:
             opened.close()
     return outcome
+
+
+def _evaluate_environment(cfg: Config, warehouse: Warehouse, run_id: str, env_cfg: EnvConfig,
+                          questions: list[QuestionRow], opened: EvalAgents,
+                          agent_only_rows: dict[str, list[dict[str, Any]]], suites: dict[str, list[str]],
+                          concurrent: bool, log_dir: Path | None) -> EvalOutcome:
+    """One environment's part: every method against it, its rows written to the warehouse (failures
+    included, before any stop), then its error rate checked (`EnvironmentFailure` past `max_error_rate`)."""
+    from prompt_r1.env import open_environment
+    from prompt_r1.env.base import cost_usd
+
+    part = EvalOutcome(suites=suites)
+    log.info("evaluating against environment %s (%s, %s)", env_cfg.name, env_cfg.kind, env_cfg.model)
+    with open_environment(env_cfg, warehouse=warehouse, log_dir=log_dir) as env:
+        # One event loop per environment: async clients stay bound to the loop they started in.
+        env_rows = asyncio.run(_evaluate_env(env, cfg, questions, opened.policies, agent_only_rows, part,
+                                              concurrent, warehouse))
+    for r in env_rows:
+        r["env_name"] = env_cfg.name
+    for e in part.examples:
+        e["env_name"] = env_cfg.name
+    for e in part.episodes:
+        e.update(env_name=env_cfg.name, env_model=env_cfg.model)
+        for call in e["env_calls"]:  # prices are per environment: input and output apart
+            call["input_cost_usd"] = cost_usd(env_cfg, call["prompt_tokens"], 0)
+            call["output_cost_usd"] = cost_usd(env_cfg, 0, call["completion_tokens"])
+    part.results = aggregate(env_rows, env_cfg)
+    warehouse.write_eval(run_id, env_rows, part.results)  # failures included: recorded before any stop
+    part.predictions = env_rows
+    part.env_error_rates[env_cfg.name] = check_error_rate(
+        env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
+        env_cfg.max_error_rate, "evaluation")
+    return part
 
 
 async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, outcome: EvalOutcome,
