@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check: the one command of a lent GPU machine's last transfer (docs/scale.md, "Measuring on a
 # GPU"). It installs the staged parts (scripts/gpu_stage.py unstage: every part present, every
-# import loading, before any timing), then runs benchmarks/gpu_check.py: the bf16 peak, then parts
+# import loading, before any timing), then runs benchmarks/gpu/gpu_check.py: the bf16 peak, then parts
 # a-e (learner at real shapes with MFU and plan's prediction, FSDP2 over NCCL, the smoke training
 # through Ray with --resume, SmolLM2 GRPO steps, full vs LoRA sync at 1.7B), each in its own
 # process under its own deadline. Results: $GPU_CHECK_OUT/gpu_check.json and gpu_check.log. Without
@@ -13,7 +13,7 @@
 #
 # Settings (environment): PYTHON (default python3), GPU_CHECK_OUT (default runs/gpu_check),
 # GPU_STAGE (the parts, default runs/gpu_stage), GPU_STAGE_TARGET (default /tmp/prompt_r1_site),
-# GPU_CHECK_ARGS (more arguments for benchmarks/gpu_check.py, e.g. "--parts ab --budget-s 200").
+# GPU_CHECK_ARGS (more arguments for benchmarks/gpu/gpu_check.py, e.g. "--parts ab --budget-s 200").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -44,4 +44,4 @@ else
 fi
 TOKENIZER="$TARGET-data/smollm2-tokenizer"
 # shellcheck disable=SC2086
-exec "$RUN_PY" benchmarks/gpu_check.py --out "$OUT_DIR" --tokenizer "$TOKENIZER" ${DRY:+--dry-run} ${GPU_CHECK_ARGS:-}
+exec "$RUN_PY" -m benchmarks.gpu.gpu_check --out "$OUT_DIR" --tokenizer "$TOKENIZER" ${DRY:+--dry-run} ${GPU_CHECK_ARGS:-}

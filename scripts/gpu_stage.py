@@ -149,8 +149,7 @@ def xz_of_wheel(wheel: Path, out: Path) -> Path:
 def tokenizer_tar(out: Path) -> Path:
     """SmolLM2's tokenizer folder (the random-weight shapes' tokenizer), as a tar."""
     sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_learner import default_tokenizer
+    from benchmarks.gpu.gpu_learner import default_tokenizer
 
     folder = Path(default_tokenizer())
     target = out / "smollm2-tokenizer.tar"

@@ -8,7 +8,7 @@ is forwarded unchanged, except that a seeded share of them (`rate`) gets a fault
 - `malformed`: status 200 with a truncated JSON body.
 Every fault body contains `MARKER`, so a test can look for any trace of a fault in what the agent
 saw or what was scored. `latency_s=(low, high)` delays every chat request by a seeded uniform
-draw from that range before it is answered (a hosted API's latency, for benchmarks/staleness.py).
+draw from that range before it is answered (a hosted API's latency, for benchmarks/speed/staleness.py).
 
 Which requests fail is a pure function of (seed, request body, how many times that body was seen),
 not of arrival order, so concurrent clients get the same faults on every run. Every request is

@@ -1,4 +1,4 @@
-"""benchmarks/env_pool.py's arithmetic: the transfer matrix and pool − single differences, from
+"""benchmarks/experiments/env_pool.py's arithmetic: the transfer matrix and pool − single differences, from
 evaluation rows (no model runs here), against a plain restatement of what they mean: on one
 environment, the mean over the questions both agents scored of (A's score − B's score), a failed
 call under either agent leaving that question out, whatever order the rows come in."""
@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-env_pool = pytest.importorskip("benchmarks.env_pool")
+env_pool = pytest.importorskip("benchmarks.experiments.env_pool")
 
 ENVS = ["small", "other"]
 AGENTS = ["base", "only-small", "only-other", "pool"]

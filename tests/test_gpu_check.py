@@ -1,4 +1,4 @@
-"""The GPU check (benchmarks/gpu_learner.py, scripts/gpu_check.sh) without a GPU: CI has none.
+"""The GPU check (benchmarks/gpu/gpu_learner.py, scripts/gpu_check.sh) without a GPU: CI has none.
 
 Both refuse cleanly (exit 2, a message naming CUDA) instead of timing the CPU; the batches they
 build follow the protocol's masks and give every group non-zero advantages; and the measuring
@@ -21,10 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_learner", ROOT / "benchmarks" / "gpu_learner.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks.gpu import gpu_learner
+
+    return gpu_learner
 
 
 def _no_cuda_env() -> dict[str, str]:
@@ -122,8 +121,8 @@ def test_model_flops_match_a_flop_counter(tiny_model_path):
 
 def test_driver_refuses_without_cuda(tmp_path):
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(out),
-                           "--tokenizer", str(tmp_path)], capture_output=True, text=True, env=_no_cuda_env(), timeout=300)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--out", str(out),
+                           "--tokenizer", str(tmp_path)], capture_output=True, text=True, env=_no_cuda_env(), timeout=300, cwd=ROOT)
     assert done.returncode == 2 and "CUDA" in done.stderr and "--dry-run" in done.stderr
     assert not out.exists()
 
@@ -131,9 +130,9 @@ def test_driver_refuses_without_cuda(tmp_path):
 @pytest.mark.parametrize("cap", ["z=30", "d=", "d=soon", "d"])
 def test_a_bad_cap_is_refused_before_anything_runs(tmp_path, cap):
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(out),
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--out", str(out),
                            "--tokenizer", str(tmp_path), "--cap", "e=180", "--cap", cap],
-                          capture_output=True, text=True, env=_no_cuda_env(), timeout=300)
+                          capture_output=True, text=True, env=_no_cuda_env(), timeout=300, cwd=ROOT)
     assert done.returncode == 2 and f"--cap {cap!r}: expected PART=SECONDS" in done.stderr
     assert "peak, a, b, c, d, e" in done.stderr and not out.exists()
 
@@ -174,9 +173,7 @@ def test_dry_run_runs_every_part(tiny_model_path, tmp_path):
 def test_a_parts_commands_share_its_deadline(tmp_path):
     """A part's cap bounds all its commands together (three shapes of part a cannot take three caps),
     and a command past it is killed and reported, not waited for."""
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    from benchmarks.gpu import gpu_check
     runner = gpu_check.Runner(tmp_path, dict(os.environ), budget_s=60, caps={"x": 2, "y": 30})
     runner.start("x")
     assert runner.run(["sleep", "0.1"], runner.left("x")).returncode == 0

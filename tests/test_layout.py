@@ -204,3 +204,14 @@ def test_the_public_api_is_importable_from_the_package():
         assert callable(getattr(prompt_r1, name)), name
     with pytest.raises(AttributeError):
         prompt_r1.no_such_name  # noqa: B018
+
+
+def test_benchmarks_are_modules_that_edit_no_import_path():
+    """Benchmarks run from the repository root as modules (`python -m benchmarks.speed.grpo_step`),
+    in folders by kind, so none needs to edit `sys.path` to import the project or each other."""
+    bench = ROOT / "benchmarks"
+    scripts = sorted(p for p in bench.rglob("*.py") if "results" not in p.parts)
+    assert {p.parent.name for p in scripts} == {"benchmarks", "speed", "experiments", "gpu", "screens"}
+    editing = [str(p.relative_to(ROOT)) for p in scripts if "sys.path" in p.read_text()]
+    assert editing == []
+    assert all((p.parent / "__init__.py").is_file() for p in scripts)

@@ -1,4 +1,4 @@
-"""benchmarks/learning.py's report of the mechanism on the compositional task: the shares of probe
+"""benchmarks/experiments/learning.py's report of the mechanism on the compositional task: the shares of probe
 trajectories with a second call / one that uses the first reply, and the best constant answer
 per relation, computed from probe rows (no model runs here).
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-learning = pytest.importorskip("benchmarks.learning")
+learning = pytest.importorskip("benchmarks.experiments.learning")
 
 from prompt_r1.core.metrics import f1_score  # noqa: E402
 from prompt_r1.data.compositional import generate  # noqa: E402

@@ -6,7 +6,7 @@ suffices), so this module generates questions that chain two well-known facts th
 e.g. "On which continent is the country whose capital is Tokyo?" = ("Which country has Tokyo as
 its capital?" -> Japan, "On which continent is Japan?" -> Asia). Each question carries its two
 hops (sub-question and answers), its chain and its country, so a screen can keep the questions the
-environment fails when asked at once but answers hop by hop (`benchmarks/compose_screen.py`), and
+environment fails when asked at once but answers hop by hop (`benchmarks/screens/compose_screen.py`), and
 a probe/training split can keep every country on one side (`split_by_entity`).
 
 `follow_up` is the mechanical definition of "the agent's second environment call uses what the

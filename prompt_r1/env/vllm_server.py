@@ -33,7 +33,7 @@ machine the tiny test model was ready in 36-50 s and SmolLM2-135M in 40 s, inste
 (`--distributed-executor-backend uni`): one process fewer to spawn and import, and no
 inter-process hop per step. (vLLM's OpenAI server always runs its engine core in a second process,
 whatever `VLLM_ENABLE_V1_MULTIPROCESSING` says, so a server on CPU is two processes; `plan` counts
-both.) `benchmarks/vllm_server.py` on the
+both.) `benchmarks/speed/vllm_server.py` on the
 2-core machine with SmolLM2-135M: ready 1.63x sooner, 1.49x the tokens/s for 32 concurrent
 requests, identical greedy replies (BENCHMARKS.md). GPUs keep vLLM's multiprocess default.
 

@@ -30,7 +30,7 @@ bfloat16 autocast / FSDP mixed precision, else 4; d = bytes of `agent.dtype`):
   R x V x m x (c + 8) bytes for m = `micro_batch_size`: the logits in the compute dtype, the
   float32 log-softmax `core.grpo.gather_logprobs` keeps, and its float32 gradient in the
   backward. Fitted on an H100 (BENCHMARKS.md, "GPU"): at m = 8 in bfloat16 the three shapes of
-  `benchmarks/gpu_learner.py` (vocabularies of 49k and 152k) peaked 79-81 bytes per response
+  `benchmarks/gpu/gpu_learner.py` (vocabularies of 49k and 152k) peaked 79-81 bytes per response
   position and vocabulary entry above the other parts, against 80 here. For a 4096-token response
   and a 150k vocabulary this is the largest part of a rank (about 6 GiB per trajectory in bfloat16);
 - 1 GiB for the process (CUDA context, libraries).

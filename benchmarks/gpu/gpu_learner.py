@@ -5,7 +5,7 @@ Why it exists: CI and the development machine have no GPU, so the CUDA path of t
 micro-batches) and the copy of new weights to the rollout policies after each step were never
 measured. `scripts/gpu_check.sh` runs this script on a lent GPU machine; BENCHMARKS.md ("GPU")
 holds what it printed. Without CUDA it refuses (exit 2) rather than time the CPU:
-`benchmarks/grpo_step.py` is the CPU benchmark.
+`benchmarks/speed/grpo_step.py` is the CPU benchmark.
 
 What it does, through the library only (`GRPOLearner`, `Trajectory`, `TransformersPolicy`,
 `VLLMPolicy`):
@@ -24,7 +24,7 @@ What it does, through the library only (`GRPOLearner`, `Trajectory`, `Transforme
   `TransformersPolicy` on CPU (what a Ray rollout actor holds today) and one moved to the GPU,
   and into the in-process vLLM engine (`VLLMPolicy`) when vLLM is importable.
 
-    python3 benchmarks/gpu_learner.py --shape qwen3-0.6b --steps 3 --json runs/gpu_check/qwen3-0.6b.json
+    python3 -m benchmarks.gpu.gpu_learner --shape qwen3-0.6b --steps 3 --json runs/gpu_check/qwen3-0.6b.json
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # Architectures by their published config.json (only what shapes the compute and memory).
 SHAPES: dict[str, dict] = {
@@ -392,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu_learner.py measures the learner on a CUDA GPU, and torch {torch.__version__} sees none "
               "(no GPU, a CPU build of torch, or CUDA_VISIBLE_DEVICES hides it). Run it on a machine with "
-              "CUDA (scripts/gpu_check.sh); benchmarks/grpo_step.py measures the CPU.", file=sys.stderr)
+              "CUDA (scripts/gpu_check.sh); benchmarks/speed/grpo_step.py measures the CPU.", file=sys.stderr)
         return 2
     result = run(args, device=args.device)
     ok = result["loss_finite"] and result["changed_fraction"] > 0

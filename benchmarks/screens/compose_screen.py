@@ -3,7 +3,7 @@
 The compositional task (`prompt_r1/data/compositional.py`) exists to show an agent learning to
 interact over several turns. A question is only worth that when one call fails and two succeed,
 so every generated question is put to the environment alone (greedy, each phrasing of
-`benchmarks/screen.py`), composed and as each of its two hops. A question is kept when the
+`benchmarks/screens/screen.py`), composed and as each of its two hops. A question is kept when the
 composed question fails in every phrasing and each hop passes in at least `--hop-min` of them
 (a phrasing passes when the reply names a gold answer as whole words, `mentions`: plain
 `substring_match` would find the gold `US` in "because").
@@ -12,8 +12,8 @@ The kept questions are split by country (`split_by_entity`: no country in both) 
 (`data/compositional/test`, never trained on) and a training pool (`data/compositional/train`);
 pass rates per chain and per relation go to `benchmarks/results/compose-screen.json`.
 
-    .venv/bin/python benchmarks/compose_screen.py                 # screen, split, pass rates
-    .venv/bin/python benchmarks/compose_screen.py --limit 40      # a quick look at 40 questions
+    .venv/bin/python -m benchmarks.screens.compose_screen                 # screen, split, pass rates
+    .venv/bin/python -m benchmarks.screens.compose_screen --limit 40      # a quick look at 40 questions
 
 About 3,200 environment calls (429 questions and 359 distinct hops, four phrasings each), asked
 32 prompts at a time; on a loaded machine raise the per-call deadline
@@ -27,21 +27,19 @@ import asyncio
 import json
 import logging
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.screen import PHRASINGS, ask_all  # noqa: E402
-from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.config.experiment import load_config, parse_overrides  # noqa: E402
-from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
-from prompt_r1.data.compositional import generate, mentions, split_by_entity  # noqa: E402
+from benchmarks.screens.screen import PHRASINGS, ask_all
+from prompt_r1.cli.logging_setup import setup_logging
+from prompt_r1.config.experiment import load_config, parse_overrides
+from prompt_r1.core.fsutil import atomic_write_text
+from prompt_r1.data.compositional import generate, mentions, split_by_entity
 
-log = logging.getLogger("benchmarks.compose_screen")
+log = logging.getLogger("benchmarks.screens.compose_screen")
 DATASETS = {"test": "compositional_probe", "train": "compositional_train"}
 
 

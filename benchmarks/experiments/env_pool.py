@@ -21,7 +21,7 @@ A question whose environment call failed under either agent is left out of its p
 The probe (`--probe-dataset`, default `screened_probe`, data/screened/test: 40 single-hop questions).
 Chosen over the compositional probe because one environment call answers each of these (the
 agent needs no second call, which `smollm2-135m-protocol` never makes) and because SmolLM2 answered
-every one of them in the screen (`benchmarks/screen.py`), so a trained agent can gain there. The
+every one of them in the screen (`benchmarks/screens/screen.py`), so a trained agent can gain there. The
 screen ran on SmolLM2 only: Gemma 3 270M never screened these questions, so its column may start
 lower and has less room to show a gain; the untrained agent's row measures that.
 
@@ -30,8 +30,8 @@ and the table is printed. The full run takes hours on a small CPU machine: with 
 keeps its warehouse, training runs, agents and evaluations there, and the same command started
 again goes on where a stopped run left off (`WorkFolder`).
 
-    .venv/bin/python benchmarks/env_pool.py --quick   # tiny models, two in-process environments: minutes
-    .venv/bin/python benchmarks/env_pool.py --work runs/env_pool   # configs/learning-pool.yaml: SmolLM2 + Gemma 3
+    .venv/bin/python -m benchmarks.experiments.env_pool --quick   # tiny models, two in-process environments: minutes
+    .venv/bin/python -m benchmarks.experiments.env_pool --work runs/env_pool   # configs/learning-pool.yaml: SmolLM2 + Gemma 3
 """
 
 from __future__ import annotations
@@ -40,24 +40,22 @@ import argparse
 import contextlib
 import json
 import logging
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.config.experiment import Config, load_config, parse_overrides  # noqa: E402
-from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
-from prompt_r1.core.signals import install_sigterm_interrupt  # noqa: E402
-from prompt_r1.evaluation.compare import paired_scores  # noqa: E402
-from prompt_r1.evaluation.stats import bootstrap_ci, cell_seed, paired_comparison, paired_worst  # noqa: E402
+from prompt_r1.cli.logging_setup import setup_logging
+from prompt_r1.config.experiment import Config, load_config, parse_overrides
+from prompt_r1.core.fsutil import atomic_write_text
+from prompt_r1.core.signals import install_sigterm_interrupt
+from prompt_r1.evaluation.compare import paired_scores
+from prompt_r1.evaluation.stats import bootstrap_ci, cell_seed, paired_comparison, paired_worst
 
-log = logging.getLogger("benchmarks.env_pool")
+log = logging.getLogger("benchmarks.experiments.env_pool")
 
 UNTRAINED, POOL = "base", "pool"  # agent labels (evaluation methods `agent:base`, `agent:pool`)
 TINY_ENVS = [  # two tiny models of different shapes, in process: the plumbing, not an effect

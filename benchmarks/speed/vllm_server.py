@@ -6,26 +6,24 @@ engine core) instead of vLLM's three (a worker process too). This starts the sam
 ways, one after the other, and prints for each: seconds until `/v1/models` lists the model, and
 tokens/s for rounds of concurrent chat requests (greedy, so both must give the same replies).
 
-    .venv/bin/python benchmarks/vllm_server.py            # --requests 32 --rounds 3 --max-tokens 64
+    .venv/bin/python -m benchmarks.speed.vllm_server            # --requests 32 --rounds 3 --max-tokens 64
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-import openai  # noqa: E402
+import openai
 
-from prompt_r1.env import vllm_server  # noqa: E402
-from prompt_r1.config.env import EnvConfig  # noqa: E402
-from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
+from prompt_r1.env import vllm_server
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.cli.logging_setup import setup_logging
 
 OURS_COMMAND = vllm_server.server_command
 

@@ -9,7 +9,7 @@ DTensor gradients, the full state dict gathered to CPU (what a weight sync sends
 `torch.distributed.checkpoint` checkpoint written and read back into a fresh sharded model, the
 weights compared with what was saved. `--device cpu` (gloo) is the dry run.
 
-    python3 benchmarks/gpu_fsdp.py --model FOLDER --json out.json
+    python3 -m benchmarks.gpu.gpu_fsdp --model FOLDER --json out.json
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ on the GPU host; `scripts/gpu_check.sh` picks one), and prints a summary table. 
 the same parts on CPU at tiny shapes (CI's and this machine's check that nothing is missing or
 misnamed); its figures are not measurements.
 
-    python3 benchmarks/gpu_check.py --out runs/gpu_check --tokenizer DIR     # scripts/gpu_check.sh runs it
+    python3 -m benchmarks.gpu.gpu_check --out runs/gpu_check --tokenizer DIR     # scripts/gpu_check.sh runs it
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
+ROOT = Path(__file__).resolve().parents[2]
 PARTS = "abcde"
 # Seconds each part may take on the GPU (they sum to the default --budget-s); the dry run's are larger
 # because a shared 2-core CPU machine is slower than a GPU host.
@@ -65,9 +64,8 @@ print(json.dumps({"tflops": 2 * n**3 / s / 1e12, "n": n, "card": name, "gpu_memo
 BUILD_CODE = """
 import sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-from gpu_learner import build_random_model
-build_random_model(sys.argv[2], sys.argv[3], Path(sys.argv[4]), sys.argv[5])
+from benchmarks.gpu.gpu_learner import build_random_model
+build_random_model(sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4])
 """
 
 
@@ -129,7 +127,7 @@ def part_peak(r: Runner, args) -> dict:
 
 def build_model(r: Runner, args, shape: str, folder: Path, part: str) -> Path:
     if not (folder / "config.json").exists():
-        r.checked([sys.executable, "-c", BUILD_CODE, str(BENCH), shape, args.tokenizer, str(folder), args.device],
+        r.checked([sys.executable, "-c", BUILD_CODE, shape, args.tokenizer, str(folder), args.device],
                   r.left(part))
     return folder
 
@@ -142,7 +140,7 @@ def part_a(r: Runner, args, peak: dict | None) -> dict:
     for shape in shapes:
         path = args.scratch / f"a-{shape}.json"
         try:
-            r.checked([sys.executable, str(BENCH / "gpu_learner.py"), "--shape", shape, "--tokenizer", args.tokenizer,
+            r.checked([sys.executable, "-m", "benchmarks.gpu.gpu_learner", "--shape", shape, "--tokenizer", args.tokenizer,
                        "--device", args.device, "--no-sync", "--json", str(path), *small], r.left("a"))
             row = json.loads(path.read_text())
             if peak:
@@ -164,7 +162,7 @@ def part_b(r: Runner, args) -> dict:
     shape = "tiny" if args.dry_run else "smollm2-135m"
     model = build_model(r, args, shape, args.scratch / f"model-{shape}", "b")
     path = args.scratch / "b.json"
-    r.checked([sys.executable, str(BENCH / "gpu_fsdp.py"), "--model", str(model), "--device", args.device,
+    r.checked([sys.executable, "-m", "benchmarks.gpu.gpu_fsdp", "--model", str(model), "--device", args.device,
                "--tokens", "64" if args.dry_run else "1024", "--json", str(path)], r.left("b"))
     return json.loads(path.read_text())
 
@@ -261,7 +259,7 @@ def part_e(r: Runner, args) -> dict:
     shape = "tiny" if args.dry_run else "qwen3-1.7b"
     model = build_model(r, args, shape, args.scratch / f"model-{shape}", "e")
     path = args.scratch / "e.json"
-    r.checked([sys.executable, str(BENCH / "weight_sync.py"), "--model", str(model), "--device", args.device,
+    r.checked([sys.executable, "-m", "benchmarks.speed.weight_sync", "--model", str(model), "--device", args.device,
                "--dtype", "float32" if args.dry_run else "bfloat16", "--repeats", "1" if args.dry_run else "2",
                "--no-before-after", "--json", str(path)], r.left("e"))
     return json.loads(path.read_text())

@@ -8,12 +8,12 @@ environment on one managed vLLM server), a few steps, no validation, one checkpo
 Steps per hour = steps / (time from the run's first stage to its last step's end); start-up
 (models, actors) is not counted. One server serves all four runs; the proxy is
 `tests/chaos_proxy.py` with no faults and a seeded 1-3 s delay per chat request.
-(b) `benchmarks/rollout.py`'s comparison (same `rollout_batch`, same agent and questions; the
+(b) `benchmarks/speed/rollout.py`'s comparison (same `rollout_batch`, same agent and questions; the
 baseline serialises environment calls and makes every turn wait for all replies), on the proxy.
 
-    .venv/bin/python benchmarks/staleness.py                 # both parts: 12 min on an idle 2-core CPU
-    .venv/bin/python benchmarks/staleness.py --part loop     # (b) only
-    .venv/bin/python benchmarks/staleness.py --backend transformers   # the agent on torch instead of vLLM
+    .venv/bin/python -m benchmarks.speed.staleness                 # both parts: 12 min on an idle 2-core CPU
+    .venv/bin/python -m benchmarks.speed.staleness --part loop     # (b) only
+    .venv/bin/python -m benchmarks.speed.staleness --backend transformers   # the agent on torch instead of vLLM
 
 Ratios are against the baseline measured in the same process; nothing here asserts a time.
 """
@@ -23,22 +23,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # rollout.py's baseline wrapper
-sys.path.insert(0, str(ROOT / "tests"))       # the proxy
+ROOT = Path(__file__).resolve().parents[2]
 
-from scratch import scratch_home  # noqa: E402
+from benchmarks.scratch import scratch_home
 
-from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.config.experiment import Config, load_config  # noqa: E402
-from prompt_r1.config.env import EnvConfig  # noqa: E402
+from prompt_r1.cli.logging_setup import setup_logging
+from prompt_r1.config.experiment import Config, load_config
+from prompt_r1.config.env import EnvConfig
 
-log = logging.getLogger("benchmarks.staleness")
+log = logging.getLogger("benchmarks.speed.staleness")
 
 
 def demo_like(args: argparse.Namespace) -> Config:
@@ -83,7 +79,7 @@ def steps_per_hour(cfg: Config, env: EnvConfig, max_staleness: int, home: Path, 
 
 def loop_speed(cfg: Config, env: EnvConfig, n_questions: int) -> dict[str, float]:
     """`rollout_batch` as training runs it vs one environment call at a time, turn-synchronous."""
-    from rollout import OneAtATime, sample_questions
+    from benchmarks.speed.rollout import OneAtATime, sample_questions
 
     from prompt_r1.env import open_environment
     from prompt_r1.models.resolver import resolve_agent
@@ -127,7 +123,7 @@ def main() -> None:
     parser.add_argument("--keep-runs", action="store_true", help="Keep the runs' scratch home (removed by default).")
     args = parser.parse_args()
     setup_logging()
-    from chaos_proxy import ChaosProxy
+    from tests.chaos_proxy import ChaosProxy
 
     from prompt_r1.data.ingest import ingest
     from prompt_r1.rollout.pool import actor_environment

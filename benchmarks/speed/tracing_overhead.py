@@ -7,8 +7,8 @@ runs, metrics and, with tracing, `eval.trace_episodes` traces) + `flush_trace_as
 so every round calls the environment. Rounds alternate baseline / traced so a machine whose
 load drifts penalises neither; the first (warm-up) pair is dropped.
 
-    .venv/bin/python benchmarks/tracing_overhead.py                         # smoke: tiny models
-    .venv/bin/python benchmarks/tracing_overhead.py --set agent.model=smollm2-135m-protocol \\
+    .venv/bin/python -m benchmarks.speed.tracing_overhead                         # smoke: tiny models
+    .venv/bin/python -m benchmarks.speed.tracing_overhead --set agent.model=smollm2-135m-protocol \\
         --set environment.model=smollm2-135m-instruct --set environment.max_tokens=96
 
 Tiny random models make an episode cost milliseconds, so the smoke ratio is the worst case:
@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-import yaml  # noqa: E402
+import yaml
 
-from benchmarks.scratch import scratch_home  # noqa: E402
+from benchmarks.scratch import scratch_home
 
 
 def main() -> None:

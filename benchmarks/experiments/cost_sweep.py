@@ -12,8 +12,8 @@ Local models cost nothing, so the environment gets a price here (`--price-prompt
 `--price-completion`, USD per 1k tokens; default $0.15 / $0.60 per 1M, a small hosted model's).
 Results go to OUT/cost_sweep.json and OUT/cost_sweep.png, and the curve is printed.
 
-    .venv/bin/python benchmarks/cost_sweep.py --quick      # tiny models, 2 alphas x 2 steps: minutes
-    .venv/bin/python benchmarks/cost_sweep.py              # configs/learning-smollm.yaml, 6 alphas
+    .venv/bin/python -m benchmarks.experiments.cost_sweep --quick      # tiny models, 2 alphas x 2 steps: minutes
+    .venv/bin/python -m benchmarks.experiments.cost_sweep              # configs/learning-smollm.yaml, 6 alphas
 """
 
 from __future__ import annotations
@@ -22,23 +22,21 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.config.env import env_prices  # noqa: E402
-from prompt_r1.config.experiment import Config, load_config, parse_overrides  # noqa: E402
-from prompt_r1.core.cost_reward import is_right, trajectory_cost  # noqa: E402
-from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
-from prompt_r1.training.hooks import StepResult, TrainingHooks  # noqa: E402
-from prompt_r1.training.session import TrainingSession  # noqa: E402
+from prompt_r1.cli.logging_setup import setup_logging
+from prompt_r1.config.env import env_prices
+from prompt_r1.config.experiment import Config, load_config, parse_overrides
+from prompt_r1.core.cost_reward import is_right, trajectory_cost
+from prompt_r1.core.fsutil import atomic_write_text
+from prompt_r1.training.hooks import StepResult, TrainingHooks
+from prompt_r1.training.session import TrainingSession
 
-log = logging.getLogger("benchmarks.cost_sweep")
+log = logging.getLogger("benchmarks.experiments.cost_sweep")
 ALPHAS = [0.0, 0.3, 0.6, 0.65, 0.7, 0.9]
 QUICK = {"config": "configs/smoke.yaml", "alphas": [0.0, 0.9], "steps": 2, "probe_limit": 4}
 

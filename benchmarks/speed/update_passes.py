@@ -13,8 +13,8 @@ The batch is the run's shape: the agent's real prompt for a two-hop question (it
 and a response of three agent turns with two inserted replies (mask 0) between them; token ids are
 drawn at random (a speed measurement: the update's cost does not depend on which tokens they are).
 
-    .venv/bin/python -m benchmarks.update_passes                       # the two-hop run's settings
-    .venv/bin/python -m benchmarks.update_passes --repeats 2 --config configs/learning-compositional.yaml
+    .venv/bin/python -m benchmarks.speed.update_passes                       # the two-hop run's settings
+    .venv/bin/python -m benchmarks.speed.update_passes --repeats 2 --config configs/learning-compositional.yaml
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.models.resolver import resolve_agent
 from prompt_r1.learner.grpo_learner import GRPOLearner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "On which continent is the country whose capital is Stockholm?"
 
 

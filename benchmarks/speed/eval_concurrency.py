@@ -6,28 +6,26 @@ the reply cache off so every call reaches the server:
    Prompt-R1 benchmark files (suites in_domain + ood): wall time in total and per method.
 2. direct + cot on the same questions with `concurrent=True` vs `concurrent=False`.
 
-    .venv/bin/python benchmarks/eval_concurrency.py --data path/to/prompt-r1-data --limit 2
+    .venv/bin/python -m benchmarks.speed.eval_concurrency --data path/to/prompt-r1-data --limit 2
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from prompt_r1.models.resolver import resolve_agents  # noqa: E402
-from prompt_r1.config.experiment import load_config  # noqa: E402
-from prompt_r1.env.vllm_server import managed_vllm_server  # noqa: E402
-from prompt_r1.config.env import EnvConfig  # noqa: E402
-from prompt_r1.evaluation.evaluate import evaluate  # noqa: E402
-from prompt_r1.data.ingest import ingest  # noqa: E402
-from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
-from warehouse.store import Warehouse  # noqa: E402
+from prompt_r1.models.resolver import resolve_agents
+from prompt_r1.config.experiment import load_config
+from prompt_r1.env.vllm_server import managed_vllm_server
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.evaluation.evaluate import evaluate
+from prompt_r1.data.ingest import ingest
+from prompt_r1.cli.logging_setup import setup_logging
+from warehouse.store import Warehouse
 
 
 def main() -> None:

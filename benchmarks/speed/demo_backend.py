@@ -8,8 +8,8 @@ against one managed environment server, and compares the whole training session:
 (learner, rollout actor and its engine), each step (rollout, update, weight sync) and the
 validations. The transformers arm runs first; ratios are against it, measured in the same process.
 
-    .venv/bin/python benchmarks/demo_backend.py                  # the demo's 3 steps, both backends
-    .venv/bin/python benchmarks/demo_backend.py --steps 6 --json benchmarks/results/demo_backend.json
+    .venv/bin/python -m benchmarks.speed.demo_backend                  # the demo's 3 steps, both backends
+    .venv/bin/python -m benchmarks.speed.demo_backend --steps 6 --json benchmarks/results/demo_backend.json
 
 Nothing here asserts a time.
 """
@@ -20,22 +20,19 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # scratch.py
+ROOT = Path(__file__).resolve().parents[2]
 
-from scratch import scratch_home  # noqa: E402
+from benchmarks.scratch import scratch_home
 
-from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.config.experiment import Config, load_config  # noqa: E402
-from prompt_r1.config.env import EnvConfig  # noqa: E402
-from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
+from prompt_r1.cli.logging_setup import setup_logging
+from prompt_r1.config.experiment import Config, load_config
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.fsutil import atomic_write_text
 
-log = logging.getLogger("benchmarks.demo_backend")
+log = logging.getLogger("benchmarks.speed.demo_backend")
 
 BACKENDS = {  # everything else as the config says (the demo's engine and server sizes)
     "transformers": {"agent.backend": "transformers"},

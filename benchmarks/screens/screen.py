@@ -8,22 +8,22 @@ reply contains a gold answer (`substring_match`). A question is kept when at lea
 passes: the environment knows the answer, and how it is asked decides whether it says it, which
 is what the agent is trained to do.
 
-The candidates (`benchmarks/screen_candidates.jsonl`, written for this project: capitals,
+The candidates (`benchmarks/screens/screen_candidates.jsonl`, written for this project: capitals,
 chemical symbols, opposites, languages, everyday facts, small arithmetic) are screened against
 the demo's environment (SmolLM2-135M-Instruct on a managed vLLM server). The kept questions are
 shuffled with a fixed seed and split into a probe set (`data/screened/test/`, never trained on)
 and a training pool (`data/screened/train/`); every pass rate goes to
 `benchmarks/results/screen.json`.
 
-    .venv/bin/python benchmarks/screen.py                # screen, write the split and the pass rates
-    .venv/bin/python benchmarks/screen.py --probe 40     # probe-set size (the rest is the training pool)
+    .venv/bin/python -m benchmarks.screens.screen                # screen, write the split and the pass rates
+    .venv/bin/python -m benchmarks.screens.screen --probe 40     # probe-set size (the rest is the training pool)
 
 A harder pool keeps only the questions whose answer depends on the asking: `--band 0.25 0.75`
 drops those every phrasing gets right (a group of equal rewards teaches GRPO nothing) as well as
 those none does, and `--arithmetic N` adds N generated sums, differences and products (seeded)
 to the hand-written candidates, since the hand-written ones are mostly easy:
 
-    .venv/bin/python benchmarks/screen.py --arithmetic 600 --band 0.25 0.75 --probe 80 \
+    .venv/bin/python -m benchmarks.screens.screen --arithmetic 600 --band 0.25 0.75 --probe 80 \
         --data-out data/screened-hard --results benchmarks/results/screen-hard.json
 """
 
@@ -34,20 +34,18 @@ import asyncio
 import json
 import random
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.config.experiment import load_config  # noqa: E402
-from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
-from prompt_r1.core.metrics import substring_match  # noqa: E402
-from prompt_r1.core.seeding import derive_seed  # noqa: E402
-from prompt_r1.env import open_environment  # noqa: E402
+from prompt_r1.cli.logging_setup import setup_logging
+from prompt_r1.config.experiment import load_config
+from prompt_r1.core.fsutil import atomic_write_text
+from prompt_r1.core.metrics import substring_match
+from prompt_r1.core.seeding import derive_seed
+from prompt_r1.env import open_environment
 
 PHRASINGS = {
     "bare": "{q}",

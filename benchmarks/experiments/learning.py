@@ -1,7 +1,7 @@
 """Does GRPO make the demo agent better? A pre-registered experiment with a shuffled-reward control.
 
 The demo pair (agent `smollm2-135m-protocol`, environment SmolLM2-135M-Instruct on a managed vLLM
-server) is trained on the screened training pool (`benchmarks/screen.py`: questions the
+server) is trained on the screened training pool (`benchmarks/screens/screen.py`: questions the
 environment answers when asked well) through the real training loop (`TrainingSession.run()`, as
 `prompt-r1 train` runs it), twice with the same budget and seed:
 
@@ -16,9 +16,9 @@ is paired before -> after, and the changes are compared with a paired bootstrap 
 (`prompt_r1.evaluation.stats.paired_comparison`). The pass criterion is printed before any
 training starts and judged at the end; results go to `learning.json` and `learning.png`.
 
-    .venv/bin/python benchmarks/learning.py                        # both arms, configs/learning-smollm.yaml
-    .venv/bin/python benchmarks/learning.py --arms trained --steps 2   # a shorter look
-    .venv/bin/python benchmarks/learning.py --replot               # judge and redraw from the saved JSON
+    .venv/bin/python -m benchmarks.experiments.learning                        # both arms, configs/learning-smollm.yaml
+    .venv/bin/python -m benchmarks.experiments.learning --arms trained --steps 2   # a shorter look
+    .venv/bin/python -m benchmarks.experiments.learning --replot               # judge and redraw from the saved JSON
 
 On the compositional (two-hop) task (`configs/learning-compositional.yaml`, probe dataset
 `compositional_probe`) the result also holds the mechanism: per arm, the share of probe
@@ -27,7 +27,7 @@ reply (`prompt_r1.data.compositional.follow_up`), before -> after; and per relat
 the best constant answer (on continents a fixed guess scores well: a learned guess is not learned
 interaction). `--probe-only` measures the untrained agent alone (no training, OUT/probe-only.json):
 
-    .venv/bin/python benchmarks/learning.py --config configs/learning-compositional.yaml \
+    .venv/bin/python -m benchmarks.experiments.learning --config configs/learning-compositional.yaml \
         --probe-dataset compositional_probe --probe-only
 """
 
@@ -40,29 +40,27 @@ import logging
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from benchmarks.learning_plot import plot  # noqa: E402
-from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.config.experiment import Config, load_config, parse_overrides  # noqa: E402
-from prompt_r1.core.fsutil import atomic_write_text  # noqa: E402
-from prompt_r1.core.metrics import f1_score  # noqa: E402
-from prompt_r1.core.protocol import parse_turn  # noqa: E402
-from prompt_r1.core.reward import GATE_TOLERANCE  # noqa: E402
-from prompt_r1.core.seeding import derive_seed  # noqa: E402
-from prompt_r1.core.trajectory import rollout_stats  # noqa: E402
-from prompt_r1.data.compositional import follow_up, known_questions  # noqa: E402
-from prompt_r1.evaluation.stats import paired_comparison  # noqa: E402
-from prompt_r1.training.hooks import StepResult, TrainingHooks  # noqa: E402
-from prompt_r1.training.session import TrainingSession  # noqa: E402
+from benchmarks.experiments.learning_plot import plot
+from prompt_r1.cli.logging_setup import setup_logging
+from prompt_r1.config.experiment import Config, load_config, parse_overrides
+from prompt_r1.core.fsutil import atomic_write_text
+from prompt_r1.core.metrics import f1_score
+from prompt_r1.core.protocol import parse_turn
+from prompt_r1.core.reward import GATE_TOLERANCE
+from prompt_r1.core.seeding import derive_seed
+from prompt_r1.core.trajectory import rollout_stats
+from prompt_r1.data.compositional import follow_up, known_questions
+from prompt_r1.evaluation.stats import paired_comparison
+from prompt_r1.training.hooks import StepResult, TrainingHooks
+from prompt_r1.training.session import TrainingSession
 
-log = logging.getLogger("benchmarks.learning")
+log = logging.getLogger("benchmarks.experiments.learning")
 
 # Pre-registered (issue: "visible learning"): judged on the probe set, never tuned after a run.
 CRITERIA = {
@@ -162,7 +160,7 @@ def run_arm(cfg: Config, arm: str, home: Path, probe_dataset: str, probe_limit: 
         probes = wh.questions(splits=["test"], datasets=[probe_dataset])[:probe_limit]
         if len(probes) < min(MIN_PROBE, probe_limit or MIN_PROBE):
             raise SystemExit(f"{len(probes)} probe questions in {cfg.data.sources} (dataset {probe_dataset}); "
-                             "run benchmarks/screen.py (or compose_screen.py) first (it writes at least 32)")
+                             "run benchmarks/screens/screen.py (or compose_screen.py) first (it writes at least 32)")
         session_cls = type("ControlSession", (ProbedSession,), {"shuffle_rewards": True}) if arm == "control" \
             else ProbedSession
         with session_cls(cfg, wh, arm, home / arm) as session:

@@ -4,7 +4,7 @@ Why it exists: `train.world_size` > 1 spreads the GRPO update over a `LearnerGro
 actors (`prompt_r1/learner/ray_group.py`); this measures what that costs or gains against
 one rank, in the same process, on the same batch:
 - for each model shape (`--shapes`: randomly initialised models of published architectures,
-  `benchmarks/gpu_learner.py`'s SHAPES: `tiny`, and `smollm2-135m`, the demo agent's shape),
+  `benchmarks/gpu/gpu_learner.py`'s SHAPES: `tiny`, and `smollm2-135m`, the demo agent's shape),
   the 1-rank baseline (a group of one rank: a `GRPOLearner` in one actor) and a group for every `--strategies` x
   `--ranks`: one warm-up step, then `--steps` timed steps on the same batch;
 - step time and tokens/s (prompt + response tokens of the batch per second of the driver's wall
@@ -17,8 +17,8 @@ On this project's CPU machines more ranks share the same few cores, so expect ra
 the step; the script exists for machines with a GPU per rank. `--quick` (the tiny shape, a small
 batch, one timed step, 2 ranks) checks that it runs:
 
-    .venv/bin/python benchmarks/learner_scaling.py --quick
-    .venv/bin/python benchmarks/learner_scaling.py --shapes tiny smollm2-135m --ranks 2 4 --json out.json
+    .venv/bin/python -m benchmarks.speed.learner_scaling --quick
+    .venv/bin/python -m benchmarks.speed.learner_scaling --shapes tiny smollm2-135m --ranks 2 4 --json out.json
 """
 
 from __future__ import annotations
@@ -26,18 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]
 
-import gpu_learner  # noqa: E402  (the model shapes, random models and rollout-shaped batches)
+from benchmarks.gpu import gpu_learner  # (the model shapes, random models and rollout-shaped batches)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

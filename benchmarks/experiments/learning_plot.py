@@ -1,4 +1,4 @@
-"""The figure of `benchmarks/learning.py`: curves per step beside the control, and each probe question.
+"""The figure of `benchmarks/experiments/learning.py`: curves per step beside the control, and each probe question.
 
 Four panels: (1) training reward per step, trained vs shuffled-reward control (the control's
 true reward, not the shuffled one it learned from); (2) answer score and format-valid share per

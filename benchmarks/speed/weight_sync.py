@@ -25,8 +25,8 @@ process; and projects the bytes to the paper's 4B agent (`Qwen/Qwen3-4B` from `a
 full weights in bfloat16, the adapter in float32) and its seconds at the throughput measured here
 (bytes / sync s of the demo agent: a CPU machine's figure, not a GPU cluster's).
 
-    .venv/bin/python benchmarks/weight_sync.py
-    .venv/bin/python benchmarks/weight_sync.py --model tiny --repeats 1   # seconds: checks that it runs
+    .venv/bin/python -m benchmarks.speed.weight_sync
+    .venv/bin/python -m benchmarks.speed.weight_sync --model tiny --repeats 1   # seconds: checks that it runs
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

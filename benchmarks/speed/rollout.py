@@ -9,8 +9,8 @@ replies arrive) vs the reference implementation's evaluation style, built from t
 a lock makes environment calls one at a time and an unbounded gather window makes every turn
 wait for all replies before the next batched generation.
 
-    .venv/bin/python benchmarks/rollout.py            # full size
-    .venv/bin/python benchmarks/rollout.py --quick    # a smoke run
+    .venv/bin/python -m benchmarks.speed.rollout            # full size
+    .venv/bin/python -m benchmarks.speed.rollout --quick    # a smoke run
 """
 
 from __future__ import annotations
@@ -19,20 +19,18 @@ import argparse
 import asyncio
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from prompt_r1.config.experiment import AgentConfig, RewardConfig, RolloutConfig  # noqa: E402
-from prompt_r1.config.env import EnvConfig  # noqa: E402
-from prompt_r1.cli.logging_setup import setup_logging  # noqa: E402
-from prompt_r1.models.bundled import resolve_model  # noqa: E402
-from prompt_r1.core.questions import QuestionRow  # noqa: E402
+from prompt_r1.config.experiment import AgentConfig, RewardConfig, RolloutConfig
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.cli.logging_setup import setup_logging
+from prompt_r1.models.bundled import resolve_model
+from prompt_r1.core.questions import QuestionRow
 
-log = logging.getLogger("benchmarks.rollout")
+log = logging.getLogger("benchmarks.speed.rollout")
 
 
 def sample_questions(n: int) -> list[QuestionRow]:

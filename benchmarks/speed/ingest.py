@@ -12,28 +12,26 @@ code in both, so the ratio is the price of writing row by row. Measured:
    The baseline ingests files made the same way with only `--baseline-rows` rows (it needs
    several ms a row); the ratio compares rows per second.
 
-    .venv/bin/python benchmarks/ingest.py --data path/to/prompt-r1-data --rows 100000
+    .venv/bin/python -m benchmarks.speed.ingest --data path/to/prompt-r1-data --rows 100000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-import duckdb  # noqa: E402
+import duckdb
 
-from prompt_r1.data.ingest import discover, ingest  # noqa: E402
-from prompt_r1.data.rows import source_hash  # noqa: E402
-from prompt_r1.data.files import READERS  # noqa: E402
-from prompt_r1.core.protocol import build_agent_prompt  # noqa: E402
-from warehouse.store import Warehouse  # noqa: E402
+from prompt_r1.data.ingest import discover, ingest
+from prompt_r1.data.rows import source_hash
+from prompt_r1.data.files import READERS
+from prompt_r1.core.protocol import build_agent_prompt
+from warehouse.store import Warehouse
 
 
 def row_by_row(wh: Warehouse, files: list[Path]) -> int:

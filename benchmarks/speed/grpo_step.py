@@ -8,7 +8,7 @@ reference log-probs (no grad), policy forward + loss + backward, grad clipping, 
   reference and `compute_loss` (loss_type "bnpo" = token-mean, beta 0.001) for the policy;
 - naive: full-sequence logits, full log_softmax, one batch.
 
-    .venv/bin/python benchmarks/grpo_step.py --models tiny smollm2-135m-instruct --repeats 2
+    .venv/bin/python -m benchmarks.speed.grpo_step --models tiny smollm2-135m-instruct --repeats 2
 """
 
 from __future__ import annotations
@@ -16,20 +16,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prompt_r1.config.experiment import parse_config  # noqa: E402
-from prompt_r1.models.bundled import resolve_model  # noqa: E402
-from prompt_r1.core.reward import RewardBreakdown  # noqa: E402
-from prompt_r1.learner.grpo_learner import GRPOLearner  # noqa: E402
-from prompt_r1.core.trajectory import Trajectory  # noqa: E402
+from prompt_r1.config.experiment import parse_config
+from prompt_r1.models.bundled import resolve_model
+from prompt_r1.core.reward import RewardBreakdown
+from prompt_r1.learner.grpo_learner import GRPOLearner
+from prompt_r1.core.trajectory import Trajectory
 
 
 def make_batch(vocab: int, n: int, prompt_len: int, resp_len: int, group: int) -> list[Trajectory]:

@@ -7,7 +7,7 @@ question once alone (the reference, greedy), then sends `--requests` chat comple
 response whose episode is not its own question's, or whose answer differs from that
 question's reference. Exit 1 on any error or mix-up.
 
-    .venv/bin/python benchmarks/serve_load.py -c configs/smoke.yaml --clients 64 --requests 256
+    .venv/bin/python -m benchmarks.speed.serve_load -c configs/smoke.yaml --clients 64 --requests 256
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import openai
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
