@@ -90,7 +90,7 @@ def test_two_ranks_train_and_checkpoint_as_one(local_ray, tiny_model_path, tmp_p
             assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)  # the global norm
             assert mine["pg_loss"] == pytest.approx(theirs["pg_loss"], abs=1e-6)
             assert mine["kl"] == pytest.approx(theirs["kl"], abs=1e-6)
-            for key in ("groups", "groups_informative", "reward_mean", "response_length"):
+            for key in ("groups", "groups_informative"):
                 assert mine[key] == theirs[key], key
 
         # (c) saved by 2 ranks, resumed by 1: the group's weights, the full optimiser state, the step

@@ -268,7 +268,6 @@ def test_uniform_turn_rewards_change_nothing_and_varied_ones_train_uniform_outco
     assert "update_skipped" not in metrics and metrics["groups_informative"] == 2
     moved = max((credited.model.state_dict()[k] - start[k]).abs().max().item() for k in start)
     assert moved > 1e-4
-    assert metrics["turn_reward_t1"] == pytest.approx(2.5 / 6)
 
 
 def test_turn_credit_without_turn_rewards_is_an_error(tiny_model_path) -> None:

@@ -32,7 +32,8 @@ class Learner(Protocol):
     """What a training run needs of a learner."""
 
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """One GRPO update; returns its metrics."""
+        """One GRPO update; returns its metrics (loss statistics, group counts, throughput; the
+        batch's `rollout_stats` are the caller's to add)."""
         ...
 
     def weights_for_sync(self, version: int) -> WeightUpdate | UpdateRef:

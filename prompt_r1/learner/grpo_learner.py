@@ -1,12 +1,17 @@
 """The GRPO learner: turns one batch of trajectories into optimiser steps on the agent policy.
 
-`GRPOLearner` owns the policy, its frozen reference, AdamW and the lr schedule. `step()` pads
-prompt + response ids into batches, recomputes old-policy and reference log-probs with the
-current weights (sampling log-probs from another engine are only compared, never trusted for
-the ratio), then runs `ppo_epochs` x mini-batches (`mini_batch_questions` questions per
-optimiser step) x micro-batches (`micro_batch_size` trajectories, gradients accumulated so the
-sum equals the full mini-batch loss). Under LoRA the reference is the same model with the
-adapter disabled; under full fine-tuning it is a frozen copy of the initial weights.
+`GRPOLearner` owns the policy, its frozen reference, AdamW and the lr schedule. `step()` is four
+parts, as verl keeps computing log-probs apart from updating the policy: `prepare` (group
+advantages, `core.grpo`, per token under turn credit, `core.turn_credit`; the mini-batch plan and
+the padded prompt + response micro-batches, `batches`), `logprobs` (old-policy and reference
+log-probs with the current weights, no gradient; sampling log-probs from another engine are only
+compared, never trusted for the ratio), `update` (`ppo_epochs` x mini-batches of
+`mini_batch_questions` questions, one optimiser step each, x micro-batches of `micro_batch_size`
+trajectories, gradients accumulated so the sum equals the full mini-batch loss) and `metrics`
+(loss statistics, summed over ranks once). The batch's own statistics (`rollout_stats`: rewards,
+turns, lengths) are no part of the update: the training session computes them, whichever learner
+it has. Under LoRA the reference is the same model with the adapter disabled; under full
+fine-tuning it is a frozen copy of the initial weights.
 
 Precision: weights, gradients and AdamW state are always float32 ("master weights"); with
 `agent.dtype: bfloat16` only the forward/backward compute runs in bfloat16: under autocast, or,
@@ -43,6 +48,7 @@ import logging
 import math
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -54,7 +60,7 @@ from prompt_r1.core.grpo import (decoupled_advantages, group_advantages, policy_
                                  truncated_is_weights)
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import pad_token_id, stop_token_ids, torch_dtype
-from prompt_r1.core.trajectory import Trajectory, rollout_stats
+from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.turn_credit import token_advantages, turn_advantages
 from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
@@ -102,6 +108,66 @@ def autocast_dtype(device: torch.device, agent_dtype: str, enabled: bool = True)
     return torch.bfloat16
 
 
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A rollout batch as one rank trains it (`GRPOLearner.prepare`); lists run over its trajectories."""
+
+    trajectories: list[Trajectory]
+    prompt_lens: list[int]
+    resp_lens: list[int]
+    advantages: torch.Tensor  # each trajectory's outcome advantage within its GRPO group
+    token_advantages: list[torch.Tensor] | None  # turn credit: each response token's; else None
+    max_len: int  # the loss's length normaliser: agent.max_response_tokens, or a longer response (over ranks)
+    mini_batches: list[list[MicroBatch]]  # one list of micro-batches per optimiser step of a pass
+    trained_tokens: int  # prompt + response tokens of the planned questions' trajectories
+    group_metrics: dict[str, float]  # groups, groups_informative, informative_share (over ranks)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing planned (every group uniform under `train.drop_uniform_groups`): no update."""
+        return not self.mini_batches
+
+    def split(self, micro: MicroBatch, values: torch.Tensor) -> list[torch.Tensor]:
+        """`values` of the micro-batch's layout as one response vector per trajectory (`MicroBatch.split`)."""
+        return micro.split(values, self.prompt_lens, self.resp_lens)
+
+
+# the statistics of `policy_loss` that the metrics average per loss token
+LOSS_STATISTICS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "ratio_mean")
+
+
+@dataclass
+class UpdateSums:
+    """One rank's running sums over an update's passes; `GRPOLearner.metrics` sums them over ranks once."""
+
+    loss: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOSS_STATISTICS, 0.0))  # x loss tokens
+    tokens: float = 0.0  # loss tokens, every pass
+    diff: float = 0.0  # |sampling - old log-prob| over the first pass's loss tokens
+    diff_tokens: float = 0.0  # the first pass's loss tokens
+    tis: float = 0.0  # importance weights of stale batches over those tokens
+    tis_capped: float = 0.0  # how many of them reached train.tis_cap
+    grad_norms: list[float] = field(default_factory=list)  # one per optimiser step, before clipping
+    lr: float = 0.0  # the lr of the optimiser steps
+
+    def add_loss(self, stats: dict[str, float]) -> None:
+        """A micro-batch's `policy_loss` statistics, weighted by its loss tokens."""
+        for key in self.loss:
+            self.loss[key] += stats[key] * stats["tokens"]
+        self.tokens += stats["tokens"]
+
+    def add_sampling_gap(self, micro: MicroBatch, old: torch.Tensor, tis: torch.Tensor | None, tis_cap: float) -> None:
+        """How far the sampler's log-probs are from the old policy's on the micro-batch's loss tokens,
+        and its importance weights (None: on-policy batches have none)."""
+        mask_cpu = micro.loss_mask.cpu()
+        diff = (micro.sampling_logprobs.cpu() - old.cpu()).abs() * mask_cpu
+        self.diff += diff.sum().item()
+        self.diff_tokens += mask_cpu.sum().item()
+        if tis is not None:
+            tis_cpu = tis.cpu()
+            self.tis += (tis_cpu * mask_cpu).sum().item()
+            self.tis_capped += ((tis_cpu >= tis_cap).float() * mask_cpu).sum().item()
+
+
 class GRPOLearner:
     """Policy + reference + optimiser; `step(trajectories)` is one GRPO update."""
 
@@ -122,42 +188,11 @@ class GRPOLearner:
         # run seed so two runs learn alike (checkpoints save and restore its state for resumes)
         torch.manual_seed(derive_seed("learner", cfg.seed))
         self.use_lora = cfg.agent.lora.enabled
-        train = cfg.train
         # FSDP on a GPU: weights gathered in bfloat16 by FSDP itself, instead of autocast's copies
         self.mixed_precision = self.compute_dtype if self.ranks.builds_on_meta and self.device.type == "cuda" else None
         if self.mixed_precision is not None:
             self.compute_dtype = None
-        # the frozen reference in the compute dtype on a GPU (half the memory; its forward runs
-        # in that dtype anyway); on the CPU in float32, as the tests compare values
-        ref_dtype = torch.bfloat16 if self.device.type == "cuda" and cfg.agent.dtype == "bfloat16" else torch.float32
-        with_reference = not self.use_lora and train.kl_coef > 0
-        self.reference: torch.nn.Module | None = None
-        if self.ranks.builds_on_meta:
-            # FSDP: rank 0 alone reads the weights (host memory); every rank builds empty models
-            # that `distribute` shards and fills from rank 0 (see `collectives`)
-            source = self._build_model(meta=False) if self.ranks.rank == 0 else None
-            torch.set_rng_state(self.ranks.broadcast_object(torch.get_rng_state()))  # as after rank 0's build
-            model = self._build_model(meta=True)
-            if with_reference:
-                self.reference = self._build_model(meta=True, lora=False).to(ref_dtype)
-        else:
-            source = None
-            model = self._build_model(meta=False).to(self.device)
-            if with_reference:
-                self.reference = copy.deepcopy(model).to(ref_dtype)
-        if self.reference is not None:
-            self.reference.eval().requires_grad_(False)
-        self.model = model
-        self.model.config.use_cache = False
-        if train.gradient_checkpointing:
-            # non-reentrant: works with frozen inputs (LoRA) and needs no input-grad hooks
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        # the group's layout (FSDP shards, DDP starts every rank from rank 0's trainable weights),
-        # before the optimiser sees the parameters; the identity for a learner alone
-        self.model = self.ranks.distribute(self.model, source, self.mixed_precision)
-        if self.reference is not None:
-            self.reference = self.ranks.distribute(self.reference, source, self.mixed_precision)
-        del source
+        self.model, self.reference = self._build_policy()
         # names in the optimiser's order: checkpoints key its state by these positions
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -165,10 +200,46 @@ class GRPOLearner:
         if low:  # AdamW on low-precision weights loses nearly every update at RL learning rates
             raise ValueError(f"trainable weights in {low}: the learner needs float32 master weights; "
                              "set the low-precision dtype as agent.dtype (autocast compute) instead")
-        self.optimizer = torch.optim.AdamW(self.params, lr=train.lr, weight_decay=train.weight_decay)
-        warmup = train.warmup_steps
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        warmup = cfg.train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+
+    def _build_policy(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """The policy and its frozen reference (None under LoRA, whose reference is the policy with
+        the adapter off, and when `train.kl_coef` is 0), built and laid out as the group trains
+        them (`Ranks.distribute`: FSDP shards, DDP starts every rank from rank 0's weights), before
+        the optimiser sees the parameters; the identity layout for a learner alone."""
+        train = self.cfg.train
+        # the frozen reference in the compute dtype on a GPU (half the memory; its forward runs
+        # in that dtype anyway); on the CPU in float32, as the tests compare values
+        on_gpu_in_bf16 = self.device.type == "cuda" and self.cfg.agent.dtype == "bfloat16"
+        ref_dtype = torch.bfloat16 if on_gpu_in_bf16 else torch.float32
+        with_reference = not self.use_lora and train.kl_coef > 0
+        reference: torch.nn.Module | None = None
+        if self.ranks.builds_on_meta:
+            # FSDP: rank 0 alone reads the weights (host memory); every rank builds empty models
+            # that `distribute` shards and fills from rank 0 (see `collectives`)
+            source = self._build_model(meta=False) if self.ranks.rank == 0 else None
+            torch.set_rng_state(self.ranks.broadcast_object(torch.get_rng_state()))  # as after rank 0's build
+            model = self._build_model(meta=True)
+            if with_reference:
+                reference = self._build_model(meta=True, lora=False).to(ref_dtype)
+        else:
+            source = None
+            model = self._build_model(meta=False).to(self.device)
+            if with_reference:
+                reference = copy.deepcopy(model).to(ref_dtype)
+        if reference is not None:
+            reference.eval().requires_grad_(False)
+        model.config.use_cache = False
+        if train.gradient_checkpointing:
+            # non-reentrant: works with frozen inputs (LoRA) and needs no input-grad hooks
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = self.ranks.distribute(model, source, self.mixed_precision)
+        if reference is not None:
+            reference = self.ranks.distribute(reference, source, self.mixed_precision)
+        return model, reference
 
     def _build_model(self, meta: bool, lora: bool | None = None) -> torch.nn.Module:
         """The policy as the run configures it, on the CPU in float32 (master weights, whatever
@@ -229,23 +300,68 @@ class GRPOLearner:
         return out
 
     # -- the update --------------------------------------------------------------------------
+    @property
+    def off_policy(self) -> bool:
+        """Whether a batch may come from older weights (`rollout.max_staleness` >= 1): its tokens
+        are then weighted by truncated importance weights, which need the sampling log-probs."""
+        return self.cfg.rollout.max_staleness > 0
+
     def step(self, trajectories: list[Trajectory], plan: list[list[str]] | None = None) -> dict[str, float]:
-        """One GRPO update on a rollout batch; returns scalar metrics.
+        """One GRPO update on a rollout batch; returns the update's metrics (loss statistics, group
+        counts, throughput: the batch's own statistics, `rollout_stats`, are the caller's).
 
         `plan` is a learner rank's share of the batch (from `LearnerGroup`): the questions it
         trains in each optimiser step of the whole batch, one list per step (possibly empty, and
         `trajectories` possibly none). Without it the learner plans the batch itself
         (`plan_mini_batches`). Counts that normalise the loss and the metrics are summed over ranks."""
+        started = time.perf_counter()
+        batch = self.prepare(trajectories, plan)
+        if batch.empty:
+            return self.skipped(batch, started)
+        old, ref = self.logprobs(batch)
+        sums = self.update(batch, old, ref)
+        return self.metrics(batch, sums, started)
+
+    def prepare(self, trajectories: list[Trajectory], plan: list[list[str]] | None) -> PreparedBatch:
+        """The batch as this rank trains it: advantages, group counts (summed over ranks) and the
+        micro-batches of every planned mini-batch (none when nothing is planned)."""
         if not trajectories and plan is None:
             raise ValueError("GRPOLearner.step got no trajectories")
-        t0 = time.perf_counter()
         train = self.cfg.train
-        stale = self.cfg.rollout.max_staleness > 0  # off-policy batches: truncated importance weights
-        if stale and any(len(t.logprobs) != len(t.token_ids) for t in trajectories):
+        if self.off_policy and any(len(t.logprobs) != len(t.token_ids) for t in trajectories):
             raise ValueError("rollout.max_staleness >= 1 needs the sampling log-prob of every response token "
                              "(Trajectory.logprobs, recorded by the rollout engine) for the importance weight; "
                              "a trajectory has none: roll out with the rollout pool, or set max_staleness 0")
         question_index = {q: i for i, q in enumerate(question_order(trajectories))}
+        advantages, token_advantages = self._advantages(trajectories, question_index)
+        with_turns = self.cfg.reward.turn_credit
+        informative_questions = informative_question_ids(trajectories, with_turns)
+        n_groups, n_informative = self.ranks.sum([len(question_index), len(informative_questions)])
+        group_metrics = {"groups": n_groups, "groups_informative": n_informative,
+                         "informative_share": n_informative / n_groups}
+        prompt_lens = [len(t.prompt_ids) for t in trajectories]
+        resp_lens = [len(t.token_ids) for t in trajectories]
+        (longest,) = self.ranks.max([max(resp_lens, default=0)])
+        # mini-batches of whole questions, then micro-batches of trajectories; with
+        # drop_uniform_groups the groups of equal rewards (advantage 0 everywhere) are left out, so
+        # they add neither KL nor tokens to the normalisation, and cost no forward pass
+        if plan is None:
+            plan = plan_mini_batches(trajectories, train.mini_batch_questions, train.drop_uniform_groups, with_turns)
+        planned = {q for mini in plan for q in mini}
+        return PreparedBatch(
+            trajectories, prompt_lens, resp_lens, advantages, token_advantages,
+            max_len=max(self.cfg.agent.max_response_tokens, int(longest)),
+            mini_batches=self._micro_batches(trajectories, plan) if plan else [],
+            trained_tokens=sum(prompt_lens[i] + resp_lens[i]
+                               for i, t in enumerate(trajectories) if t.question_id in planned),
+            group_metrics=group_metrics)
+
+    def _advantages(self, trajectories: list[Trajectory],
+                    question_index: dict[str, int]) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Each trajectory's outcome advantage within its GRPO group (`core.grpo`) and, under turn
+        credit, each of its response tokens' (`_token_advantages`; else None). A rank holds whole
+        groups, so its advantages are those one learner computes on the whole batch."""
+        train = self.cfg.train
         rewards = torch.tensor([t.reward.total if t.reward else 0.0 for t in trajectories])
         groups = torch.tensor([question_index[t.question_id] for t in trajectories], dtype=torch.long)
         if not trajectories:
@@ -256,129 +372,131 @@ class GRPOLearner:
             advantages = decoupled_advantages(parts, groups, scale_by_std=train.scale_by_std)
         else:  # per group: a rank holds whole groups, so these are global
             advantages = group_advantages(rewards, groups, scale_by_std=train.scale_by_std)
-        with_turns = self.cfg.reward.turn_credit
         # turn credit: one advantage per response token, the outcome's plus the turn's (core.turn_credit)
-        token_adv = self._token_advantages(trajectories, advantages) if with_turns else None
-        informative_questions = informative_question_ids(trajectories, with_turns)
-        n_groups, n_informative = self.ranks.sum([len(question_index), len(informative_questions)])
-        group_metrics = {"groups": n_groups, "groups_informative": n_informative,
-                         "informative_share": n_informative / n_groups}
-        prompt_lens = [len(t.prompt_ids) for t in trajectories]
-        resp_lens = [len(t.token_ids) for t in trajectories]
-        (longest,) = self.ranks.max([max(resp_lens, default=0)])
-        max_len = max(self.cfg.agent.max_response_tokens, int(longest))
+        if not self.cfg.reward.turn_credit:
+            return advantages, None
+        return advantages, self._token_advantages(trajectories, advantages)
 
-        # mini-batches of whole questions, then micro-batches of trajectories; with
-        # drop_uniform_groups the groups of equal rewards (advantage 0 everywhere) are left out, so
-        # they add neither KL nor tokens to the normalisation, and cost no forward pass
-        if plan is None:
-            plan = plan_mini_batches(trajectories, train.mini_batch_questions, train.drop_uniform_groups, with_turns)
-        if not plan:
-            log.info("no group with unequal rewards in this batch: no update (train.drop_uniform_groups)")
-            metrics = rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap)
-            metrics.update(group_metrics)
-            metrics.update({"update_skipped": 1.0, "lr": self.optimizer.param_groups[0]["lr"],
-                            "step_time_s": time.perf_counter() - t0})
-            return metrics
-        kept_questions = {q for mini in plan for q in mini}
-        trained = [i for i, t in enumerate(trajectories) if t.question_id in kept_questions]
+    def _micro_batches(self, trajectories: list[Trajectory], plan: list[list[str]]) -> list[list[MicroBatch]]:
+        """Each planned mini-batch's trajectories in micro-batches of `train.micro_batch_size`."""
+        size = self.cfg.train.micro_batch_size
         mini_batches: list[list[MicroBatch]] = []
         for questions in plan:
             chosen = set(questions)
             idx = [i for i, t in enumerate(trajectories) if t.question_id in chosen]
-            mini_batches.append([collate(trajectories, idx[m:m + train.micro_batch_size], self.pad_id, self.device)
-                                 for m in range(0, len(idx), train.micro_batch_size)])
+            mini_batches.append([collate(trajectories, idx[m:m + size], self.pad_id, self.device)
+                                 for m in range(0, len(idx), size)])
         if self.ranks.matched_forwards:  # FSDP: a forward pass is a collective, so all ranks run as many
             for mini, count in zip(mini_batches, self.ranks.max([len(mini) for mini in mini_batches])):
                 mini.extend(empty_micro_batch(self.pad_id, self.device) for _ in range(int(count) - len(mini)))
+        return mini_batches
 
-        # old-policy and reference log-probs with the current weights, before any update;
-        # the first mini-batch's old log-probs come free from its first (identical) forward
+    def skipped(self, batch: PreparedBatch, started: float) -> dict[str, float]:
+        """The metrics of a batch with nothing planned: its group counts, and no optimiser or lr-schedule step."""
+        log.info("no group with unequal rewards in this batch: no update (train.drop_uniform_groups)")
+        return {**batch.group_metrics, "update_skipped": 1.0, "lr": self.optimizer.param_groups[0]["lr"],
+                "step_time_s": time.perf_counter() - started}
+
+    def logprobs(self, batch: PreparedBatch) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """Old-policy and reference log-probs of every trajectory with the current weights, before any
+        update (reference: None each when `train.kl_coef` is 0). Without LoRA dropout the first
+        mini-batch's old log-probs are left None: its first training forward is the same pass, and
+        `update` takes them from it."""
         self.model.eval()
-        old_lp: list[torch.Tensor | None] = [None] * len(trajectories)
-        ref_lp: list[torch.Tensor | None] = [None] * len(trajectories)
+        old_lp: list[torch.Tensor | None] = [None] * len(batch.trajectories)
+        ref_lp: list[torch.Tensor | None] = [None] * len(batch.trajectories)
         lazy_first = not (self.use_lora and self.cfg.agent.lora.dropout > 0)  # no dropout: same forward
-        for mb_i, mini in enumerate(mini_batches):
-            for batch in mini:
+        for mb_i, mini in enumerate(batch.mini_batches):
+            for micro in mini:
                 if mb_i > 0 or not lazy_first:
-                    for i, v in zip(batch.indices, batch.split(self._logprobs_no_grad(batch, False), prompt_lens, resp_lens)):
+                    for i, v in zip(micro.indices, batch.split(micro, self._logprobs_no_grad(micro, False))):
                         old_lp[i] = v
-                if train.kl_coef > 0:
-                    for i, v in zip(batch.indices, batch.split(self._logprobs_no_grad(batch, True), prompt_lens, resp_lens)):
+                if self.cfg.train.kl_coef > 0:
+                    for i, v in zip(micro.indices, batch.split(micro, self._logprobs_no_grad(micro, True))):
                         ref_lp[i] = v
+        return old_lp, ref_lp
 
+    def update(self, batch: PreparedBatch, old_lp: list[torch.Tensor | None],
+               ref_lp: list[torch.Tensor | None]) -> UpdateSums:
+        """`train.ppo_epochs` passes over the mini-batches, one optimiser step each (gradients of its
+        micro-batches accumulated, summed over ranks, clipped), then one lr-schedule step. The old
+        log-probs `logprobs` left None are filled in from their first pass. Returns this rank's sums."""
+        train = self.cfg.train
         self.model.train()
-        totals: dict[str, float] = {"pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "dual_clip_fraction": 0.0,
-                                    "ratio_mean": 0.0}
-        grad_norms: list[float] = []
-        tokens_seen = 0.0
-        diff_sum, diff_tokens = 0.0, 0.0
-        tis_sum, tis_capped = 0.0, 0.0
-        for _epoch in range(train.ppo_epochs):
-            for mini in mini_batches:
+        sums = UpdateSums()
+        for epoch in range(train.ppo_epochs):
+            for mini in batch.mini_batches:
                 # the whole mini-batch's counts, over all ranks: each rank's loss is its share of
                 # the one-learner loss, so the summed gradient is the one-learner gradient
-                mini_tokens, mini_seqs = self.ranks.sum([sum(b.loss_mask.sum().item() for b in mini),
-                                                         sum(len(b.indices) for b in mini)])
+                counts = self.ranks.sum([sum(b.loss_mask.sum().item() for b in mini),
+                                         sum(len(b.indices) for b in mini)])
                 self.optimizer.zero_grad(set_to_none=True)
-                for batch in mini:
-                    logprobs = self._logprobs(self.model, batch)
-                    if not batch.indices:  # padding (FSDP): the pass's collectives, no gradient
-                        (logprobs.sum() * 0.0).backward()
-                        continue
-                    if old_lp[batch.indices[0]] is None:  # lazy: first and only pass, weights untouched
-                        for i, v in zip(batch.indices, batch.split(logprobs, prompt_lens, resp_lens)):
-                            old_lp[i] = v
-                    old = batch.scatter(old_lp, prompt_lens).to(self.device)
-                    ref = batch.scatter(ref_lp, prompt_lens).to(self.device) if train.kl_coef > 0 else None
-                    adv = (advantages[batch.indices] if token_adv is None
-                           else batch.scatter(token_adv, prompt_lens)).to(self.device)
-                    tis = (truncated_is_weights(old, batch.sampling_logprobs.to(self.device), train.tis_cap)
-                           if stale else None)
-                    loss, stats = policy_loss(logprobs, old, ref, adv, batch.loss_mask, train.clip_low,
-                                              train.clip_high, train.kl_coef, train.loss_agg, max_len,
-                                              clip_ratio_c=train.clip_ratio_c, is_weights=tis)
-                    if train.loss_agg == "token-mean":
-                        weight = stats["tokens"] / max(mini_tokens, 1.0)
-                    else:
-                        weight = len(batch.indices) / mini_seqs
-                    (loss * weight).backward()
-                    for key in totals:
-                        totals[key] += stats[key] * stats["tokens"]
-                    tokens_seen += stats["tokens"]
-                    if _epoch == 0:
-                        mask_cpu = batch.loss_mask.cpu()
-                        diff = (batch.sampling_logprobs.cpu() - old.cpu()).abs() * mask_cpu
-                        diff_sum += diff.sum().item()
-                        diff_tokens += mask_cpu.sum().item()
-                        if tis is not None:
-                            tis_cpu = tis.cpu()
-                            tis_sum += (tis_cpu * mask_cpu).sum().item()
-                            tis_capped += ((tis_cpu >= train.tis_cap).float() * mask_cpu).sum().item()
+                for micro in mini:
+                    self._accumulate_gradient(batch, micro, old_lp, ref_lp, counts, sums, first_epoch=epoch == 0)
                 self.ranks.reduce_gradients(self.params)
-                grad_norms.append(self.ranks.clip_grad_norm(self.params, train.max_grad_norm))
+                sums.grad_norms.append(self.ranks.clip_grad_norm(self.params, train.max_grad_norm))
                 self.optimizer.step()
-        lr = self.optimizer.param_groups[0]["lr"]
+        sums.lr = self.optimizer.param_groups[0]["lr"]  # the lr of these steps, before the schedule moves on
         self.scheduler.step()
         self.model.eval()
+        return sums
 
-        elapsed = time.perf_counter() - t0
-        keys = sorted(totals)
-        total_tokens = float(sum(prompt_lens[i] + resp_lens[i] for i in trained)) * train.ppo_epochs
+    def _accumulate_gradient(self, batch: PreparedBatch, micro: MicroBatch, old_lp: list[torch.Tensor | None],
+                             ref_lp: list[torch.Tensor | None], counts: list[float], sums: UpdateSums,
+                             first_epoch: bool) -> None:
+        """Forward, loss and backward of one micro-batch, its loss weighted by its share of the
+        mini-batch's global `counts` (loss tokens, sequences); its statistics go into `sums`."""
+        train = self.cfg.train
+        logprobs = self._logprobs(self.model, micro)
+        if not micro.indices:  # padding (FSDP): the pass's collectives, no gradient
+            (logprobs.sum() * 0.0).backward()
+            return
+        if old_lp[micro.indices[0]] is None:  # lazy: first and only pass, weights untouched
+            for i, v in zip(micro.indices, batch.split(micro, logprobs)):
+                old_lp[i] = v
+        old = micro.scatter(old_lp, batch.prompt_lens).to(self.device)
+        ref = micro.scatter(ref_lp, batch.prompt_lens).to(self.device) if train.kl_coef > 0 else None
+        adv = (batch.advantages[micro.indices] if batch.token_advantages is None
+               else micro.scatter(batch.token_advantages, batch.prompt_lens)).to(self.device)
+        # stale batches: each token weighted by how much likelier the old policy made it than the
+        # sampler did, capped at train.tis_cap
+        tis = (truncated_is_weights(old, micro.sampling_logprobs.to(self.device), train.tis_cap)
+               if self.off_policy else None)
+        # the clipped GRPO objective plus the k3 KL to the reference (core.grpo.policy_loss)
+        loss, stats = policy_loss(logprobs, old, ref, adv, micro.loss_mask, train.clip_low,
+                                  train.clip_high, train.kl_coef, train.loss_agg, batch.max_len,
+                                  clip_ratio_c=train.clip_ratio_c, is_weights=tis)
+        mini_tokens, mini_seqs = counts
+        if train.loss_agg == "token-mean":  # a token mean over the mini-batch: weighted by its tokens
+            weight = stats["tokens"] / max(mini_tokens, 1.0)
+        else:  # a sequence mean over the mini-batch: weighted by its sequences
+            weight = len(micro.indices) / mini_seqs
+        (loss * weight).backward()  # accumulated: the micro-batches' sum is the mini-batch's loss
+        sums.add_loss(stats)
+        if first_epoch:  # the sampler against the old policy, once per token
+            sums.add_sampling_gap(micro, old, tis, train.tis_cap)
+
+    def metrics(self, batch: PreparedBatch, sums: UpdateSums, started: float) -> dict[str, float]:
+        """The update's metrics from this rank's `sums`, summed over ranks in one collective (one
+        more for the importance weights of stale batches): loss statistics per loss token, the
+        batch's group counts, mean gradient norm, lr, sampler-vs-learner log-prob gap, throughput."""
+        train = self.cfg.train
+        elapsed = time.perf_counter() - started
+        keys = sorted(sums.loss)
+        total_tokens = float(batch.trained_tokens) * train.ppo_epochs
         *summed, tokens_seen, diff_sum, diff_tokens, total_tokens = self.ranks.sum(
-            [totals[k] for k in keys] + [tokens_seen, diff_sum, diff_tokens, total_tokens])
+            [sums.loss[k] for k in keys] + [sums.tokens, sums.diff, sums.diff_tokens, total_tokens])
         metrics = {key: value / max(tokens_seen, 1.0) for key, value in zip(keys, summed)}
-        metrics.update(rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap))
-        metrics.update(group_metrics)
+        metrics.update(batch.group_metrics)
         metrics.update({
-            "grad_norm": sum(grad_norms) / len(grad_norms),
-            "lr": lr,
+            "grad_norm": sum(sums.grad_norms) / len(sums.grad_norms),
+            "lr": sums.lr,
             "logprob_diff": diff_sum / max(diff_tokens, 1.0),
             "step_time_s": elapsed,
             "tokens_per_s": total_tokens / elapsed if elapsed > 0 else math.inf,
         })
-        if stale:  # one more collective, on every rank alike (they share the config)
-            tis_sum, tis_capped = self.ranks.sum([tis_sum, tis_capped])
+        if self.off_policy:  # one more collective, on every rank alike (they share the config)
+            tis_sum, tis_capped = self.ranks.sum([sums.tis, sums.tis_capped])
             metrics.update({"tis_mean": tis_sum / max(diff_tokens, 1.0),
                             "tis_capped_fraction": tis_capped / max(diff_tokens, 1.0)})
         return metrics

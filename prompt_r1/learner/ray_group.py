@@ -35,7 +35,7 @@ import torch
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.failures import UserError
-from prompt_r1.core.trajectory import Trajectory, rollout_stats
+from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.weights import SyncHeader, WeightUpdate
 from prompt_r1.cluster.engine_placement import describe_location
 from prompt_r1.cluster.placement import in_group, release, reserve
@@ -212,9 +212,7 @@ class LearnerGroup:
         parts = [[t for t in trajectories if owner.get(t.question_id, 0) == rank] for rank in range(self.world_size)]
         results = self._gather([a.step.remote(parts[r], shares[r]) for r, a in enumerate(self.actors)],
                                "a GRPO step")
-        metrics = dict(results[0])  # the ranks summed the loss statistics and counts; rank 0 reports them
-        metrics.update(rollout_stats(trajectories, format_cap=self.cfg.reward.format_cap))  # the whole batch's
-        return metrics
+        return dict(results[0])  # the ranks summed the loss statistics and counts; rank 0 reports them
 
     def weights_for_sync(self, version: int) -> UpdateRef:
         """Rank 0's weight sync for the rollout workers (gathered by every rank under fsdp), left in

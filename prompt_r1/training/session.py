@@ -258,7 +258,8 @@ class TrainingSession:
                     t.turn_rewards = score_turns(self.turn_scorer, self.by_id[t.question_id], t)
 
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """The GRPO update on the trajectories no environment failure ended (see `usable_for_update`).
+        """The GRPO update on the trajectories no environment failure ended (see `usable_for_update`);
+        its metrics are the learner's and those trajectories' `rollout_stats`.
 
         When the step's share of one environment's failed calls passes its `max_error_rate`, the
         step's rows are recorded (failures included) and `EnvironmentFailure` is raised instead: no
@@ -275,7 +276,9 @@ class TrainingSession:
         kept = usable_for_update(trajectories)
         if kept:
             with self._engines_asleep():
-                metrics = self.learner.step(kept)
+                learned = self.learner.step(kept)
+            # the batch the update trained on, described here once for every kind of learner
+            metrics = {**rollout_stats(kept, self.cfg.reward.format_cap), **learned}
         else:  # every group lost its pairs to failures: nothing to learn from, the step still counts
             log.warning("step %d: no group kept 2 trajectories without environment failures; no update", self.step)
             metrics = {"update_skipped": 1.0, "groups": 0.0, "groups_informative": 0.0, "informative_share": 0.0}
