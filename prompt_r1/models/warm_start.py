@@ -13,7 +13,7 @@ turn shape for two-hop questions ("On which continent is the country whose capit
 pass the question on, read the bridge entity the reply names (Jordan) and ask the second hop about
 it ("On which continent is Jordan?"), then answer from the second reply. Single-hop questions keep
 the one-call shape. Its examples use countries that are not in the compositional fact table
-(`prompt_r1/data/compositional.py`; tests/test_compositional.py checks), so no probe question's
+(`prompt_r1/data/compositional.py`; tests/data/test_compositional.py checks), so no probe question's
 entities are seen in the warm start: it teaches the shape of a follow-up, not the facts.
 """
 
