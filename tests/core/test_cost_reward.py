@@ -398,7 +398,7 @@ def test_the_cost_part_reaches_the_warehouse(warehouse) -> None:
 def test_a_scored_rollout_prices_its_calls_at_its_environment(tiny_model_path) -> None:
     """Validation and probes score inside the rollout: the calls are priced at that environment's
     `price_per_1k_*` (here the penalty, whose value shows the price)."""
-    from test_rollout import ANSWER, ASK, ScriptedEnv, ScriptedPolicy, question
+    from tests.rollout.test_rollout import ANSWER, ASK, ScriptedEnv, ScriptedPolicy, question
     from transformers import AutoTokenizer
 
     from prompt_r1.config.env import EnvConfig

@@ -302,7 +302,7 @@ def test_train_refuses_a_pool_the_scorer_does_not_define_before_any_model_loads(
 def _run(home, cfg, run_id, monkeypatch):
     from prompt_r1.data.ingest import ingest
     from prompt_r1.training.session import TrainingSession
-    from tests.test_determinism import recording_hooks
+    from tests.training.test_determinism import recording_hooks
     from warehouse.store import Warehouse
 
     monkeypatch.setenv("PROMPT_R1_HOME", str(home))

@@ -280,7 +280,7 @@ def test_the_evaluate_flow_marks_what_the_trained_agents_run_never_drew(home, tm
     from flows.evaluate import evaluate_flow
     from prompt_r1.models.bundled import resolve_model
     from prompt_r1.models.resolver import TRAINING_CONFIG
-    from tests.test_mlflow_ui import SMOKE_ENVS, _client
+    from tests.flows.test_mlflow_ui import SMOKE_ENVS, _client
 
     trained = tmp_path / "trained"
     shutil.copytree(resolve_model("tiny-protocol"), trained)

@@ -109,7 +109,7 @@ def test_champion_is_a_pyfunc_model_that_answers(registry):
 def test_mlflow_models_serve_answers(registry, tmp_path):
     from tasks.tracking.runs import tracking_uri
 
-    from tests.test_ask_serve import free_port
+    from tests.serving.test_ask_serve import free_port
 
     port = free_port()
     mlflow_bin = Path(sys.executable).with_name("mlflow")

@@ -204,7 +204,7 @@ def test_serve_traces_a_failed_episode_as_a_failed_trace(home):
     from prompt_r1.config.experiment import load_config
     from prompt_r1.serving.http import ServeConfig, create_app
     import flows.cli  # noqa: F401  (the entry point registers its MLflow episode observer)
-    from tests.test_ask_serve import LiveServer, free_port
+    from tests.serving.test_ask_serve import LiveServer, free_port
 
     cfg = load_config("configs/smoke.yaml", {
         "environment": {"name": "dead-env", "kind": "openai", "model": "m",

@@ -254,7 +254,7 @@ def _train(home: Path, cfg, run_id: str, monkeypatch) -> tuple[list[dict], list[
     per-step metrics, trajectories, exported weights and warehouse rows (wall-clock columns aside)."""
     from prompt_r1.data.ingest import ingest
     from prompt_r1.training.session import TrainingSession
-    from tests.test_determinism import recording_hooks
+    from tests.training.test_determinism import recording_hooks
     from warehouse.store import Warehouse
 
     monkeypatch.setenv("PROMPT_R1_HOME", str(home))

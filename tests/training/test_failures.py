@@ -27,7 +27,7 @@ from prompt_r1.evaluation.evaluate import METRICS, Prediction, aggregate, score_
 from prompt_r1.core.failures import EnvironmentFailure, check_error_rate, error_rate
 from prompt_r1.training.session import usable_for_update
 from prompt_r1.core.trajectory import EnvCall, Trajectory
-from test_rollout import ASK, ANSWER, ScriptedEnv, ScriptedPolicy, question, run
+from tests.rollout.test_rollout import ASK, ANSWER, ScriptedEnv, ScriptedPolicy, question, run
 from prompt_r1.core.questions import QuestionRow
 from warehouse.store import Warehouse
 

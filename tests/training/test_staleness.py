@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 from grpo_helpers import hand_trajectories, spy_policy_loss
-from test_determinism import TIMING, stable
+from tests.training.test_determinism import TIMING, stable
 
 from prompt_r1.config.experiment import load_config, parse_config
 from prompt_r1.core.grpo import policy_loss, truncated_is_weights
