@@ -215,3 +215,14 @@ def test_benchmarks_are_modules_that_edit_no_import_path():
     editing = [str(p.relative_to(ROOT)) for p in scripts if "sys.path" in p.read_text()]
     assert editing == []
     assert all((p.parent / "__init__.py").is_file() for p in scripts)
+
+
+def test_no_function_of_the_learner_is_longer_than_60_lines():
+    """The learner reads in parts (`GRPOLearner.step`: prepare, logprobs, update, metrics): a
+    function past 60 lines is a sign that two of them have grown together again."""
+    long = []
+    for path in sorted((LIB / "learner").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
