@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check: the one command of a lent GPU machine's last transfer (docs/scale.md, "Measuring on a
+# GPU check: the one command to run on an offline GPU host once its parts are staged (docs/scale.md, "Measuring on a
 # GPU"). It installs the staged parts (scripts/gpu_stage.py unstage: every part present, every
 # import loading, before any timing), then runs benchmarks/gpu/gpu_check.py: the bf16 peak, then parts
 # a-e (learner at real shapes with MFU and plan's prediction, FSDP2 over NCCL, the smoke training

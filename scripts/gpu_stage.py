@@ -1,4 +1,4 @@
-"""Staging for the lent GPU machine: what it lacks, built here in transfer-sized parts, installed there.
+"""Staging for an offline GPU host: what it lacks, built here in size-capped parts, installed there.
 
 Why it exists: the GPU machine (Python 3.12, torch, transformers, peft, accelerate and the packages
 in `GPU_MACHINE_PACKAGES`, no network) can run none of the training loop as it comes: pydantic,

@@ -2,7 +2,7 @@
 
 Why it exists: the learner's `train.strategy: fsdp` path had never run on CUDA (CI and the
 development machine have no GPU), and the learner's own FSDP code is being reworked; this checks
-the torch pieces underneath on the lent GPU machine, independent of that code: a process group over
+the torch pieces underneath on a CUDA GPU (torch 2.x with NCCL), independent of that code: a process group over
 NCCL (world size 1), `fully_shard` per decoder layer and the root with a `MixedPrecisionPolicy`
 (bfloat16 parameters, float32 gradient reduction), AdamW steps with `clip_grad_norm_` over the
 DTensor gradients, the full state dict gathered to CPU (what a weight sync sends), and a

@@ -3,7 +3,7 @@
 Why it exists: CI and the development machine have no GPU, so the CUDA path of the learner
 (float32 master weights with bfloat16 autocast compute, gradient checkpointing, the paper's
 micro-batches) and the copy of new weights to the rollout policies after each step were never
-measured. `scripts/gpu_check.sh` runs this script on a lent GPU machine; BENCHMARKS.md ("GPU")
+measured. `scripts/gpu_check.sh` runs this script on a GPU host (an H100 or H200 so far); BENCHMARKS.md ("GPU")
 holds what it printed. Without CUDA it refuses (exit 2) rather than time the CPU:
 `benchmarks/speed/grpo_step.py` is the CPU benchmark.
 
