@@ -54,7 +54,7 @@ def _cell(value: Any, digits: int = 4) -> Any:
 
 
 def eval_table_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The results cells (`prompt_r1.evaluation.evaluate.aggregate` rows) reduced to `EVAL_COLUMNS`, sorted.
+    """The results cells (`prompt_r1.evaluation.scoring.aggregate` rows) reduced to `EVAL_COLUMNS`, sorted.
 
     >>> rows = eval_table_rows([{"env_name": "e", "method": "direct", "dataset": "nq", "n": 4,
     ...                          "score": 0.5, "ci_low": 0.12345, "ci_high": 0.9, "errors": 0}])

@@ -38,27 +38,15 @@ from tqdm.auto import tqdm
 from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig, in_process_share
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.failures import check_error_rate
-from prompt_r1.core.metrics import score_all
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import NO_STEP, draw_seed
+from prompt_r1.evaluation.scoring import Prediction, aggregate, episode_record, examples, score_predictions
 from prompt_r1.evaluation.questions import EvalError, check_dataset_limits, select_questions, suite_datasets
 from prompt_r1.evaluation.answers import AGENT_ONLY_SUFFIX, COT_SUFFIX, extract_agent_only_answer, extract_cot_answer
 from prompt_r1.evaluation.turns import evaluation_turns
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
-
-@dataclass
-class Prediction:
-    question: QuestionRow
-    method: str
-    text: str
-    num_turns: int = 0
-    env_prompt_tokens: int = 0
-    env_completion_tokens: int = 0
-    trajectory: dict[str, Any] | None = None
-    error: str | None = None  # the environment call failed: a failure to record, never a prediction to score
-
 
 @dataclass
 class EvalOutcome:
@@ -187,55 +175,6 @@ def _agent_only(policy, questions: list[QuestionRow], agent_cfg: AgentConfig, la
                               [draw_seed(seed, NO_STEP, q.question_id, 0, 0) for q in questions])
     return [Prediction(q, f"agent_only:{label}", extract_agent_only_answer(s.text), 0)
             for q, s in zip(questions, samples)]
-
-
-METRICS = ("score", "em", "f1", "substring", "ssim")
-
-
-def score_predictions(preds: list[Prediction]) -> list[dict[str, Any]]:
-    """Warehouse rows; a prediction whose environment call failed keeps its error and no scores."""
-    scored = [p for p in preds if p.error is None]
-    scores = score_all([p.text for p in scored], [p.question.golds for p in scored]) if scored else {}
-    by_pred = {id(p): {name: scores[name][i] for name in scores} for i, p in enumerate(scored)}
-    rows = []
-    for p in preds:
-        row = by_pred.get(id(p))
-        metrics = ({"score": row[p.question.primary_metric], **row} if row is not None
-                   else dict.fromkeys(METRICS))
-        rows.append({
-            "env_name": "", "method": p.method, "dataset": p.question.dataset,
-            "question_id": p.question.question_id, "prediction": p.text,
-            "primary_metric": p.question.primary_metric, **metrics, "num_turns": p.num_turns,
-            "env_prompt_tokens": p.env_prompt_tokens, "env_completion_tokens": p.env_completion_tokens,
-            "error": p.error,
-        })
-    return rows
-
-
-def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, Any]]:
-    """One result per (env, method, dataset) cell: means and the score's 95% interval over the
-    scored rows, token and dollar totals over all rows, and the count of failed rows."""
-    from prompt_r1.env.base import cost_usd
-    from prompt_r1.evaluation.stats import bootstrap_ci, cell_seed
-
-    cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        cells.setdefault((r["env_name"], r["method"], r["dataset"]), []).append(r)
-    out = []
-    for (env_name, method, dataset), rs in sorted(cells.items()):
-        ok = [r for r in rs if not r.get("error")]  # means over scored rows; failures are counted
-        pt = sum(r["env_prompt_tokens"] for r in rs)
-        ct = sum(r["env_completion_tokens"] for r in rs)
-        ci_low, ci_high = bootstrap_ci([r["score"] for r in ok], seed=cell_seed(env_name, method, dataset))
-        out.append({
-            "env_name": env_name, "method": method, "dataset": dataset, "n": len(rs),
-            "primary_metric": rs[0]["primary_metric"],
-            **{m: (sum(r[m] for r in ok) / len(ok) if ok else None) for m in METRICS},
-            "ci_low": ci_low, "ci_high": ci_high,  # 95% bootstrap over the scored questions
-            "env_prompt_tokens": pt, "env_completion_tokens": ct,
-            "cost_usd": cost_usd(env_cfg, pt, ct), "errors": len(rs) - len(ok),
-        })
-    return out
 
 
 class EvalAgents:
@@ -413,7 +352,7 @@ async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, 
                     preds = await _agent_method(policy, env, questions, cfg, label, cfg.seed)
                     scored = score_predictions(preds)
                     rows += scored
-                    outcome.examples += _examples(preds, cfg.eval.examples_per_dataset)
+                    outcome.examples += examples(preds, cfg.eval.examples_per_dataset)
                     outcome.episodes += [episode_record(p, r) for p, r in zip(preds, scored, strict=True)]
             else:
                 rows = [dict(r) for label in policies for r in agent_only_rows[label]]
@@ -422,42 +361,3 @@ async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, 
     finally:
         await env.aclose()
     return env_rows
-
-
-EPISODE_DROPS = ("prompt_ids", "token_ids", "loss_mask", "logprobs")  # the learner's data, not a reader's
-
-
-def episode_record(pred: Prediction, row: dict[str, Any]) -> dict[str, Any]:
-    """One agent episode as plain data, for whoever shows episodes (the flows trace them in
-    MLflow): the question and its golds, each agent turn with its wall-clock span, each
-    environment call (usage, latency, start time, error; `input_cost_usd` / `output_cost_usd`
-    once its environment is known), the final answer and its scores. `env_name` / `env_model` are set per environment.
-
-    >>> from prompt_r1.core.questions import QuestionRow
-    >>> q = QuestionRow("q1", "nq", "test", "Capital of France?", ["Paris"], "qa", "em")
-    >>> r = episode_record(Prediction(q, "agent:base", "Paris", 1, trajectory={"agent_turns": ["t"],
-    ...     "token_ids": [1, 2], "env_calls": []}), {"score": 1.0, "em": 1.0, "error": None})
-    >>> r["golds"], r["trajectory"], r["env_calls"], r["score"]
-    (['Paris'], {'agent_turns': ['t']}, [], 1.0)
-    """
-    record = pred.trajectory or {}
-    trajectory = {k: v for k, v in record.items() if k not in EPISODE_DROPS and k != "env_calls"}
-    return {"method": pred.method, "dataset": pred.question.dataset, "question_id": pred.question.question_id,
-            "question": pred.question.question, "golds": list(pred.question.golds),
-            "primary_metric": pred.question.primary_metric, "answer": pred.text, "error": pred.error,
-            "env_calls": [dict(c) for c in record.get("env_calls", [])], "trajectory": trajectory,
-            **{m: row.get(m) for m in METRICS}}
-
-
-def _examples(preds: list[Prediction], per_dataset: int) -> list[dict[str, Any]]:
-    seen: dict[str, int] = {}
-    out = []
-    for p in preds:
-        if p.trajectory is None or seen.get(p.question.dataset, 0) >= per_dataset:
-            continue
-        seen[p.question.dataset] = seen.get(p.question.dataset, 0) + 1
-        t = p.trajectory
-        out.append({"method": p.method, "dataset": p.question.dataset,
-                    "question": p.question.question, "golds": p.question.golds,
-                    "agent_turns": t["agent_turns"], "env_replies": t["env_replies"], "answer": t["answer"]})
-    return out

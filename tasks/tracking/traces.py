@@ -1,7 +1,7 @@
 """Agent episodes as MLflow traces, so the MLflow UI shows what the agent asked, what each
 environment replied, what it cost and how it scored.
 
-The library hands over plain data (`prompt_r1.evaluation.evaluate.episode_record`: turns with
+The library hands over plain data (`prompt_r1.evaluation.scoring.episode_record`: turns with
 their wall-clock spans, environment calls with usage, latency, cost and error, answer, golds,
 scores); this module turns one record into one trace after the episode has run, so evaluation
 itself carries no traces work. A trace is:
@@ -148,7 +148,7 @@ def trace_answer(source: str, cfg: Any, env_cfg: Any, question: str, traj: Any) 
     """An `ask` / `serve` episode (`prompt_r1.serving.service.report_episode`) as a trace in the
     config's experiment, tagged `method` = `source`; no gold, no score. Returns the trace id."""
     from prompt_r1.env.base import cost_usd
-    from prompt_r1.evaluation.evaluate import EPISODE_DROPS
+    from prompt_r1.evaluation.scoring import EPISODE_DROPS
     from prompt_r1.serving.service import env_failure
     from tasks.tracking.runs import setup_mlflow, tracking_uri
 

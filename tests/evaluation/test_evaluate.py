@@ -162,7 +162,7 @@ def test_whole_files_when_limit_is_null(warehouse, shared_data):
 def test_report_has_intervals_paired_comparisons_and_cost_plot(home):
     from prompt_r1.config.env import EnvConfig
     from prompt_r1.evaluation.report import write_report
-    from prompt_r1.evaluation.evaluate import aggregate
+    from prompt_r1.evaluation.scoring import aggregate
 
     preds = []
     for q in range(40):

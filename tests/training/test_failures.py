@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from prompt_r1.env.base import EnvReply
 from prompt_r1.config.env import EnvConfig
-from prompt_r1.evaluation.evaluate import METRICS, Prediction, aggregate, score_predictions
+from prompt_r1.evaluation.scoring import METRICS, Prediction, aggregate, score_predictions
 from prompt_r1.core.failures import EnvironmentFailure, check_error_rate, error_rate
 from prompt_r1.training.session import usable_for_update
 from prompt_r1.core.trajectory import EnvCall, Trajectory

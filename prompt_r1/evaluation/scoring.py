@@ -1,0 +1,120 @@
+"""Scored rows from predictions: one row per question and method, one cell per (environment,
+method, dataset), and an agent episode as plain data.
+
+Every method's predictions become rows the same way (`score_predictions`: EM, F1, substring match
+and SSim through `core.metrics`; `score` is the dataset's primary metric). A prediction whose
+environment call failed keeps its `error` and no scores: it is recorded, never scored. A cell's
+means are over its scored rows, with a 95% bootstrap interval, and `errors` counts the others
+(`aggregate`). `episode_record` hands an agent episode to whoever shows episodes (the flows trace
+them in MLflow) without the learner's token data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.metrics import score_all
+from prompt_r1.core.questions import QuestionRow
+
+
+@dataclass
+class Prediction:
+    question: QuestionRow
+    method: str
+    text: str
+    num_turns: int = 0
+    env_prompt_tokens: int = 0
+    env_completion_tokens: int = 0
+    trajectory: dict[str, Any] | None = None
+    error: str | None = None  # the environment call failed: a failure to record, never a prediction to score
+
+
+METRICS = ("score", "em", "f1", "substring", "ssim")
+
+
+def score_predictions(preds: list[Prediction]) -> list[dict[str, Any]]:
+    """Warehouse rows; a prediction whose environment call failed keeps its error and no scores."""
+    scored = [p for p in preds if p.error is None]
+    scores = score_all([p.text for p in scored], [p.question.golds for p in scored]) if scored else {}
+    by_pred = {id(p): {name: scores[name][i] for name in scores} for i, p in enumerate(scored)}
+    rows = []
+    for p in preds:
+        row = by_pred.get(id(p))
+        metrics = ({"score": row[p.question.primary_metric], **row} if row is not None
+                   else dict.fromkeys(METRICS))
+        rows.append({
+            "env_name": "", "method": p.method, "dataset": p.question.dataset,
+            "question_id": p.question.question_id, "prediction": p.text,
+            "primary_metric": p.question.primary_metric, **metrics, "num_turns": p.num_turns,
+            "env_prompt_tokens": p.env_prompt_tokens, "env_completion_tokens": p.env_completion_tokens,
+            "error": p.error,
+        })
+    return rows
+
+
+def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, Any]]:
+    """One result per (env, method, dataset) cell: means and the score's 95% interval over the
+    scored rows, token and dollar totals over all rows, and the count of failed rows."""
+    from prompt_r1.env.base import cost_usd
+    from prompt_r1.evaluation.stats import bootstrap_ci, cell_seed
+
+    cells: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["env_name"], r["method"], r["dataset"]), []).append(r)
+    out = []
+    for (env_name, method, dataset), rs in sorted(cells.items()):
+        ok = [r for r in rs if not r.get("error")]  # means over scored rows; failures are counted
+        pt = sum(r["env_prompt_tokens"] for r in rs)
+        ct = sum(r["env_completion_tokens"] for r in rs)
+        ci_low, ci_high = bootstrap_ci([r["score"] for r in ok], seed=cell_seed(env_name, method, dataset))
+        out.append({
+            "env_name": env_name, "method": method, "dataset": dataset, "n": len(rs),
+            "primary_metric": rs[0]["primary_metric"],
+            **{m: (sum(r[m] for r in ok) / len(ok) if ok else None) for m in METRICS},
+            "ci_low": ci_low, "ci_high": ci_high,  # 95% bootstrap over the scored questions
+            "env_prompt_tokens": pt, "env_completion_tokens": ct,
+            "cost_usd": cost_usd(env_cfg, pt, ct), "errors": len(rs) - len(ok),
+        })
+    return out
+
+
+EPISODE_DROPS = ("prompt_ids", "token_ids", "loss_mask", "logprobs")  # the learner's data, not a reader's
+
+
+def episode_record(pred: Prediction, row: dict[str, Any]) -> dict[str, Any]:
+    """One agent episode as plain data, for whoever shows episodes (the flows trace them in
+    MLflow): the question and its golds, each agent turn with its wall-clock span, each
+    environment call (usage, latency, start time, error; `input_cost_usd` / `output_cost_usd`
+    once its environment is known), the final answer and its scores. `env_name` / `env_model` are set per environment.
+
+    >>> from prompt_r1.core.questions import QuestionRow
+    >>> q = QuestionRow("q1", "nq", "test", "Capital of France?", ["Paris"], "qa", "em")
+    >>> r = episode_record(Prediction(q, "agent:base", "Paris", 1, trajectory={"agent_turns": ["t"],
+    ...     "token_ids": [1, 2], "env_calls": []}), {"score": 1.0, "em": 1.0, "error": None})
+    >>> r["golds"], r["trajectory"], r["env_calls"], r["score"]
+    (['Paris'], {'agent_turns': ['t']}, [], 1.0)
+    """
+    record = pred.trajectory or {}
+    trajectory = {k: v for k, v in record.items() if k not in EPISODE_DROPS and k != "env_calls"}
+    return {"method": pred.method, "dataset": pred.question.dataset, "question_id": pred.question.question_id,
+            "question": pred.question.question, "golds": list(pred.question.golds),
+            "primary_metric": pred.question.primary_metric, "answer": pred.text, "error": pred.error,
+            "env_calls": [dict(c) for c in record.get("env_calls", [])], "trajectory": trajectory,
+            **{m: row.get(m) for m in METRICS}}
+
+
+def examples(preds: list[Prediction], per_dataset: int) -> list[dict[str, Any]]:
+    """Up to `per_dataset` agent episodes of each dataset, as the report shows them."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in preds:
+        if p.trajectory is None or seen.get(p.question.dataset, 0) >= per_dataset:
+            continue
+        seen[p.question.dataset] = seen.get(p.question.dataset, 0) + 1
+        t = p.trajectory
+        out.append({"method": p.method, "dataset": p.question.dataset,
+                    "question": p.question.question, "golds": p.question.golds,
+                    "agent_turns": t["agent_turns"], "env_replies": t["env_replies"], "answer": t["answer"]})
+    return out
