@@ -105,12 +105,12 @@ def _visible_machine(cfg: Config) -> Machine | None:
 
 def check_train_device(cfg: Config) -> None:
     """`train.device` against this machine's GPUs, with the learner's own check
-    (`learner.resolve_device`), so that `cuda` without a GPU or `cuda:7` on one GPU is refused
+    (`learner.devices.resolve_device`), so that `cuda` without a GPU or `cuda:7` on one GPU is refused
     before Ray starts rather than by the learner. A learner on a Ray cluster (`rollout.ray_address`)
     is left to the node it lands on; `auto` and `cpu` always resolve."""
     if cfg.train.device in ("auto", "cpu") or cfg.rollout.ray_address:
         return
-    from prompt_r1.learner.grpo_learner import resolve_device
+    from prompt_r1.learner.devices import resolve_device
 
     resolve_device(cfg.train.device)
 

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 from prompt_r1.config.experiment import load_config, parse_config
 from prompt_r1.config.base import ConfigError
 from prompt_r1.models.bundled import build_tiny_model
-from prompt_r1.learner.grpo_learner import GRPOLearner, resolve_device
+from prompt_r1.learner.devices import resolve_device
+from prompt_r1.learner.grpo_learner import GRPOLearner
 from prompt_r1.core.trajectory import rollout_stats
 
 
