@@ -3,8 +3,9 @@
 Ingests the two-hop task and the sample data (and `--data` if given), starts the managed vLLM
 environment(s), trains the follow-up agent (SmolLM2-135M-Instruct after a format warm start) with
 GRPO and the follow-up call's turn reward against SmolLM2 on two-hop questions, evaluates base vs
-trained agent vs `direct` and `cot` against the two demo environments on 40 held-out two-hop
-questions and the single-hop sample datasets (the out-of-task check), registers the agent, and
+trained agent vs `direct` and `cot` on 40 held-out two-hop questions and the single-hop sample
+datasets (the out-of-task check) against SmolLM2, and on the sample datasets against Gemma 3 (the
+held-out environment, `eval.environment_suites`), registers the agent, and
 prints the results table (each environment marked held out or trained on: Gemma 3 is held out,
 training used SmolLM2; tokens, dollars per question and per correct answer at the config's
 illustrative prices), then what training changed (both checkpoints with intervals, their paired
