@@ -182,6 +182,10 @@ def test_cli_rollout_writes_jsonl_and_warehouse(local_ray, home, tmp_path):
         assert rows == (len(records), 0, 0)
         calls = wh.query("SELECT COUNT(*) FROM env_calls WHERE run_id = 'cli-test'")[0][0]
         assert calls == sum(len(r["env_calls"]) for r in records)
+        from prompt_r1.data.pool import TrainingPool  # the questions a training run's pool starts with
+
+        first = [q.question_id for q in TrainingPool.load(wh, cfg).train[: cfg.rollout.batch_questions]]
+    assert list(dict.fromkeys(r["question_id"] for r in records)) == first
 
 
 def test_a_pool_bigger_than_the_local_ray_fails_at_once(local_ray, tiny_model_path):
