@@ -44,7 +44,10 @@ def main() -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry errors
     from prompt_r1.config.experiment import load_config
     from prompt_r1.cli.logging_setup import setup_logging
+    from prompt_r1.core.signals import install_sigterm_interrupt
 
+    # SIGTERM stops the demo as Ctrl-C does, so its servers, Ray and Prefect's temporary server stop too
+    install_sigterm_interrupt()
     setup_logging()
     base = load_config(args.config)
     overrides = dict(QUICK) if args.quick else {}
