@@ -52,7 +52,10 @@ def main() -> int:
     base = load_config(args.config)
     overrides = dict(QUICK) if args.quick else {}
     if args.quick:
-        overrides["eval.environments"] = [e.model_dump() for e in base.eval_environments()[:1]]
+        kept = base.eval_environments()[:1]
+        overrides["eval.environments"] = [e.model_dump() for e in kept]
+        overrides["eval.environment_suites"] = {n: s for n, s in base.eval.environment_suites.items()
+                                                if n in {e.name for e in kept}}
         overrides["eval.methods"] = [m for m in base.eval.methods if m not in QUICK_DROPS]
     if args.data:
         overrides["eval.suites"] = list(dict.fromkeys(base.eval.suites + ["in_domain", "ood"]))

@@ -9,7 +9,7 @@ same batch (`update_passes.batch`: the real prompt, random response ids), altern
 ratio holds whatever the machine.
 
     .venv/bin/python -m benchmarks.speed.shared_prompt
-    .venv/bin/python -m benchmarks.speed.shared_prompt --repeats 3 --config configs/demo.yaml
+    .venv/bin/python -m benchmarks.speed.shared_prompt --repeats 3
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="configs/learning-compositional-turn.yaml")
+    parser.add_argument("--config", default="configs/learning-compositional.yaml")
     parser.add_argument("--turn-tokens", type=int, default=48, help="Tokens of each agent turn.")
     parser.add_argument("--reply-tokens", type=int, default=72, help="Tokens of each inserted reply (with its tags).")
     parser.add_argument("--repeats", type=int, default=2)

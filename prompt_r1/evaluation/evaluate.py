@@ -292,7 +292,7 @@ def environment_questions(cfg: Config, environments: Sequence[EnvConfig], questi
                           suites: Mapping[str, Sequence[str]]) -> dict[str, list[QuestionRow]]:
     """Environment name -> the questions evaluated against it: those of its `eval.environment_suites`
     entry's datasets, or all of them."""
-    names = {e.name for e in environments}
+    names = {e.name for e in [*cfg.eval_environments(), *environments]}  # a call may evaluate some of them
     unknown = sorted(set(cfg.eval.environment_suites) - names)
     if unknown:
         raise EvalError(f"eval.environment_suites names {unknown}, which no evaluated environment has "

@@ -98,6 +98,9 @@ def test_environment_suites_keep_an_environment_to_its_datasets(warehouse):
     assert datasets["tiny-env-2"] == sample and datasets[cfg.environment.name] == sample | {"compositional_probe"}
     methods = {r["method"] for r in out.predictions if r["env_name"] == "tiny-env-2"}
     assert methods == METHODS  # agent_only rows too, only for that environment's questions
+    both = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"environments": [cfg.environment, second_env]})})
+    alone = evaluate(both, warehouse, "one-of-two", resolve_agents(cfg), [cfg.environment])  # a call may evaluate some
+    assert {r["env_name"] for r in alone.predictions} == {cfg.environment.name}
     with pytest.raises(EvalError, match=r"environment_suites names \['nope'\]"):
         evaluate(cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"environment_suites": {"nope": ["sample"]}})}),
                  warehouse, "bad", resolve_agents(cfg), [cfg.environment])
