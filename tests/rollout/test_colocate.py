@@ -174,7 +174,7 @@ def test_a_colocated_engine_lands_beside_its_learner_rank_and_sees_its_gpu(fake_
     shared = shared_gpus(cfg, 2, placements)
     bundles, groups = place_colocated(cfg, shared)
     try:
-        engines = [Probe.options(**actor_options(b, g, {}, ",".join(s["gpu_ids"]))).remote()
+        engines = [Probe.options(**actor_options(b, g, ",".join(s["gpu_ids"]))).remote()
                    for b, g, s in zip(bundles, groups, shared)]
         seen = ray.get([e.where.remote() for e in engines], timeout=60)
         for rank, engine in zip(placements, seen):

@@ -127,7 +127,7 @@ def test_pool_of_two_actors_and_weight_broadcast(local_ray, tiny_model_path, hom
     cfg = smoke_cfg()
     batch = questions(3)
     with RolloutPool(cfg, tiny_model_path, 2, env_factory=env_factory()) as pool:
-        assert len({ray.get(w.ping.remote()) for w in pool.workers}) == 2
+        assert len({ray.get(w.ping.remote()) for w in pool.engines.actors}) == 2
         first = pool.rollout(batch, step=0)
         assert [(t.question_id, t.group_index) for t in first] == [(f"q{i}", g) for i in range(3) for g in range(2)]
         for t in first:

@@ -57,7 +57,7 @@ class Probe:
 
 def probes(cfg):
     bundle, groups = place_engines(cfg, cfg.rollout.num_workers)
-    actors = [Probe.options(**actor_options(bundle, group, {})).remote() for group in groups]
+    actors = [Probe.options(**actor_options(bundle, group)).remote() for group in groups]
     return bundle, groups, actors, ray.get([a.where.remote() for a in actors], timeout=60)
 
 
@@ -180,13 +180,14 @@ def test_a_real_pool_reports_its_place_and_the_driver_never_calls_cuda(fake_gpu_
     questions = [QuestionRow(f"q{i}", "sample", "train", "Who wrote Hamlet?", ["Shakespeare"], "standard_qa", "f1")
                  for i in range(2)]
     with RolloutPool(cfg, tiny_model_path, 1) as pool:
-        assert len(pool.groups) == 1 and pool.groups[0].bundle_specs == [{"CPU": 1.0}]
+        engines = pool.engines
+        assert len(engines.groups) == 1 and engines.groups[0].bundle_specs == [{"CPU": 1.0}]
         [place] = pool.placements
         assert place["gpu_ids"] == [] and place["cuda_visible_devices"] == ""
         assert place["node_id"] == ray.get_runtime_context().get_node_id()
         assert len(pool.rollout(questions, step=0)) == 2 * cfg.rollout.group_size
         pool.broadcast(state)
-    assert pool.groups == [] and touched == []
+    assert engines.groups == [] and engines.actors == [] and touched == []
 
 
 def never_ready(env_cfg):
