@@ -58,25 +58,27 @@ class ActorCallError(RuntimeError):
 
 
 class ActorGroup:
-    """`len(args)` actors of `actor_cls`, the i-th built with `args[i]` and `.options(**options[i])`.
+    """The actors of one role and the placement groups they run in (`groups`, released by `kill`).
 
     `role` names one actor in errors ("rollout engine" gives "rollout engine 1"; `labels` replace
-    the index), `name` the group in log lines; `groups` are the placement groups the actors run in,
-    released by `kill`."""
+    the index), `name` the group in log lines. The group is made before its actors are started
+    (`start`), so the role holds every actor the moment it exists: a Ctrl-C or a failure during
+    start-up still finds them to stop."""
 
-    def __init__(self, role: str, actor_cls: type, args: Sequence[tuple], options: Sequence[dict[str, Any]], *,
-                 groups: Sequence[Any] = (), labels: Sequence[str] | None = None, name: str = ""):
+    def __init__(self, role: str, *, groups: Sequence[Any] = (), labels: Sequence[str] | None = None,
+                 name: str = ""):
         self.role, self.name, self.labels = role, name or role, list(labels or [])
         self.groups, self.actors = list(groups), []
         self.placements: list[dict[str, Any]] = []  # per actor: node_id, node_ip, gpu_ids, pid (`locate`)
         self.stuck = False  # a deadline passed: the actors' queues are blocked
         self._waiting = False  # inside `gather` (left True when an interrupt leaves it)
+
+    def start(self, actor_cls: type, args: Sequence[tuple], options: Sequence[dict[str, Any]]) -> None:
+        """`len(args)` actors of `actor_cls`, the i-th built with `args[i]` and `.options(**options[i])`;
+        returns at once (`locate` or the first `gather` waits for them to be built)."""
         remote = ray.remote(actor_cls)
-        try:
-            self.actors = [remote.options(**_with_driver_env(opts)).remote(*arg) for arg, opts in zip(args, options)]
-        except BaseException:
-            self.kill()
-            raise
+        for arg, opts in zip(args, options):
+            self.actors.append(remote.options(**_with_driver_env(opts)).remote(*arg))
         log.info("%s: %d actor(s) starting", self.name, len(self.actors))
 
     # -- calling -------------------------------------------------------------------------------

@@ -175,10 +175,11 @@ def ray_policies(cfg: Config, agent: AgentConfig, paths: Mapping[str, Path]) -> 
     groups = reserve_groups([[bundle]] * len(labels), what=f"the evaluation engines ({', '.join(labels)}: one "
                             "placement group each)", timeout_s=timeout_s, field="rollout.actor_start_timeout_s",
                             fix=FIX, name="prompt-r1-eval", fixed_cluster=not cfg.rollout.ray_address)
-    engines = ActorGroup("evaluation engine", EvalEngine, [(agent, str(paths[label]), cfg.seed) for label in labels],
-                         [actor_options(bundle, group) for group in groups], groups=groups,
-                         labels=[f"`{label}`" for label in labels], name="evaluation engines")
+    engines = ActorGroup("evaluation engine", groups=groups, labels=[f"`{label}`" for label in labels],
+                         name="evaluation engines")
     try:
+        engines.start(EvalEngine, [(agent, str(paths[label]), cfg.seed) for label in labels],
+                      [actor_options(bundle, group) for group in groups])
         engines.locate(timeout_s, what=f"starting the evaluation engines ({', '.join(labels)})",
                        field="rollout.actor_start_timeout_s",
                        fix="raise it if loading the agent is slow, or see the Ray logs of the engines' node")

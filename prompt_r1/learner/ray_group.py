@@ -173,12 +173,12 @@ class LearnerGroup:
                 + ("" if not train.placement_strategy.startswith("STRICT") else
                    f"; train.placement_strategy {train.placement_strategy} may be more than the cluster allows"))
         # the ranks are named by number alone in errors (no `locate`): "learner rank 1 died during ..."
-        self.ranks = ActorGroup(
-            "learner rank", LearnerRank, [(cfg, str(model_path), rank, self.world_size, device)
-                                          for rank in range(self.world_size)],
-            [{"num_cpus": train.cpus_per_rank, "num_gpus": gpus, "scheduling_strategy": in_group(group, rank)}
-             for rank in range(self.world_size)], groups=[group], name="learner group")
+        self.ranks = ActorGroup("learner rank", groups=[group], name="learner group")
         try:
+            self.ranks.start(
+                LearnerRank, [(cfg, str(model_path), rank, self.world_size, device) for rank in range(self.world_size)],
+                [{"num_cpus": train.cpus_per_rank, "num_gpus": gpus, "scheduling_strategy": in_group(group, rank)}
+                 for rank in range(self.world_size)])
             if gpus:  # the ranks of a node see all its rank GPUs in one order, as in Ray Train (`rank_gpus`)
                 visible = node_gpu_ids(self._gather(self.ranks.call("location"), "reporting GPUs"))
                 self.devices = self._gather(self.ranks.call_each("share_gpus", [(v,) for v in visible]),

@@ -157,12 +157,12 @@ class RolloutPool:
                 bundles, groups = place_colocated(cfg, shared)
                 visible = [",".join(s["gpu_ids"]) for s in shared]
             # the policy's own seed (engine start, calls without row seeds): distinct per actor
-            self.engines = ActorGroup(
-                "rollout engine", RolloutWorker,
+            self.engines = ActorGroup("rollout engine", groups=groups, name="rollout pool")
+            self.engines.start(
+                RolloutWorker,
                 [(cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index), env_factory, secrets)
                  for index in range(len(groups))],
-                [actor_options(bundles[index], group, visible[index]) for index, group in enumerate(groups)],
-                groups=groups, name="rollout pool")
+                [actor_options(bundles[index], group, visible[index]) for index, group in enumerate(groups)])
             self.engines.locate(
                 max(deadline - time.monotonic(), 1.0),
                 what=f"starting the rollout actors (placed: {describe(bundles)})",

@@ -61,11 +61,12 @@ def local_ray():
     ray.shutdown()
 
 
-def members(count: int, marker_dir: Path | str = "", **kwargs):
+def members(count: int, marker_dir: Path | str = ""):
     from prompt_r1.cluster.actor_group import ActorGroup
 
-    return ActorGroup("test actor", Member, [(i, str(marker_dir)) for i in range(count)],
-                      [{"num_cpus": 0.5}] * count, name="test group", **kwargs)
+    group = ActorGroup("test actor", name="test group")
+    group.start(Member, [(i, str(marker_dir)) for i in range(count)], [{"num_cpus": 0.5}] * count)
+    return group
 
 
 def pids_alive(pids: list[int], within_s: float = 20.0) -> list[int]:
@@ -147,10 +148,10 @@ def test_shutdown_cleans_up_kills_every_process_releases_the_group_and_repeats_h
 
     monkeypatch.setenv("HF_HOME", "/driver/hf")  # a driver setting every actor gets (`actor_env_vars`)
     placement = reserve([{"CPU": 0.5}] * 2, what="two members", timeout_s=60, field="f", fix="x")
-    group = ActorGroup("test actor", Member, [(i, str(tmp_path)) for i in range(2)],
-                       [{"num_cpus": 0.5, "scheduling_strategy": in_group(placement, i),
-                         "runtime_env": {"env_vars": {"HF_HOME": "/own/hf"} if i else {}}} for i in range(2)],
-                       groups=[placement], name="test group")
+    group = ActorGroup("test actor", groups=[placement], name="test group")
+    group.start(Member, [(i, str(tmp_path)) for i in range(2)],
+                [{"num_cpus": 0.5, "scheduling_strategy": in_group(placement, i),
+                  "runtime_env": {"env_vars": {"HF_HOME": "/own/hf"} if i else {}}} for i in range(2)])
     try:
         pids = [where["pid"] for where in group.locate(60, what="starting", field="f")]
         # the driver's setting, and an actor's own variable over it

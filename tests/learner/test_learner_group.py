@@ -246,12 +246,13 @@ def test_a_rank_that_hangs_fails_the_call_at_the_deadline_naming_it(local_ray) -
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     group = LearnerGroup.__new__(LearnerGroup)  # the waiting logic alone, on actors that load no model
-    group.timeout_s, group.closed = 3.0, False
+    group.timeout_s, group.closed = 120.0, False  # the first call waits for the actors to start
     placement = reserve([{"CPU": 0.5}] * 2, what="two nappers", timeout_s=30, field="f", fix="x")
-    group.ranks = ActorGroup("learner rank", Napper, [()] * 2,
-                             [{"num_cpus": 0.5, "scheduling_strategy": in_group(placement, r)} for r in range(2)],
-                             groups=[placement])
+    group.ranks = ActorGroup("learner rank", groups=[placement])
+    group.ranks.start(Napper, [()] * 2,
+                      [{"num_cpus": 0.5, "scheduling_strategy": in_group(placement, r)} for r in range(2)])
     assert group._gather(group.ranks.call("nap", 0.0), "napping") == [0.0, 0.0]
+    group.timeout_s = 3.0
     started = time.monotonic()
     with pytest.raises(LearnerRankError, match=r"learner rank 1 did not finish napping within 3s "
                                                r"\(train.dist_timeout_s\).*torn down") as caught:

@@ -187,8 +187,8 @@ def stand_in_pool(modes: list[str], sync_timeout_s: float):
 
     pool = RolloutPool.__new__(RolloutPool)
     pool.cfg = parse_config({"rollout": {"sync_timeout_s": sync_timeout_s}})
-    pool.engines = ActorGroup("rollout engine", StandInEngine, [(mode,) for mode in modes],
-                              [{"num_cpus": 0}] * len(modes), name="rollout pool")
+    pool.engines = ActorGroup("rollout engine", name="rollout pool")
+    pool.engines.start(StandInEngine, [(mode,) for mode in modes], [{"num_cpus": 0}] * len(modes))
     pool._loads, pool._queued = [], []
     pool.engines.locate(60, what="starting the stand-ins", field="f")
     return pool
