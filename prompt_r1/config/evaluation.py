@@ -99,10 +99,10 @@ class EvalConfig(StrictModel):
     def _environment_suites_are_evaluated(self) -> "EvalConfig":
         for name, suites in self.environment_suites.items():
             unknown = [s for s in suites if s not in self.suites]
-            if unknown or not suites:
-                raise ValueError(f"eval.environment_suites[{name!r}]: {unknown or 'no suites'} "
-                                 f"{'are not in' if unknown else 'from'} eval.suites {self.suites}; name suites "
-                                 "that eval.suites evaluates, or leave the environment out to evaluate it on all")
+            if not suites or unknown:
+                what = f"{unknown} are not in eval.suites {self.suites}" if unknown else "names no suite"
+                raise ValueError(f"eval.environment_suites[{name!r}]: {what}; name suites that eval.suites "
+                                 "evaluates, or leave the environment out to evaluate it on all")
         return self
 
 
