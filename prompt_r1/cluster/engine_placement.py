@@ -40,7 +40,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig
-from prompt_r1.cluster.placement import PlacementError, in_group, release, reserve_groups
+from prompt_r1.cluster.placement import PlacementError, in_group, reserve_groups
 
 log = logging.getLogger(__name__)
 
@@ -145,12 +145,6 @@ def actor_options(bundle: dict[str, float], group: PlacementGroup, visible: str 
     resources = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}  # node:<ip> of a colocated engine
     return {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": gpus, "scheduling_strategy": in_group(group, 0),
             "runtime_env": {"env_vars": env}, **({"resources": resources} if resources else {})}
-
-
-def release_all(groups: list[PlacementGroup]) -> None:
-    """Give every group's resources back (after its actors are killed)."""
-    for group in groups:
-        release(group)
 
 
 def actor_location() -> dict[str, Any]:

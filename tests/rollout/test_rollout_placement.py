@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from prompt_r1.config.experiment import load_config
-from prompt_r1.cluster.engine_placement import actor_location, actor_options, engine_bundle, place_engines, release_all
+from prompt_r1.cluster.engine_placement import actor_location, actor_options, engine_bundle, place_engines
+from prompt_r1.cluster.placement import release
 from prompt_r1.cluster.placement import PlacementError
 
 ray = pytest.importorskip("ray")
@@ -104,7 +105,8 @@ def test_vllm_engines_get_their_own_groups_and_disjoint_gpus(fake_gpu_ray):
     finally:
         for actor in actors:
             ray.kill(actor)
-        release_all(groups)
+        for group in groups:
+            release(group)
     assert free_gpus_within(4.0) == 4.0  # released groups give their GPUs back
 
 
@@ -118,7 +120,8 @@ def test_cpu_actors_see_no_gpu_even_where_the_node_has_some(fake_gpu_ray):
     finally:
         for actor in actors:
             ray.kill(actor)
-        release_all(groups)
+        for group in groups:
+            release(group)
 
 
 def test_an_engine_bigger_than_any_node_fails_at_once_naming_the_fix(fake_gpu_ray):
@@ -154,7 +157,8 @@ def test_engines_that_do_not_fit_beside_others_fail_within_the_deadline(fake_gpu
         elapsed = time.monotonic() - started
         assert 2 <= elapsed < 10, elapsed
     finally:
-        release_all(holder)
+        for group in holder:
+            release(group)
     message = str(caught.value)
     assert "within 2s (rollout.actor_start_timeout_s)" in message and "1 placed" in message, message
     assert "missing: 2 GPU" in message
