@@ -71,7 +71,7 @@ class Soak:
         return {**os.environ, TAG_VAR: self.tag, SECRET_VAR: self.secret, "PROMPT_R1_HOME": str(home),
                 "PREFECT_HOME": str(self.out / "prefect"),
                 "PROMPT_R1_MODELS": self.args.models, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                "PYTHONPATH": str(ROOT)}
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
     def record(self, **event: Any) -> None:
         with self._lock:
@@ -419,6 +419,7 @@ def main() -> None:
     if out.exists() and any(out.iterdir()):
         sys.exit(f"error: --out {out} is not empty; give a new folder")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per API call
     sys.exit(Soak(args).run())
 
 
