@@ -270,6 +270,9 @@ class Soak:
         training_runs = {r["training_run"] for r in runs if r.get("training_run")}
         resumed = {r["training_run"] for r in runs if r.get("resumed")}
         client = MlflowClient(tracking_uri=f"sqlite:///{self.home / 'mlflow.db'}")
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        training_runs |= {r.info.run_id for r in client.search_runs(experiments, "tags.flow = 'train'",
+                                                                      max_results=5000)}
         mlflow_steps: dict[str, Counter] = {}
         restarts: dict[str, float] = {}
         for run_id in training_runs:
@@ -303,18 +306,34 @@ class Soak:
 
 
 # -- Prefect API calls (each run with a fresh client: `Services.api`) --------------------------
+PAGE = 200  # the most runs the server returns at once
+
+
+async def _runs(client, states: list | None = None) -> list:
+    """Every flow run (in those states), page by page (bounded: 100 pages)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    where = (FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states))) if states else None)
+    runs: list = []
+    for page in range(100):
+        batch = await client.read_flow_runs(flow_run_filter=where, sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+                                            limit=PAGE, offset=page * PAGE)
+        runs += batch
+        if len(batch) < PAGE:
+            break
+    return runs
+
+
 async def _stop_scheduling(client, end: float) -> list[str]:
     """Pause every deployment and delete the runs not yet started; returns the names of those that
     were due before `end` (they waited for the one queue slot)."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
 
     for deployment in await client.read_deployments():
         await client.pause_deployment(deployment.id)
     due = []
-    waiting = await client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-        type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))), limit=1000)
-    for run in waiting:
+    for run in await _runs(client, [StateType.SCHEDULED]):
         if run.expected_start_time and run.expected_start_time.timestamp() <= end:
             due.append(run.name)
         await client.delete_flow_run(run.id)
@@ -322,13 +341,10 @@ async def _stop_scheduling(client, end: float) -> list[str]:
 
 
 async def _active_runs(client) -> list[str]:
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
 
     active = [StateType.RUNNING, StateType.PENDING, StateType.CANCELLING, StateType.SCHEDULED]
-    runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-        type=FlowRunFilterStateType(any_=active))), limit=1000)
-    return [str(r.id) for r in runs if r.deployment_id]
+    return [str(r.id) for r in await _runs(client, active) if r.deployment_id]
 
 
 async def _cancel(client, ids: list[str]) -> None:
@@ -343,16 +359,8 @@ async def _collect_runs(client) -> list[dict[str, Any]]:
     (its train flow's log says `starting` or `continuing unfinished training run <id>`)."""
     import re
 
-    from prefect.client.schemas.sorting import FlowRunSort
-
     deployments = {d.id: d.name for d in await client.read_deployments()}
-    flow_runs, offset = [], 0
-    while offset < 20000:
-        page = await client.read_flow_runs(sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=200, offset=offset)
-        flow_runs += page
-        offset += 200
-        if len(page) < 200:
-            break
+    flow_runs = await _runs(client)
     parent: dict[Any, Any] = {}
     for run in flow_runs:  # subflows (the pipeline's train and evaluate) belong to their root run
         if run.parent_task_run_id:
@@ -368,12 +376,12 @@ async def _collect_runs(client) -> list[dict[str, Any]]:
 
     logs: dict[Any, list] = {}
     offset = 0
-    while offset < 500000:
-        page = await client.read_logs(limit=200, offset=offset)
+    while offset < 2500 * PAGE:
+        page = await client.read_logs(limit=PAGE, offset=offset)
         for entry in page:
             logs.setdefault(root(entry.flow_run_id), []).append(entry)
-        offset += 200
-        if len(page) < 200:
+        offset += PAGE
+        if len(page) < PAGE:
             break
     out = []
     for run in flow_runs:

@@ -61,6 +61,8 @@ class Services:
         self.api_url = f"http://127.0.0.1:{port}/api"
         self.env = {**env, "PREFECT_API_URL": self.api_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                     "PREFECT_UI_ENABLED": "false", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
+                    # the project's own log lines (resumes, restarts, failures) in each run's Prefect logs
+                    "PREFECT_LOGGING_EXTRA_LOGGERS": "flows,tasks,prompt_r1",
                     "PATH": f"{self.bin}:{env.get('PATH', os.environ.get('PATH', ''))}"}
         self.server: subprocess.Popen | None = None
         self.worker: subprocess.Popen | None = None
