@@ -104,8 +104,8 @@ def no_error_scored(wh: Any, marker: str) -> Check:
         "c.group_index = t.group_index AND c.error IS NOT NULL)")[0][0]
     eval_scored = wh.query("SELECT count(*) FROM eval_predictions WHERE error IS NOT NULL AND score IS NOT NULL")[0][0]
     leaked = wh.query(
-        "SELECT (SELECT count(*) FROM trajectories WHERE list_contains(list_transform(env_replies, x -> "
-        "contains(x, ?)), true) OR list_contains(list_transform(agent_turns, x -> contains(x, ?)), true)) + "
+        "SELECT (SELECT count(*) FROM trajectories WHERE contains(array_to_string(env_replies, chr(10)), ?) OR "
+        "contains(array_to_string(agent_turns, chr(10)), ?)) + "
         "(SELECT count(*) FROM eval_predictions WHERE contains(prediction, ?))", [marker, marker, marker])[0][0]
     errors = wh.query("SELECT (SELECT count(*) FROM trajectories WHERE error IS NOT NULL), "
                       "(SELECT count(*) FROM env_calls WHERE error IS NOT NULL), (SELECT count(*) FROM env_calls), "

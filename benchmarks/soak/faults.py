@@ -185,8 +185,9 @@ class DiskFull:
                 resource.prlimit(pid, resource.RLIMIT_FSIZE, old)
         self._limited = []
 
-    def teardown(self) -> None:
-        """Unmount and remove the filesystem (bounded: a lazy unmount if it is still busy)."""
+    def teardown(self, keep_image: bool = False) -> None:
+        """Unmount and remove the filesystem (bounded: a lazy unmount if it is still busy); with
+        `keep_image` the image file stays (`mount -o loop IMAGE DIR` shows the runs again)."""
         self.stop()
         if self.method != "loop":
             return
@@ -196,7 +197,8 @@ class DiskFull:
             time.sleep(2)
         else:
             subprocess.run(["umount", "-l", str(self.home)], capture_output=True, timeout=60)
-        self.image.unlink(missing_ok=True)
+        if not keep_image:
+            self.image.unlink(missing_ok=True)
 
 
 def hold_mlflow_lock(db: Path, seconds: float) -> dict[str, Any]:

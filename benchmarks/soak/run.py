@@ -195,7 +195,8 @@ class Soak:
                 self.services = Services(ROOT, out, args.port or free_port(), self.env(self.home))
                 stack.callback(self.services.stop_server)
                 self.services.start_server()
-                self.services.deploy(config, {"pipeline": args.pipeline_every, "train": args.train_every})
+                self.services.deploy(config, {"pipeline": args.pipeline_every, "train": args.train_every},
+                                     args.zombie_automation)
                 stack.callback(self.services.stop_worker)  # before the server (LIFO)
                 self.services.start_worker()
                 result.update(self.schedule(plan))
@@ -209,7 +210,8 @@ class Soak:
             for proc in left:  # counted by the checks above; stopped here so nothing stays
                 with contextlib.suppress(Exception):
                     proc.kill()
-            self.disk.teardown()
+            # keep the runs' filesystem image when the checks did not finish, so they can be read again
+            self.disk.teardown(keep_image="checks" not in result)
             if "checks" in result and os.path.ismount(self.home):  # the soak's own filesystem is a leftover too
                 result["checks"]["passed"] = False
                 result["checks"]["lines"].append(f"[FAIL] filesystem on {self.home} still mounted")
@@ -418,6 +420,8 @@ def main() -> None:
                         help="The bundled models' cache (PROMPT_R1_MODELS).")
     parser.add_argument("--port", type=int, default=0, help="The Prefect server's port (default: a free one).")
     parser.add_argument("--no-baseline", action="store_true", help="Skip the fault-free run (and its check).")
+    parser.add_argument("--zombie-automation", action="store_true",
+                        help="Create Prefect's zombie-run automation (see docs/deployments.md before using it).")
     parser.add_argument("--plan-only", action="store_true", help="Print the fault plan and exit.")
     args = parser.parse_args()
     if args.plan_only:

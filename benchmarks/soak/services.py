@@ -10,8 +10,8 @@ counts any left.
 The deployments come from the repository's prefect.yaml (the one definition of them): the soak
 writes a copy with only `pipeline` and `train`, each on an interval schedule, pointed at the soak's
 config, and `prefect deploy` registers it. A zombie-run automation (Prefect's documented recipe:
-a flow run whose heartbeats stop for 90 s is marked Crashed) releases the queue's one slot when a
-run dies with no worker left to report it.
+a flow run whose heartbeats stop for 90 s is marked Crashed), with `--zombie-automation`, releases
+the queue's one slot when a run dies with no worker left to report it.
 """
 
 from __future__ import annotations
@@ -122,9 +122,11 @@ class Services:
             raise RuntimeError(f"prefect {' '.join(args)} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
         return done.stdout
 
-    def deploy(self, config: Path, intervals: dict[str, int]) -> None:
+    def deploy(self, config: Path, intervals: dict[str, int], zombie_automation: bool = False) -> None:
         """Work pool, the `warehouse` queue (limit 1, as prefect.yaml asks), the root variable, the
-        zombie automation, and the deployments of `intervals` (name -> seconds) on the soak config."""
+        deployments of `intervals` (name -> seconds) on the soak config, and with `zombie_automation`
+        Prefect's zombie-run automation (its creation hung the Prefect 3.7.7 server under SQLAlchemy
+        2.0: docs/deployments.md)."""
         self.prefect("work-pool", "create", "prompt-r1", "--type", "process")
         self.prefect("work-queue", "create", "warehouse", "--pool", "prompt-r1", "--limit", "1")
         self.prefect("variable", "set", "prompt_r1_root", str(self.root), "--overwrite")
@@ -140,7 +142,8 @@ class Services:
         path = self.out / "prefect.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
         self.prefect("deploy", "--all", "--prefect-file", str(path))
-        asyncio.run(self._zombie_automation())
+        if zombie_automation:
+            asyncio.run(asyncio.wait_for(self._zombie_automation(), 60))
 
     async def _zombie_automation(self) -> None:
         from datetime import timedelta
