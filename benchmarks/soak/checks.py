@@ -30,6 +30,26 @@ class Check:
         return f"[{'PASS' if self.passed else 'FAIL'}] {self.name}: {self.summary}"
 
 
+def match_runs(windows: dict[str, tuple[float, float]], metric_times: dict[str, list[float]]
+               ) -> tuple[dict[str, str], set[str]]:
+    """Which training run each flow run trained (the one whose metrics it logged: the metric's
+    time falls in the flow run's [start, end]), and the training runs more than one flow run
+    logged to (continued after a crash: resumed). The flows' own "continuing unfinished training
+    run" lines are INFO, which Prefect's run logs leave out.
+
+    >>> match_runs({"f1": (0, 10), "f2": (20, 30), "f3": (40, 50)}, {"a": [5, 25], "b": [45]})
+    ({'f1': 'a', 'f2': 'a', 'f3': 'b'}, {'a'})
+    """
+    run_of_flow: dict[str, str] = {}
+    flows_of_run: dict[str, set[str]] = {}
+    for flow, (start, end) in windows.items():
+        for run, times in metric_times.items():
+            if any(start <= t <= end for t in times):
+                run_of_flow[flow] = run
+                flows_of_run.setdefault(run, set()).add(flow)
+    return run_of_flow, {run for run, flows in flows_of_run.items() if len(flows) > 1}
+
+
 def runs_accounted(runs: list[dict[str, Any]]) -> Check:
     """Every started flow run finished, or failed with a reason: a state message and an error in
     its logs (a crash's message names the exit status or the missed heartbeats)."""

@@ -277,10 +277,16 @@ class Soak:
                                                                       max_results=5000)}
         mlflow_steps: dict[str, Counter] = {}
         restarts: dict[str, float] = {}
+        metric_times: dict[str, list[float]] = {}
         for run_id in training_runs:
             with contextlib.suppress(Exception):
-                mlflow_steps[run_id] = Counter(m.step for m in client.get_metric_history(run_id, "reward_mean"))
+                history = client.get_metric_history(run_id, "reward_mean")
+                mlflow_steps[run_id] = Counter(m.step for m in history)
+                metric_times[run_id] = [m.timestamp / 1000 for m in history]
                 restarts[run_id] = sum(m.value for m in client.get_metric_history(run_id, "rollout_actor_restarts"))
+        windows = {r["id"]: (r["start_ts"], r["end_ts"]) for r in runs if r.get("start_ts") and r.get("end_ts")}
+        run_of_flow, continued = checks.match_runs(windows, metric_times)
+        resumed |= continued
         folders = {p.parent.name: p for p in (self.home / "soak").glob("*/agent")}
         finished = {run_id for run_id in folders
                     if json.loads((folders[run_id].parent / "run.json").read_text()).get("finished_at")}
@@ -296,7 +302,7 @@ class Soak:
                         result["baseline"]["run_id"]))
         kills = [e for e in result["events"] if e["kind"] == "rollout_actor"]
         completed = {r["id"] for r in runs if r["state"] == "COMPLETED"}
-        run_of_flow = {r["id"]: r["training_run"] for r in runs if r.get("training_run")}
+        run_of_flow.update({r["id"]: r["training_run"] for r in runs if r.get("training_run")})
         found.append(checks.actor_restarts(kills, restarts, run_of_flow, completed))
         left = [faults.describe(p) for p in faults.tagged(self.tag)]
         # the soak's filesystem is removed after the checks (they read it): `run` checks that it went
@@ -400,7 +406,8 @@ async def _collect_runs(client) -> list[dict[str, Any]]:
                     "state": run.state.type.value if run.state else "?",
                     "message": run.state.message if run.state else "",
                     "start_time": run.start_time.isoformat() if run.start_time else None,
-                    "seconds": seconds, "error_logs": sum(1 for e in mine if e.level >= 40),
+                    "seconds": seconds, "start_ts": run.start_time.timestamp() if run.start_time else None,
+                    "end_ts": run.end_time.timestamp() if run.end_time else None, "error_logs": sum(1 for e in mine if e.level >= 40),
                     "first_error": next((e.message[:300] for e in mine if e.level >= 40), None),
                     "training_run": training, "resumed": resumed})
     return out
