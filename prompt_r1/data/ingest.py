@@ -125,23 +125,23 @@ def ingest(wh: Warehouse, sources: Iterable[str | Path | DataSource],
 
 def ingest_mapped(wh: Warehouse, source: DataSource, setting: str = "data.sources[]",
                   max_question_chars: int = MAX_QUESTION_CHARS) -> IngestReport:
-    """A user's Parquet / JSONL / CSV file through its column mapping (`prompt_r1.data.mapped`). Its
-    scorer is loaded first, so a scorer that cannot be imported is named before anything is written."""
+    """A user's Parquet / JSONL / CSV file through its column mapping (`prompt_r1.data.mapped`). A new
+    version's scorer is loaded first, so one that cannot be imported is named before anything is written."""
     from prompt_r1.core.scorer import ScorerError
     from prompt_r1.data.scorers import answer_scorer
 
     path = source_path(source)
     if not path.is_file():
         raise IngestError(f"{setting}.path: no file {path}")
+    content_hash = source_hash(path, mapping_text(source))
+    if wh.source_ingested(content_hash):  # training and evaluation check the scorer again before use
+        log.info("already ingested, skipping: %s", path)
+        return IngestReport(str(path), source.dataset or path.stem, 0, True)
     if source.scorer:
         try:
             answer_scorer(resolved_spec(source.scorer))
         except ScorerError as err:
             raise IngestError(f"{setting}.scorer: {err}") from None
-    content_hash = source_hash(path, mapping_text(source))
-    if wh.source_ingested(content_hash):
-        log.info("already ingested, skipping: %s", path)
-        return IngestReport(str(path), source.dataset or path.stem, 0, True)
     return _store(wh, str(path), content_hash, read_mapped(source, setting, max_question_chars))
 
 
