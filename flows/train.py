@@ -4,7 +4,7 @@ The schedule is the library's (`TrainingSession.run`, the same loop as `prompt-r
 flow adds run bookkeeping: which MLflow run to continue, metrics, and the agent's registration.
 
 A crashed or cancelled run is continued by running the flow again with the same config, by the
-rule every entry point uses (`run_record.find_resumable`): the newest unfinished run folder of this
+rule every entry point uses (`run_folder.find_resumable`): the newest unfinished run folder of this
 config hash and training pool; the flow continues the MLflow run of that id, loads its last
 checkpoint and goes on. Unfinished runs under other settings are left alone (and the log says
 why): a new run starts. Metrics are flushed to MLflow at checkpoints only, so the redone steps are
@@ -26,7 +26,7 @@ from prompt_r1.config.experiment import Config, default_db_path, run_dir, runs_h
 from prompt_r1.core.failures import EnvironmentFailure
 from prompt_r1.policy import backend_deterministic
 from prompt_r1.data.pool import TrainingPool
-from prompt_r1.training.run_record import find_resumable
+from prompt_r1.training.run_folder import find_resumable
 from prompt_r1.training.session import TrainingSession
 from tasks.artifacts import publish_training_metrics
 from tasks.train import FlowTrainingHooks, registration_score

@@ -76,7 +76,7 @@ class TrainResult:
 
 def resumable_run(cfg: Config, questions: "TrainingPool") -> str:
     """The newest unfinished run of this config and training pool, or `ResumeError` saying why none."""
-    from prompt_r1.training.run_record import ResumeError, find_resumable
+    from prompt_r1.training.run_folder import ResumeError, find_resumable
 
     pool = questions.hash
     run_id, skipped = find_resumable(runs_home() / cfg.name, cfg.hash(), pool)
@@ -97,7 +97,7 @@ def train(cfg: Config, *, run_id: str | None = None, resume: bool = False, force
     the newest unfinished run of this config; `force` continues it under a changed config.
     `on_start(run_id, folder)` is called once the run is known."""
     from prompt_r1.data.pool import TrainingPool
-    from prompt_r1.training.run_record import ResumeError
+    from prompt_r1.training.run_folder import ResumeError
     from prompt_r1.training.hooks import TrainingHooks
     from prompt_r1.training.session import TrainingSession
 

@@ -3,8 +3,9 @@
 Ingests the two-hop task and the sample data (and `--data` if given), starts the managed vLLM
 environment(s), trains the follow-up agent (SmolLM2-135M-Instruct after a format warm start) with
 GRPO and the follow-up call's turn reward against SmolLM2 on two-hop questions, evaluates base vs
-trained agent vs `direct` and `cot` against the two demo environments on 40 held-out two-hop
-questions and the single-hop sample datasets (the out-of-task check), registers the agent, and
+trained agent vs `direct` and `cot` on 40 held-out two-hop questions and the single-hop sample
+datasets (the out-of-task check) against SmolLM2, and on the sample datasets against Gemma 3 (the
+held-out environment, `eval.environment_suites`), registers the agent, and
 prints the results table (each environment marked held out or trained on: Gemma 3 is held out,
 training used SmolLM2; tokens, dollars per question and per correct answer at the config's
 illustrative prices), then what training changed (both checkpoints with intervals, their paired
@@ -43,12 +44,18 @@ def main() -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry errors
     from prompt_r1.config.experiment import load_config
     from prompt_r1.cli.logging_setup import setup_logging
+    from prompt_r1.core.signals import install_sigterm_interrupt
 
+    # SIGTERM stops the demo as Ctrl-C does, so its servers, Ray and Prefect's temporary server stop too
+    install_sigterm_interrupt()
     setup_logging()
     base = load_config(args.config)
     overrides = dict(QUICK) if args.quick else {}
     if args.quick:
-        overrides["eval.environments"] = [e.model_dump() for e in base.eval_environments()[:1]]
+        kept = base.eval_environments()[:1]
+        overrides["eval.environments"] = [e.model_dump() for e in kept]
+        overrides["eval.environment_suites"] = {n: s for n, s in base.eval.environment_suites.items()
+                                                if n in {e.name for e in kept}}
         overrides["eval.methods"] = [m for m in base.eval.methods if m not in QUICK_DROPS]
     if args.data:
         overrides["eval.suites"] = list(dict.fromkeys(base.eval.suites + ["in_domain", "ood"]))

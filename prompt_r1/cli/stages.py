@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from prompt_r1.cli.common import (
-    ConfigOpt, DbOpt, LockWaitOpt, SetOpt, _agent_folder, fail, fail_environment, load, _open_db, app, console,
+    ConfigOpt, DbOpt, LockWaitOpt, SetOpt, _agent_folder, fail, load, _open_db, app, console,
 )
 from prompt_r1.config.experiment import DataConfig
 from prompt_r1.planning.memory import DEFAULT_PROMPT_TOKENS
@@ -240,16 +240,14 @@ def rollout(
     Exit 3 (after storing the batch) when the share of failed environment calls passes
     its environment's `max_error_rate` (each environment of a `train.environments` pool against its own),
     as a training step would stop."""
-    import random
-
     from prompt_r1.config.experiment import new_run_id, run_dir
     from prompt_r1.data.ingest import ingest as ingest_paths
+    from prompt_r1.data.pool import TrainingPool
     from prompt_r1.cluster.connect import check_local_cpus, cpus_needed, init_ray
     from prompt_r1.rollout.pool import RolloutPool, actor_environments
     from collections import Counter
 
     from prompt_r1.core.failures import check_pool_error_rates
-    from prompt_r1.core.seeding import derive_seed
     from prompt_r1.core.trajectory import env_call_records, rollout_stats
 
     cfg = load(config, set_)
@@ -262,12 +260,8 @@ def rollout(
     with _open_db(db) as wh:
         if not wh.questions(splits=["train"]):
             ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)
-        pool_questions = wh.questions(splits=["train"], datasets=cfg.data.train_datasets or None)
-        if not pool_questions:
-            fail(f"no train-split questions in {wh.path} (sources: {cfg.data.sources}); "
-                  "ingest a dataset with a train split first (`prompt-r1 ingest ...`)")
-        random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool_questions)
-        questions = pool_questions[: cfg.rollout.batch_questions]
+        # the questions a training run with this config trains on, in its pool's order
+        questions = TrainingPool.load(wh, cfg).train[: cfg.rollout.batch_questions]
         init_ray(cfg.rollout, cpus_needed(cfg, workers, learner=False))
         with actor_environments(cfg, folder / "logs") as actor_cfg:
             with RolloutPool(actor_cfg, agent, workers) as pool:

@@ -40,7 +40,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig
-from prompt_r1.cluster.placement import PlacementError, in_group, release, reserve_groups
+from prompt_r1.cluster.placement import PlacementError, in_group, reserve_groups
 
 log = logging.getLogger(__name__)
 
@@ -135,22 +135,16 @@ def place_colocated(cfg: Config, shared: list[dict[str, Any]]) -> tuple[list[dic
     return bundles, groups
 
 
-def actor_options(bundle: dict[str, float], group: PlacementGroup, env_vars: dict[str, str],
-                  visible: str | None = None) -> dict[str, Any]:
+def actor_options(bundle: dict[str, float], group: PlacementGroup, visible: str | None = None) -> dict[str, Any]:
     """`ray.remote(...).options(...)` that put an actor into the one bundle of `group`, asking for
     exactly that bundle's resources; an actor without GPUs is kept off every GPU of its node, or,
-    colocated, given `visible` (the GPU ids it shares with learner ranks)."""
+    colocated, given `visible` (the GPU ids it shares with learner ranks). `ActorGroup` adds the
+    driver's settings to the `runtime_env`."""
     gpus = bundle.get("GPU", 0.0)
-    env = dict(env_vars) if gpus else {**env_vars, "CUDA_VISIBLE_DEVICES": visible or ""}  # Ray sets it when gpus > 0
+    env = {} if gpus else {"CUDA_VISIBLE_DEVICES": visible or ""}  # Ray sets it when gpus > 0
     resources = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}  # node:<ip> of a colocated engine
     return {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": gpus, "scheduling_strategy": in_group(group, 0),
             "runtime_env": {"env_vars": env}, **({"resources": resources} if resources else {})}
-
-
-def release_all(groups: list[PlacementGroup]) -> None:
-    """Give every group's resources back (after its actors are killed)."""
-    for group in groups:
-        release(group)
 
 
 def actor_location() -> dict[str, Any]:

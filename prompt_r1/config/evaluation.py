@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from prompt_r1.config.base import StrictModel
 from prompt_r1.config.env import EnvConfig
@@ -60,6 +60,12 @@ class EvalConfig(StrictModel):
         default_factory=list, description="Environment LLMs to evaluate against (empty = the training ones: the "
         "`train.environments` pool, else `environment`)."
     )
+    environment_suites: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Per environment name, the suites (of `suites`) evaluated against it; an environment not "
+        "named here gets every suite (e.g. `{gemma3-270m: [sample]}` keeps a slow held-out environment to the "
+        "sample datasets). A name that no evaluated environment has is an error.",
+    )
     agent_checkpoints: list[str] = Field(
         default_factory=lambda: ["base", "trained"],
         description="`base` (agent.model), `trained` (this run's final checkpoint), `champion` (the registry's), "
@@ -88,6 +94,16 @@ class EvalConfig(StrictModel):
         "taking the whole share of its GPUs; a cluster with fewer GPUs than the engines need falls back to `driver` "
         "with a warning. `auto`: `ray` for the vllm backend when Ray counts GPUs, else `driver`.",
     )
+
+    @model_validator(mode="after")
+    def _environment_suites_are_evaluated(self) -> "EvalConfig":
+        for name, suites in self.environment_suites.items():
+            unknown = [s for s in suites if s not in self.suites]
+            if not suites or unknown:
+                what = f"{unknown} are not in eval.suites {self.suites}" if unknown else "names no suite"
+                raise ValueError(f"eval.environment_suites[{name!r}]: {what}; name suites that eval.suites "
+                                 "evaluates, or leave the environment out to evaluate it on all")
+        return self
 
 
 def engine_place(placement: str, backend: str, engines: int, tensor_parallel_size: int, cluster_gpus: float) -> str:

@@ -148,10 +148,13 @@ class Config(StrictModel):
 
 def _drop_unset_additions(data: dict[str, Any]) -> None:
     """Leave keys added after runs were recorded out of the hash while they hold their default
-    (`agent.describe_environment` off, an empty environment `description`), so those runs keep
+    (`agent.describe_environment` off, an empty environment `description`, no
+    `eval.environment_suites`), so those runs keep
     their hash and resume as the same run."""
     if not data["agent"].get("describe_environment"):
         data["agent"].pop("describe_environment", None)
+    if not data["eval"].get("environment_suites"):
+        data["eval"].pop("environment_suites", None)
     optimizer = data["eval"].get("baselines", {}).get("optimizer")
     envs = [data["environment"], *data["train"].get("environments", []), *data["eval"]["environments"],
             *([optimizer] if optimizer else [])]

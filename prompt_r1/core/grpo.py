@@ -216,18 +216,48 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk_rows: int
     return torch.cat(out, dim=0)
 
 
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
+    """Leading columns in which every row holds the same real (unpadded) token, at most `limit`.
+
+    >>> ids = torch.tensor([[5, 6, 7, 1], [5, 6, 8, 0]])
+    >>> shared_prefix_length(ids, torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]), 3)
+    2
+    >>> shared_prefix_length(ids, torch.ones(2, 4, dtype=torch.long), 1)
+    1
+    """
+    same = (input_ids == input_ids[:1]).all(dim=0) & (attention_mask == 1).all(dim=0)
+    return int(same[:max(0, limit)].long().cumprod(dim=0).sum())
+
+
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   response_start: int, temperature: float = 1.0) -> torch.Tensor:
+                   response_start: int, temperature: float = 1.0, share_prefix: bool = False) -> torch.Tensor:
     """Log-probs [B, L - response_start] of `input_ids[:, response_start:]` under `model` at
     sampling `temperature`.
 
     Only the logits that predict those tokens are computed (`logits_to_keep`), so a long shared
     prompt costs no vocabulary projection. `response_start` must be >= 1 (the first token has no
     prediction); sequences are right-padded, so one start works for the whole batch.
+
+    `share_prefix`: the leading tokens all rows share (a GRPO group's prompt, most of a
+    trajectory's tokens) run once and their keys and values are repeated over the rows, so a
+    micro-batch of one question's samples costs about one prompt plus its responses. Under a causal
+    mask those positions' states are the same in every row, so the log-probs, and the gradients
+    (the rows' contributions sum into the one prefix), are the full batch's up to float rounding
+    (tests/core/test_grpo.py). It runs two forward passes, so callers whose forward passes must
+    match across ranks (FSDP) or that cannot keep a cache (gradient checkpointing) leave it off.
     """
     if response_start < 1:
         raise ValueError("response_start must be >= 1: the first token has no predicting logits")
     n_keep = input_ids.shape[1] - response_start + 1
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=n_keep,
-                   use_cache=False).logits
+    # at most response_start - 1 shared columns: the logit predicting the first response token stays in the rest
+    shared = shared_prefix_length(input_ids, attention_mask, response_start - 1) if share_prefix else 0
+    if shared == 0 or input_ids.shape[0] == 1:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=n_keep,
+                       use_cache=False).logits
+    else:
+        cache = model(input_ids=input_ids[:1, :shared], attention_mask=attention_mask[:1, :shared],
+                      use_cache=True).past_key_values
+        cache.batch_repeat_interleave(input_ids.shape[0])
+        logits = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, past_key_values=cache,
+                       use_cache=True, logits_to_keep=n_keep).logits
     return gather_logprobs(logits[:, :-1], input_ids[:, response_start:], temperature=temperature)

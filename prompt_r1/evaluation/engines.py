@@ -8,9 +8,10 @@ agent.tensor_parallel_size, CPU: rollout.cpus_per_worker}` (on a cluster without
 `engine_placement.engine_bundle`'s CPU bundle), reserved under `rollout.actor_start_timeout_s` with
 `placement.reserve_groups` as the rollout pool does, and takes the whole configured share of its
 own GPU(s) (less a managed vLLM environment server's share: that server sits on the driver's first
-GPU, which Ray may give to an engine). The driver keeps only a `RemotePolicy` per engine: the
-tokenizer, and `generate` forwarded to the actor within `rollout.rollout_timeout_s`, so episodes
-and `agent_only` run unchanged and the driver touches no CUDA.
+GPU, which Ray may give to an engine). The engines are one `cluster.actor_group.ActorGroup`,
+started, gathered and stopped as the rollout engines are; the driver keeps a `RemotePolicy` per
+engine: the tokenizer, and `generate` forwarded to the actor within `rollout.rollout_timeout_s`,
+so episodes and `agent_only` run unchanged and the driver touches no CUDA.
 
 Where they run (`eval.agent_placement`; the rule is `config.evaluation.engine_place`, which `plan`
 follows too, applied here by `engines_in_ray` to the GPUs Ray counts): `driver` keeps today's
@@ -23,7 +24,6 @@ of an environment uses all agents at once).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -32,7 +32,7 @@ from typing import Any
 
 import ray
 
-from prompt_r1.cluster.actor_group import SHUTDOWN_TIMEOUT_S
+from prompt_r1.cluster.actor_group import ActorGroup
 from prompt_r1.config.experiment import AgentConfig, Config
 from prompt_r1.core.weights import WeightUpdate
 from prompt_r1.policy.base import Policy, Sample
@@ -121,56 +121,44 @@ class EvalEngine:
 
 
 class RemotePolicy(Policy):
-    """The driver's side of an `EvalEngine`: its tokenizer here, its sampling in the actor. Every
-    call waits at most `timeout_s` (`rollout.rollout_timeout_s`); closing it stops the actor and
-    releases its placement group."""
+    """The driver's side of one `EvalEngine` of an `ActorGroup` (`engines`, actor `index`): its
+    tokenizer here, its sampling in the actor. Every call waits at most `timeout_s`
+    (`rollout.rollout_timeout_s`). The engines of one `ray_policies` call are started and given
+    back together: closing one policy stops them all and releases their placement groups."""
 
-    def __init__(self, label: str, actor: Any, group: Any, agent: AgentConfig, model_path: str, seed: int,
-                 location: dict[str, Any], timeout_s: float):
+    def __init__(self, label: str, engines: ActorGroup, index: int, agent: AgentConfig, model_path: str, seed: int,
+                 timeout_s: float):
         from transformers import AutoTokenizer
 
         from prompt_r1.models.bundled import model_load_errors
         from prompt_r1.policy import backend_deterministic
 
         self._keep_settings(model_path, agent.temperature, agent.top_p, seed, self.stop_strings)
-        self.label, self.actor, self.group, self.location, self.timeout_s = label, actor, group, location, timeout_s
+        self.label, self.engines, self.index, self.timeout_s = label, engines, index, timeout_s
+        self.location = engines.placements[index]
         self.deterministic = backend_deterministic(agent)
         with model_load_errors(model_path, "agent"):
             self.tokenizer = AutoTokenizer.from_pretrained(model_path)
 
-    def _call(self, ref: Any, what: str) -> Any:
-        from prompt_r1.cluster.connect import RayWaitError
-
-        try:
-            return ray.get(ref, timeout=self.timeout_s)
-        except ray.exceptions.GetTimeoutError as err:
-            raise RayWaitError(f"evaluation engine `{self.label}` (node {self.location.get('node_ip')}, pid "
-                               f"{self.location.get('pid')}) did not finish {what} within {self.timeout_s:g}s "
-                               "(rollout.rollout_timeout_s); raise it for big batches, or see the Ray logs of that "
-                               "node") from err
+    def _call(self, method: str, what: str, *args: Any) -> Any:
+        ref = getattr(self.engines.actors[self.index], method).remote(*args)
+        return self.engines.gather([ref], what, indices=[self.index], timeout_s=self.timeout_s,
+                                   field="rollout.rollout_timeout_s",
+                                   fix="raise it for big batches, or see the Ray logs of that node")[0]
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int],
                  seeds: Sequence[int] | None = None) -> list[Sample]:
-        return self._call(self.actor.generate.remote(prompts, max_new_tokens, seeds), "a generation")
+        return self._call("generate", "a generation", prompts, max_new_tokens, seeds)
 
     def load_weights(self, state_dict: dict[str, Any]) -> None:
-        self._call(self.actor.load_weights.remote(state_dict), "loading weights")
+        self._call("load_weights", "loading weights", state_dict)
 
     def apply_update(self, update: WeightUpdate) -> str:
-        return self._call(self.actor.apply_update.remote(update), "loading weights")
+        return self._call("apply_update", "loading weights", update)
 
     def close(self) -> None:
-        """The engine's own clean-up (within `SHUTDOWN_TIMEOUT_S`), then `ray.kill`, then its group."""
-        from prompt_r1.cluster.placement import release
-
-        if self.actor is None:
-            return
-        with contextlib.suppress(Exception):
-            ray.get(self.actor.shutdown.remote(), timeout=SHUTDOWN_TIMEOUT_S)
-        with contextlib.suppress(Exception):
-            ray.kill(self.actor)
-        release(self.group)
-        self.actor = self.group = None
+        """Every engine's own clean-up, then `ray.kill`, then their groups (`ActorGroup.shutdown`)."""
+        self.engines.shutdown()
 
 
 def ray_policies(cfg: Config, agent: AgentConfig, paths: Mapping[str, Path]) -> dict[str, RemotePolicy]:
@@ -178,10 +166,8 @@ def ray_policies(cfg: Config, agent: AgentConfig, paths: Mapping[str, Path]) -> 
     group of its own (see the module docstring); Ray must be running (`engines_in_ray` starts it).
     Placement and start-up share one deadline, `rollout.actor_start_timeout_s`; on any failure
     every engine started and every group reserved is given back."""
-    from prompt_r1.cluster.actor_env import actor_env_vars
-    from prompt_r1.cluster.engine_placement import actor_options, describe_location, release_all
+    from prompt_r1.cluster.engine_placement import actor_options, describe_location
     from prompt_r1.cluster.placement import reserve_groups
-    from prompt_r1.cluster.connect import RayWaitError
 
     labels = list(paths)
     bundle = eval_bundle(cfg, ray.cluster_resources().get("GPU", 0.0))
@@ -189,26 +175,19 @@ def ray_policies(cfg: Config, agent: AgentConfig, paths: Mapping[str, Path]) -> 
     groups = reserve_groups([[bundle]] * len(labels), what=f"the evaluation engines ({', '.join(labels)}: one "
                             "placement group each)", timeout_s=timeout_s, field="rollout.actor_start_timeout_s",
                             fix=FIX, name="prompt-r1-eval", fixed_cluster=not cfg.rollout.ray_address)
-    actors: list[Any] = []
+    engines = ActorGroup("evaluation engine", groups=groups, labels=[f"`{label}`" for label in labels],
+                         name="evaluation engines")
     try:
-        engine_class, env_vars = ray.remote(EvalEngine), actor_env_vars()
-        for label, group in zip(labels, groups):
-            actors.append(engine_class.options(**actor_options(bundle, group, env_vars)).remote(
-                agent, str(paths[label]), cfg.seed))
-        try:
-            places = ray.get([a.placement.remote() for a in actors], timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError as err:
-            raise RayWaitError(f"the evaluation engines ({', '.join(labels)}) did not start within {timeout_s:g}s "
-                               "(rollout.actor_start_timeout_s); raise it if loading the agent is slow, or see the "
-                               "Ray logs of the engines' node") from err
-        policies = {label: RemotePolicy(label, actor, group, agent, str(paths[label]), cfg.seed, where,
+        engines.start(EvalEngine, [(agent, str(paths[label]), cfg.seed) for label in labels],
+                      [actor_options(bundle, group) for group in groups])
+        engines.locate(timeout_s, what=f"starting the evaluation engines ({', '.join(labels)})",
+                       field="rollout.actor_start_timeout_s",
+                       fix="raise it if loading the agent is slow, or see the Ray logs of the engines' node")
+        policies = {label: RemotePolicy(label, engines, index, agent, str(paths[label]), cfg.seed,
                                         cfg.rollout.rollout_timeout_s)
-                    for label, actor, group, where in zip(labels, actors, groups, places)}
+                    for index, label in enumerate(labels)}
     except BaseException:
-        for actor in actors:
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
-        release_all(groups)
+        engines.kill()
         raise
     for index, (label, policy) in enumerate(policies.items()):
         log.info("%s (%s)", describe_location(index, policy.location, role="evaluation engine"), label)

@@ -270,14 +270,15 @@ def evaluate(
         raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
     environments = list(environments or cfg.eval_environments())
     outcome = EvalOutcome(suites={s: sorted({d for d, _ in suite_datasets(warehouse, [s])}) for s in cfg.eval.suites})
+    by_environment = environment_questions(cfg, environments, questions, outcome.suites)
     opened = agents if isinstance(agents, EvalAgents) else EvalAgents(cfg, agents)
     run_part = on_environment or (lambda env_cfg, work: work())
     try:
         agent_only_rows = opened.agent_only_rows(questions, outcome.seconds) if "agent_only" in cfg.eval.methods else {}
         for env_cfg in environments:
             def work(env_cfg: EnvConfig = env_cfg) -> EvalOutcome:
-                return _evaluate_environment(cfg, warehouse, run_id, env_cfg, questions, opened, agent_only_rows,
-                                             outcome.suites, concurrent, log_dir)
+                return _evaluate_environment(cfg, warehouse, run_id, env_cfg, by_environment[env_cfg.name], opened,
+                                             agent_only_rows, outcome.suites, concurrent, log_dir)
             outcome.add(run_part(env_cfg, work))
         outcome.turns = evaluation_turns(cfg, outcome.episodes, questions)
     except BaseException:
@@ -287,6 +288,23 @@ def evaluate(
         if opened is not agents:
             opened.close()
     return outcome
+
+
+def environment_questions(cfg: Config, environments: Sequence[EnvConfig], questions: list[QuestionRow],
+                          suites: Mapping[str, Sequence[str]]) -> dict[str, list[QuestionRow]]:
+    """Environment name -> the questions evaluated against it: those of its `eval.environment_suites`
+    entry's datasets, or all of them."""
+    names = {e.name for e in [*cfg.eval_environments(), *environments]}  # a call may evaluate some of them
+    unknown = sorted(set(cfg.eval.environment_suites) - names)
+    if unknown:
+        raise EvalError(f"eval.environment_suites names {unknown}, which no evaluated environment has "
+                        f"({sorted(names)}); use the environments' names")
+    out = {}
+    for env_cfg in environments:
+        wanted = cfg.eval.environment_suites.get(env_cfg.name)
+        datasets = {d for s in wanted for d in suites[s]} if wanted else None
+        out[env_cfg.name] = [q for q in questions if datasets is None or q.dataset in datasets]
+    return out
 
 
 def _evaluate_environment(cfg: Config, warehouse: Warehouse, run_id: str, env_cfg: EnvConfig,
@@ -357,7 +375,8 @@ async def _evaluate_env(env, cfg: Config, questions, policies, agent_only_rows, 
                     outcome.examples += examples(preds, cfg.eval.examples_per_dataset)
                     outcome.episodes += [episode_record(p, r) for p, r in zip(preds, scored, strict=True)]
             else:
-                rows = [dict(r) for label in policies for r in agent_only_rows[label]]
+                asked = {q.question_id for q in questions}  # this environment's (eval.environment_suites)
+                rows = [dict(r) for label in policies for r in agent_only_rows[label] if r["question_id"] in asked]
             outcome.seconds[f"{env.name}:{method}"] = time.perf_counter() - t0
             env_rows += rows
     finally:

@@ -96,6 +96,9 @@ class GRPOLearner:
         if self.mixed_precision is not None:
             self.compute_dtype = None
         self.model, self.reference = self._build_policy()
+        # a micro-batch's shared prompt runs once (`token_logprobs`' share_prefix): not where forward
+        # passes are collectives (FSDP) or where gradient checkpointing drops the cache it needs
+        self.share_prefix = not self.ranks.matched_forwards and not cfg.train.gradient_checkpointing
         # names in the optimiser's order: checkpoints key its state by these positions
         self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -176,7 +179,8 @@ class GRPOLearner:
         autocast = (torch.autocast(self.device.type, dtype=self.compute_dtype) if self.compute_dtype
                     else nullcontext())
         with autocast:
-            return token_logprobs(model, batch.input_ids, batch.attention_mask, batch.start, self.temperature)
+            return token_logprobs(model, batch.input_ids, batch.attention_mask, batch.start, self.temperature,
+                                  share_prefix=self.share_prefix)
 
     @torch.no_grad()
     def _logprobs_no_grad(self, batch: MicroBatch, reference: bool) -> torch.Tensor:

@@ -13,7 +13,8 @@ each one over the ranks by whole GRPO groups (`batches.split_plan`) and sends ev
 trajectories and its share; the ranks' losses are normalised by global counts, so N ranks make
 the update one learner makes on the whole batch (`collectives` says how, under ddp and fsdp).
 
-Every wait on the ranks has the `train.dist_timeout_s` deadline. A rank that dies, raises or
+The ranks are one `cluster.actor_group.ActorGroup`, started, gathered and stopped as the rollout
+engines are. Every wait on the ranks has the `train.dist_timeout_s` deadline. A rank that dies, raises or
 passes the deadline fails the call with `LearnerRankError`, which names the rank (a dead rank
 before the ranks that failed because of it; a `UserError` a rank raises, such as a damaged
 checkpoint, is raised as itself); the group is then torn down at once (its actors killed, its
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,8 @@ from prompt_r1.core.failures import UserError
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.weights import SyncHeader, WeightUpdate
 from prompt_r1.cluster.engine_placement import describe_location
-from prompt_r1.cluster.placement import in_group, release, reserve
-from prompt_r1.cluster.actor_env import actor_env_vars
-from prompt_r1.cluster.actor_group import SHUTDOWN_TIMEOUT_S
+from prompt_r1.cluster.placement import in_group, reserve
+from prompt_r1.cluster.actor_group import ActorCallError, ActorGroup, ActorWaitError
 from prompt_r1.core.weights import UpdateRef
 from prompt_r1.learner.batches import plan_mini_batches, split_plan
 from prompt_r1.learner.rank_gpus import node_gpu_ids
@@ -160,36 +159,32 @@ class LearnerGroup:
         `train.placement_timeout_s` and `train.dist_timeout_s`); needs `ray.init` first."""
         train = cfg.train
         self.cfg, self.world_size, self.timeout_s = cfg, train.world_size, train.dist_timeout_s
-        self.actors: list[Any] = []
         self.placements: list[dict[str, Any]] = []  # per rank: node_id, node_ip, gpu_ids, pid
         self.devices: list[str] = []  # per rank on GPUs: its device among its node's rank GPUs
-        self.group = None
         self.closed = False
-        self.waiting = False  # inside a call on the ranks (left True when one is interrupted)
         device = learner_device(train.device)
         gpus = 1 if device.startswith("cuda") else 0
+        group = reserve(
+            [{"CPU": train.cpus_per_rank, "GPU": gpus}] * self.world_size,
+            what=f"the learner group ({self.world_size} ranks)", timeout_s=train.placement_timeout_s,
+            field="train.placement_timeout_s", strategy=train.placement_strategy,
+            fix="Lower train.world_size or train.cpus_per_rank, free the resources other Ray jobs hold, or add "
+                "nodes" + ("" if gpus == 0 else " (train.device: cpu places the ranks without GPUs)")
+                + ("" if not train.placement_strategy.startswith("STRICT") else
+                   f"; train.placement_strategy {train.placement_strategy} may be more than the cluster allows"))
+        # the ranks are named by number alone in errors (no `locate`): "learner rank 1 died during ..."
+        self.ranks = ActorGroup("learner rank", groups=[group], name="learner group")
         try:
-            self.group = reserve(
-                [{"CPU": train.cpus_per_rank, "GPU": gpus}] * self.world_size,
-                what=f"the learner group ({self.world_size} ranks)", timeout_s=train.placement_timeout_s,
-                field="train.placement_timeout_s", strategy=train.placement_strategy,
-                fix="Lower train.world_size or train.cpus_per_rank, free the resources other Ray jobs hold, or add "
-                    "nodes" + ("" if gpus == 0 else " (train.device: cpu places the ranks without GPUs)")
-                    + ("" if not train.placement_strategy.startswith("STRICT") else
-                       f"; train.placement_strategy {train.placement_strategy} may be more than the cluster allows"))
-            actor_class = ray.remote(LearnerRank)
-            self.actors = [
-                actor_class.options(num_cpus=train.cpus_per_rank, num_gpus=gpus,
-                                    scheduling_strategy=in_group(self.group, rank),
-                                    runtime_env={"env_vars": actor_env_vars()}).remote(
-                    cfg, str(model_path), rank, self.world_size, device)
-                for rank in range(self.world_size)]
+            self.ranks.start(
+                LearnerRank, [(cfg, str(model_path), rank, self.world_size, device) for rank in range(self.world_size)],
+                [{"num_cpus": train.cpus_per_rank, "num_gpus": gpus, "scheduling_strategy": in_group(group, rank)}
+                 for rank in range(self.world_size)])
             if gpus:  # the ranks of a node see all its rank GPUs in one order, as in Ray Train (`rank_gpus`)
-                visible = node_gpu_ids(self._gather([a.location.remote() for a in self.actors], "reporting GPUs"))
-                self.devices = self._gather([a.share_gpus.remote(v) for a, v in zip(self.actors, visible)],
+                visible = node_gpu_ids(self._gather(self.ranks.call("location"), "reporting GPUs"))
+                self.devices = self._gather(self.ranks.call_each("share_gpus", [(v,) for v in visible]),
                                             "sharing the node's GPUs")
-            ((host, port),) = self._gather([self.actors[0].rendezvous.remote()], "reporting rank 0's address", [0])
-            self.placements = self._gather([a.setup.remote(host, port) for a in self.actors],
+            ((host, port),) = self._gather([self.ranks.actors[0].rendezvous.remote()], "reporting rank 0's address")
+            self.placements = self._gather(self.ranks.call("setup", host, port),
                                            "joining the process group and loading the model")
         except BaseException:
             self.close()
@@ -210,45 +205,39 @@ class LearnerGroup:
         # groups left out of the plan (train.drop_uniform_groups) still count in the group
         # metrics: rank 0 holds them
         parts = [[t for t in trajectories if owner.get(t.question_id, 0) == rank] for rank in range(self.world_size)]
-        results = self._gather([a.step.remote(parts[r], shares[r]) for r, a in enumerate(self.actors)],
-                               "a GRPO step")
+        results = self._gather(self.ranks.call_each("step", list(zip(parts, shares))), "a GRPO step")
         return dict(results[0])  # the ranks summed the loss statistics and counts; rank 0 reports them
 
     def weights_for_sync(self, version: int) -> UpdateRef:
         """Rank 0's weight sync for the rollout workers (gathered by every rank under fsdp), left in
         the object store: this process fetches its header alone and hands the reference on."""
-        actors = self.actors if self.cfg.train.strategy == "fsdp" else self.actors[:1]
+        actors = self.ranks.actors if self.cfg.train.strategy == "fsdp" else self.ranks.actors[:1]
         pairs = [a.weights_for_sync.options(num_returns=2).remote(version) for a in actors]
         header = self._gather([h for h, _ in pairs], "gathering the weights")[0]
         return UpdateRef(header, pairs[0][1])
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """Rank 0's full (merged) weights (gathered by every rank under fsdp)."""
-        actors = self.actors if self.cfg.train.strategy == "fsdp" else self.actors[:1]
+        actors = self.ranks.actors if self.cfg.train.strategy == "fsdp" else self.ranks.actors[:1]
         return self._gather([a.merged_state_dict.remote() for a in actors], "gathering the weights")[0]
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, data_position: dict[str, Any]) -> Path:
         """Rank 0 writes the full state (every rank takes part in gathering it)."""
-        paths = self._gather([a.save_checkpoint.remote(str(ckpt_dir), step, dict(data_position)) for a in self.actors],
+        paths = self._gather(self.ranks.call("save_checkpoint", str(ckpt_dir), step, dict(data_position)),
                              f"saving the checkpoint of step {step}")
         return Path(paths[0])
 
     def load_checkpoint(self, path: Path) -> tuple[int, dict[str, Any]]:
         """Every rank loads the checkpoint (saved at any world size)."""
-        return self._gather([a.load_checkpoint.remote(str(path)) for a in self.actors],
-                            f"loading the checkpoint {path}")[0]
+        return self._gather(self.ranks.call("load_checkpoint", str(path)), f"loading the checkpoint {path}")[0]
 
     def close(self) -> None:
-        """Leave the process group, kill the actors, release the placement group; safe to repeat."""
+        """Leave the process group, kill the actors, release the placement group; safe to repeat
+        (a rank still in an interrupted step is killed without being asked: it would never get to it)."""
         if self.closed:
             return
         self.closed = True
-        if self.actors and not self.waiting:  # a rank still in an interrupted step would never get to it
-            try:
-                ray.get([a.shutdown.remote() for a in self.actors], timeout=SHUTDOWN_TIMEOUT_S)
-            except Exception as err:  # a rank that is stuck or gone: killed below all the same
-                log.debug("learner ranks' shutdown: %s", err)
-        self._kill()
+        self.ranks.shutdown()
 
     def __enter__(self) -> "LearnerGroup":
         return self
@@ -257,78 +246,36 @@ class LearnerGroup:
         self.close()
 
     # -- waiting on the ranks ---------------------------------------------------------------------
-    def _kill(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
-        if self.actors:
-            log.info("learner group: %d rank(s) stopped", len(self.actors))
-        self.actors = []
-        release(self.group)
-        self.group = None
-
-    def _gather(self, refs: list[Any], what: str, ranks: list[int] | None = None) -> list[Any]:
-        """The ranks' results in rank order, within `train.dist_timeout_s`; a failure tears the
-        group down and raises `LearnerRankError` naming the rank."""
+    def _gather(self, refs: list[Any], what: str) -> list[Any]:
+        """The ranks' results in rank order (ref i from rank i), within `train.dist_timeout_s`; a
+        failure tears the group down and raises `LearnerRankError` naming the rank (a dead rank
+        before the ranks that failed because of it), or a `UserError` a rank raised as itself."""
         if self.closed:
             raise LearnerRankError(f"the learner group was torn down after an earlier failure; cannot do {what}. "
                                    "Resume the run from its last checkpoint (--resume)", [])
-        ranks = list(range(len(refs))) if ranks is None else ranks
-        pending = dict(zip(refs, ranks))
-        results: dict[int, Any] = {}
-        deadline = time.monotonic() + self.timeout_s
-        self.waiting = True
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                stuck = sorted(pending.values())
-                self._fail(f"learner rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} did not finish "
-                           f"{what} within {self.timeout_s:g}s (train.dist_timeout_s)", stuck)
-            for ref in ready:
-                rank = pending.pop(ref)
-                try:
-                    results[rank] = ray.get(ref)
-                except ray.exceptions.RayError as err:
-                    self._fail_after(what, {rank: err}, pending)
-        self.waiting = False
-        return [results[rank] for rank in ranks]
+        try:
+            return self.ranks.gather(refs, what, timeout_s=self.timeout_s, field="train.dist_timeout_s",
+                                     grace_s=min(FAILURE_GRACE_S, self.timeout_s))
+        except (ActorCallError, UserError) as err:
+            self._tear_down()
+            if isinstance(err, ActorWaitError):
+                late = err.indices
+                raise _torn_down(f"learner rank{'s' if len(late) > 1 else ''} {', '.join(map(str, late))} did not "
+                                 f"finish {what} within {self.timeout_s:g}s (train.dist_timeout_s)", late) from err
+            if isinstance(err, ActorCallError):
+                oom = any(isinstance(e, ray.exceptions.OutOfMemoryError) for e in err.errors.values())
+                raise _torn_down(str(err) + (" (lower train.micro_batch_size or train.world_size per node, or "
+                                             "enable train.gradient_checkpointing)" if oom else ""),
+                                 err.indices) from err
+            raise  # a bad input a rank reports (a checkpoint, a setting): raised as itself
 
-    def _fail_after(self, what: str, failures: dict[int, BaseException], pending: dict[Any, int]) -> None:
-        """One rank failed: collect the others' errors for a moment (a rank that died makes its
-        peers' collectives fail too; the dead one is the cause), then tear down and raise."""
-        grace_end = time.monotonic() + min(FAILURE_GRACE_S, self.timeout_s)
-        while pending and time.monotonic() < grace_end:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, grace_end - time.monotonic()))
-            for ref in ready:
-                rank = pending.pop(ref)
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayError as err:
-                    failures[rank] = err
-        dead = sorted(r for r, e in failures.items() if isinstance(e, ray.exceptions.RayActorError))
-        failed = sorted(r for r in failures if r not in dead)
-        cause = getattr(failures[failed[0]], "cause", None) if failed and not dead else None
-        if isinstance(cause, UserError):  # a bad input (a checkpoint, a setting) is reported as itself
-            self.closed = True
-            self._kill()
-            raise cause from failures[failed[0]]
-        parts = [f"learner rank {r} died during {what} (its process exited: {_first_line(failures[r])})" for r in dead]
-        parts += [f"learner rank {r} failed during {what}: {_first_line(failures[r])}" for r in failed]
-        self._fail("; ".join(parts), dead + failed)
-
-    def _fail(self, message: str, ranks: list[int]) -> None:
+    def _tear_down(self) -> None:
+        """Kill the ranks at once (a failed rank's peers may wait in a collective, so none is asked
+        to clean up) and release their placement group."""
         self.closed = True
-        self._kill()
-        raise LearnerRankError(f"{message}. The learner group was torn down (placement group released); resume "
-                               "the run from its last checkpoint (--resume)", ranks)
+        self.ranks.kill()
 
 
-def _first_line(err: BaseException) -> str:
-    """The cause of a Ray error in one line (a remote traceback is long; its last line is the error)."""
-    if isinstance(err, ray.exceptions.OutOfMemoryError):  # its message is a page of Ray's advice
-        return ("killed by Ray's memory monitor, the node ran low on memory (lower train.micro_batch_size or "
-                "train.world_size per node, or enable train.gradient_checkpointing)")
-    cause = getattr(err, "cause", None)
-    if isinstance(cause, BaseException):
-        return f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}"
-    lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    return " ".join(lines[-1].split())[:300] if lines else type(err).__name__
+def _torn_down(message: str, ranks: list[int]) -> LearnerRankError:
+    return LearnerRankError(f"{message}. The learner group was torn down (placement group released); resume the "
+                            "run from its last checkpoint (--resume)", ranks)

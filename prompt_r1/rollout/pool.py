@@ -38,10 +38,12 @@ start. Under `rollout.colocate` each vLLM engine shares its learner ranks' GPUs 
 update (the session calls them). The driver side never calls `torch.cuda`: it creates no CUDA
 context and holds no GPU; actors see only the GPUs Ray assigned to them (or, colocated, shares).
 
-Every wait on Ray has a deadline from `RolloutConfig` and fails with a `RayWaitError` (or, for
-placement, a `PlacementError`) that says what to change: reaching `ray_address` (`ray.init` alone
-retries an unreachable address for minutes), placing and starting the actors (a cluster without
-free CPUs or GPUs for them would wait forever), and each rollout batch or weight broadcast.
+The actors are one `cluster.actor_group.ActorGroup` (`engines`): it starts them, gathers their
+answers and stops them as it does the learner's ranks. Every wait on Ray has a deadline from
+`RolloutConfig` and fails with a `RayWaitError` (or, for placement, a `PlacementError`) that says
+what to change: reaching `ray_address` (`ray.init` alone retries an unreachable address for
+minutes), placing and starting the actors (a cluster without free CPUs or GPUs for them would wait
+forever), and each rollout batch or weight broadcast.
 """
 
 from __future__ import annotations
@@ -61,12 +63,12 @@ from prompt_r1.config.env import EnvConfig, PoolEnvConfig
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory
-from prompt_r1.cluster.actor_env import actor_env_vars, secret_env
-from prompt_r1.cluster.actor_group import SHUTDOWN_TIMEOUT_S, split_evenly
+from prompt_r1.cluster.actor_env import secret_env
+from prompt_r1.cluster.actor_group import ActorCallError, ActorGroup, ActorWaitError, split_evenly
 from prompt_r1.cluster.connect import RayWaitError, check_local_cpus, cpus_needed, init_ray, rollout_workers
 from prompt_r1.core.weights import SyncHeader, UpdateRef, WeightUpdate
-from prompt_r1.cluster.engine_placement import (actor_options, describe_location, place_colocated,
-                                                place_engines, release_all, shared_gpus)
+from prompt_r1.cluster.engine_placement import (actor_options, describe_location, place_colocated, place_engines,
+                                                shared_gpus)
 from prompt_r1.cluster.placement import describe
 from prompt_r1.rollout.worker import RolloutWorker, refuse_managed_environments
 
@@ -125,7 +127,7 @@ class PendingSync:
 
 
 class RolloutPool:
-    """`num_workers` rollout actors sharing one batch; the driver-side handle."""
+    """`num_workers` rollout actors sharing one batch; the driver-side handle on their `ActorGroup`."""
 
     def __init__(self, cfg: Config, model_path: str | Path, num_workers: int | None = None,
                  env_factory: Callable[[EnvConfig], Any] | None = None,
@@ -139,53 +141,44 @@ class RolloutPool:
         refuse_managed_environments(cfg)
         self.cfg = cfg
         self.num_workers = rollout_workers(cfg.rollout, num_workers)
-        env_vars, secrets = actor_env_vars(), secret_env(cfg.training_environments())
+        secrets = secret_env(cfg.training_environments())
         check_local_cpus(cfg.rollout, self.num_workers)  # a local instance never grows
-        self._stuck = False
         self._loads: list[PendingSync] = []  # weight syncs broadcast without waiting, not yet verified
         self._queued: list[PendingRollout] = []  # submitted, not collected
-        self.workers: list[Any] = []
-        self.groups: list[Any] = []
-        self.placements: list[dict[str, Any]] = []
+        self.engines: ActorGroup | None = None  # once placed
         timeout_s = cfg.rollout.actor_start_timeout_s
         deadline = time.monotonic() + timeout_s  # one deadline for placement and start-up together
         try:  # start-up errors (and SIGTERM/Ctrl-C while actors start) surface here
             shared = shared_gpus(cfg, self.num_workers, learner_placements)
             if shared is None:
-                bundle, self.groups = place_engines(cfg, self.num_workers)
-                bundles, visible = [bundle] * len(self.groups), [None] * len(self.groups)
+                bundle, groups = place_engines(cfg, self.num_workers)
+                bundles, visible = [bundle] * len(groups), [None] * len(groups)
             else:  # each engine beside its learner ranks, on their GPUs (`rollout.colocate`)
-                bundles, self.groups = place_colocated(cfg, shared)
+                bundles, groups = place_colocated(cfg, shared)
                 visible = [",".join(s["gpu_ids"]) for s in shared]
-            actor_class = ray.remote(RolloutWorker)
-            for index, group in enumerate(self.groups):
-                # the policy's own seed (engine start, calls without row seeds): distinct per actor
-                options = actor_options(bundles[index], group, env_vars, visible[index])
-                self.workers.append(actor_class.options(**options).remote(
-                    cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index), env_factory, secrets))
-            log.info("rollout pool: %d actor(s) starting", len(self.workers))
-            self.placements = self._get(
-                [w.placement.remote() for w in self.workers], max(deadline - time.monotonic(), 1.0),
-                "actor_start_timeout_s",
-                f"starting the rollout actors (placed: {describe(bundles)})",
-                "raise it if loading the policy is slow, or see the Ray logs (`/tmp/ray/session_latest/logs` on "
-                "the actor's node) for an actor that fails to start", shown_s=timeout_s)
+            # the policy's own seed (engine start, calls without row seeds): distinct per actor
+            self.engines = ActorGroup("rollout engine", groups=groups, name="rollout pool")
+            self.engines.start(
+                RolloutWorker,
+                [(cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index), env_factory, secrets)
+                 for index in range(len(groups))],
+                [actor_options(bundles[index], group, visible[index]) for index, group in enumerate(groups)])
+            self.engines.locate(
+                max(deadline - time.monotonic(), 1.0),
+                what=f"starting the rollout actors (placed: {describe(bundles)})",
+                field="rollout.actor_start_timeout_s", shown_s=timeout_s,
+                fix="raise it if loading the policy is slow, or see the Ray logs (`/tmp/ray/session_latest/logs` on "
+                    "the actor's node) for an actor that fails to start")
             for index, where in enumerate(self.placements):
                 log.info("%s", describe_location(index, where))
         except BaseException:
             self.shutdown()
             raise
 
-    def _get(self, refs: list[Any], timeout_s: float, field: str, what: str, fix: str,
-             shown_s: float | None = None) -> list[Any]:
-        """`ray.get` with a deadline (`rollout.<field>`, whose whole value is `shown_s` when part of
-        it was spent on an earlier stage); the actors are stuck after one passes."""
-        try:
-            return ray.get(refs, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError as err:
-            self._stuck = True
-            raise RayWaitError(f"{what} did not finish within {shown_s or timeout_s:g}s (rollout.{field}); "
-                               f"{fix}") from err
+    @property
+    def placements(self) -> list[dict[str, Any]]:
+        """Per actor: node_id, node_ip, gpu_ids, pid (`engine_placement.actor_location`)."""
+        return self.engines.placements if self.engines is not None else []
 
     def rollout(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
                 group_size: int | None = None, score: bool = True) -> list[Trajectory]:
@@ -198,9 +191,10 @@ class RolloutPool:
                group_size: int | None = None, score: bool = True) -> PendingRollout:
         """Queue a batch on the actors (as `rollout`) and return at once; `collect` waits for it.
         It runs after everything queued before it, weight loads included."""
-        chunks = split_evenly(list(questions), len(self.workers))
-        refs = [worker.rollout.remote(chunk, self.cfg.seed, step, greedy, group_size, score)
-                for worker, chunk in zip(self.workers, chunks) if chunk]
+        chunks = [chunk for chunk in split_evenly(list(questions), len(self.engines.actors)) if chunk]
+        # empty chunks come last: actor i still gets chunk i
+        refs = self.engines.call_each("rollout", [(chunk, self.cfg.seed, step, greedy, group_size, score)
+                                                  for chunk in chunks])
         pending = PendingRollout(refs, len(questions), self._loads)
         self._loads = []
         self._queued.append(pending)
@@ -215,11 +209,12 @@ class RolloutPool:
         timeout_s = self.cfg.rollout.rollout_timeout_s * (1 + ahead)
         for sync in pending.loads:  # queued before the batch: answered before it runs
             self._verify(sync, timeout_s + self.cfg.rollout.sync_timeout_s)
-        results = self._get(pending.refs, timeout_s, "rollout_timeout_s",
-                            f"rolling out {pending.questions} questions on {len(pending.refs)} actors"
-                            + (f" (queued behind {ahead} other batch(es))" if ahead else ""),
-                            "raise it for big batches, or check the environment (a server that stopped "
-                            "answering is retried for up to environment.call_deadline_s per call)")
+        results = self.engines.gather(
+            pending.refs, f"rolling out {pending.questions} questions on {len(pending.refs)} actors"
+            + (f" (queued behind {ahead} other batch(es))" if ahead else ""),
+            timeout_s=timeout_s, field="rollout.rollout_timeout_s",
+            fix="raise it for big batches, or check the environment (a server that stopped answering is retried "
+                "for up to environment.call_deadline_s per call)")
         return [t for trajectories in results for t in trajectories]
 
     def cancel(self, pending: PendingRollout) -> None:
@@ -241,7 +236,7 @@ class RolloutPool:
         queued before them and are verified by the next `collect` (or the next waiting broadcast)."""
         header, ref = (update.header, ray.put(update)) if isinstance(update, WeightUpdate) else (update.header,
                                                                                                  update.ref)
-        self._loads.append(PendingSync(header, [w.load_weights.remote(ref) for w in self.workers], ref))
+        self._loads.append(PendingSync(header, self.engines.call("load_weights", ref), ref))
         if not wait:
             return None
         syncs, self._loads = self._loads, []
@@ -251,68 +246,52 @@ class RolloutPool:
     def sleep(self) -> None:
         """Every engine frees its GPU memory for a colocated learner's update (`rollout.colocate`;
         a no-op in engines that hold none), within `rollout.sync_timeout_s`."""
-        self._get([w.sleep.remote() for w in self.workers], self.cfg.rollout.sync_timeout_s, "sync_timeout_s",
-                  "putting the colocated rollout engines to sleep", "see the Ray logs of the actors' node")
+        self.engines.gather(self.engines.call("sleep"), "putting the colocated rollout engines to sleep",
+                            timeout_s=self.cfg.rollout.sync_timeout_s, field="rollout.sync_timeout_s",
+                            fix="see the Ray logs of the actors' node")
 
     def wake_up(self) -> None:
         """Every engine takes back what `sleep` freed, within `rollout.sync_timeout_s`."""
-        self._get([w.wake_up.remote() for w in self.workers], self.cfg.rollout.sync_timeout_s, "sync_timeout_s",
-                  "waking the colocated rollout engines", "the learner may still hold the GPU memory they need "
-                  "(`prompt-r1 plan` checks both fit); see the Ray logs of the actors' node")
+        self.engines.gather(self.engines.call("wake_up"), "waking the colocated rollout engines",
+                            timeout_s=self.cfg.rollout.sync_timeout_s, field="rollout.sync_timeout_s",
+                            fix="the learner may still hold the GPU memory they need (`prompt-r1 plan` checks both "
+                                "fit); see the Ray logs of the actors' node")
 
     def _verify(self, sync: "PendingSync", timeout_s: float) -> list[dict[str, Any]]:
         """Every actor's answer to one sync, checked against what was sent (see `broadcast`)."""
-        update, refs = sync.update, sync.refs
-        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        late = [index for index, r in enumerate(refs) if r in pending]
-        if late:
-            self._stuck = True  # their queues are blocked: shutdown kills them without waiting
+        update, engines = sync.update, self.engines
+        try:
+            replies = engines.gather(sync.refs, f"loading policy version {update.version}", timeout_s=timeout_s,
+                                     field="rollout.sync_timeout_s")
+        except ActorWaitError as err:  # the late engines' queues are blocked: shutdown kills them without asking
             raise WeightSyncError(
-                f"weight sync of policy version {update.version}: {self._engines(late)} did not answer within "
+                f"weight sync of policy version {update.version}: {engines.names(err.indices)} did not answer within "
                 f"{timeout_s:g}s (rollout.sync_timeout_s, plus rollout.rollout_timeout_s per batch queued ahead); "
                 "raise it for big models or slow networks, or see the Ray logs of that actor's node (stuck or out "
-                "of memory)")
-        replies = []
-        for index, r in enumerate(refs):
-            try:
-                replies.append(ray.get(r, timeout=0))
-            except ray.exceptions.RayError as err:
-                cause = getattr(err, "cause", None) or err  # the actor's own exception, without Ray's frame dump
-                raise WeightSyncError(f"weight sync of policy version {update.version}: {self._engines([index])} "
-                                      f"failed to load it: {type(cause).__name__}: {cause}; see that actor's log "
-                                      "for the traceback") from err
+                "of memory)") from err
+        except ActorCallError as err:  # a `UserError` of the policy (`UnsupportedUpdate`) is raised as itself
+            failure = err.errors[err.indices[0]]
+            cause = getattr(failure, "cause", None) or failure  # the actor's own exception, without Ray's frames
+            raise WeightSyncError(f"weight sync of policy version {update.version}: {engines.names(err.indices[:1])} "
+                                  f"failed to load it: {type(cause).__name__}: {cause}; see that actor's log for the "
+                                  "traceback") from err
         wrong = [index for index, reply in enumerate(replies) if reply != update.reply()]
         if wrong:
             got = "; ".join(f"engine {i} answered version {replies[i]['version']} checksum {replies[i]['checksum']}"
                             for i in wrong)
             raise WeightSyncError(
-                f"weight sync of policy version {update.version} (checksum {update.checksum}): {self._engines(wrong)} "
+                f"weight sync of policy version {update.version} (checksum {update.checksum}): {engines.names(wrong)} "
                 f"now use other weights ({got}); its rollouts would not come from the learner's policy. Check that "
                 "the actors run the same agent.model, agent.dtype and agent.lora as the learner, then resume the run")
         log.info("weight sync: policy version %d (%s, %.1f MB, checksum %s) verified on %d engine(s)",
                  update.version, update.kind, update.nbytes / 1e6, update.checksum[:12], len(replies))
         return replies
 
-    def _engines(self, indices: Sequence[int]) -> str:
-        """Rollout engines by index, node and pid (`placements`), for error messages."""
-        where = [f"rollout engine {i} (node {self.placements[i]['node_ip']}, pid {self.placements[i]['pid']})"
-                 if i < len(self.placements) else f"rollout engine {i}" for i in indices]
-        return ", ".join(where)
-
     def shutdown(self) -> None:
-        """Each actor's own clean-up, then `ray.kill`; stuck actors (a deadline passed: their queue
-        is blocked) and actors that never started are killed at once. Then the placement groups
-        are released (after their actors: a group removed first would kill them uncleanly)."""
-        for worker in self.workers:
-            if not self._stuck:
-                with contextlib.suppress(Exception):
-                    ray.get(worker.shutdown.remote(), timeout=SHUTDOWN_TIMEOUT_S)
-            ray.kill(worker)
-        if self.workers:
-            log.info("rollout pool: %d actor(s) stopped", len(self.workers))
-        self.workers = []
-        release_all(self.groups)
-        self.groups = []
+        """Stop the actors and release their placement groups (`ActorGroup.shutdown`: stuck actors
+        are killed without waiting on their blocked queue); safe to repeat."""
+        if self.engines is not None:
+            self.engines.shutdown()
 
     def __enter__(self) -> "RolloutPool":
         return self

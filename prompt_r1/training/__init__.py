@@ -3,8 +3,8 @@
 Owns `session` (`TrainingSession.run(hooks)`: validate, then batch -> rollout -> reward -> update
 -> broadcast -> checkpoint -> export), `hooks` (the extension points around that schedule),
 `run_ahead` (batches in flight while the learner trains, within `rollout.max_staleness`),
-`run_record` (which run a folder belongs to, and which run continues) and `run_owner` (one
-process owns a run folder; a killed owner's Ray leftovers are stopped).
+`run_folder` (which run a folder belongs to, which run continues, and the one process that
+owns it; a killed owner's Ray leftovers are stopped).
 
 Imports: everything below it: `core`, `config`, `warehouse`, `data`, `models`, `env`, `policy`,
 `cluster`, `rollout`, `learner`, `planning`.

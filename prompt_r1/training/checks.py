@@ -4,7 +4,7 @@
 same way whichever door a user came in by, before data, models, servers or Ray start. It is two
 halves because the session takes its run folder between them: `check_run_settings` starts
 nothing; `check_run_capacity` may start (or reach) Ray to count a cluster's GPUs, which a run
-folder's owner must do after recording itself (`run_owner.own_run`), so a killed owner's Ray is
+folder's owner must do after recording itself (`run_folder.own_run`), so a killed owner's Ray is
 found by the next one. `check_run` is both, for callers that hold no run folder yet (the flows'
 command line, before Prefect starts); it leaves Ray alone.
 """

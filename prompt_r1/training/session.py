@@ -7,7 +7,7 @@ stage as a task and send metrics to MLflow. Resuming loads the newest intact che
 (weights, optimiser, RNG, data position, the cost reward's rolling window; a corrupted newer
 one is named in a warning and passed over) and drops warehouse rows of steps after it, so a resumed run reaches the same step count
 with no repeated or skipped data; it continues only the same run (same config and training
-pool, see `run_record`) unless forced. The learner is this process or `train.world_size` Ray
+pool, see `run_folder`) unless forced. The learner is this process or `train.world_size` Ray
 ranks, behind one interface (`learner.base.Learner`); checkpoints resume at any world size.
 
 Policy versions: the weights after `step` updates are policy version `step`; every sync
@@ -125,8 +125,8 @@ class TrainingSession:
         from prompt_r1.learner.checkpoint import resume_checkpoint
         from prompt_r1.models.resolver import resolve_agent
         from prompt_r1.training.checks import check_run_capacity, check_run_settings
-        from prompt_r1.training.run_owner import own_run
-        from prompt_r1.training.run_record import open_run
+        from prompt_r1.training.run_folder import own_run
+        from prompt_r1.training.run_folder import open_run
 
         check_run_settings(self.cfg)  # before data, models, servers or Ray: a config that cannot train fails at once
         # One process per run folder (a second is refused naming the holder), taken before Ray
@@ -193,7 +193,7 @@ class TrainingSession:
 
     def mark_finished(self) -> None:
         """The run is complete: later resumes of it are refused."""
-        from prompt_r1.training.run_record import mark_finished
+        from prompt_r1.training.run_folder import mark_finished
 
         mark_finished(self.run_dir)
 

@@ -151,7 +151,7 @@ def test_resume_passes_over_a_corrupted_newest_checkpoint_and_says_so(home):
     from prompt_r1.models.resolver import resolve_agent
     from prompt_r1.learner.checkpoint import MANIFEST, save_checkpoint
     from prompt_r1.learner.grpo_learner import GRPOLearner
-    from prompt_r1.training.run_record import open_run
+    from prompt_r1.training.run_folder import open_run
     from prompt_r1.data.pool import TrainingPool
     from warehouse.store import Warehouse
 

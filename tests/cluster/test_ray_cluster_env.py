@@ -113,7 +113,7 @@ def test_the_environment_key_reaches_rollout_actors_on_both_nodes_and_no_log(gpu
             assert len({p["node_id"] for p in pool.placements}) == 2  # one actor on each node
             seen = ray.get([w.__ray_call__.remote(lambda self: (
                 os.environ.get(KEY_VAR), resolve_api_key(self.envs[0].cfg), ray.get_runtime_context().runtime_env))
-                for w in pool.workers])
+                for w in pool.engines.actors])
         logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
     finally:
         ray.shutdown()

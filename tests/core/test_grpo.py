@@ -238,3 +238,55 @@ def test_clip_higher_matches_the_piecewise_rule_on_random_tokens(clip_high) -> N
     assert stats["clip_fraction"] == pytest.approx(flat / n)
     if clip_high > 0.2:
         assert between > 5  # tokens the symmetric clip would stop and clip-higher lets rise
+
+
+def _tiny_llama(seed: int) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(config).float()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_shared_prefix_log_probs_and_gradients_are_the_full_batch_ones(seed) -> None:
+    """Running the rows' common prompt once (share_prefix) against the plain padded batch, on random
+    prompts, response lengths, right padding and temperatures: the same log-probs and gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    model = _tiny_llama(seed)
+    rows = int(torch.randint(2, 5, (1,), generator=gen))
+    prompt = torch.randint(1, 97, (int(torch.randint(3, 20, (1,), generator=gen)),), generator=gen).tolist()
+    # some cases: rows whose prompts differ early (little or nothing shared)
+    prompts = [prompt if seed % 4 else torch.randint(1, 97, (len(prompt),), generator=gen).tolist()
+               for _ in range(rows)]
+    seqs = [p + torch.randint(1, 97, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen).tolist()
+            for p in prompts]
+    width = max(map(len, seqs))
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, seq in enumerate(seqs):
+        ids[i, : len(seq)], mask[i, : len(seq)] = torch.tensor(seq), 1
+    start, temperature = len(prompt), float(torch.empty(1).uniform_(0.5, 1.5, generator=gen))
+    results = []
+    for share in (False, True):
+        lp = grpo.token_logprobs(model, ids, mask, start, temperature, share_prefix=share)
+        (lp * mask[:, start:]).sum().backward()
+        results.append((lp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()]).clone()))
+        model.zero_grad()
+    (plain, plain_grad), (shared, shared_grad) = results
+    real = mask[:, start:].bool()
+    assert torch.allclose(plain[real], shared[real], atol=1e-5), (plain - shared).abs().max()
+    assert (plain_grad - shared_grad).norm() <= 1e-5 * plain_grad.norm() + 1e-7
+
+
+def test_shared_prefix_length_stops_at_the_first_differing_or_padded_column() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        ids = torch.randint(0, 3, (3, 8), generator=gen)
+        mask = (torch.rand(3, 8, generator=gen) > 0.1).long()
+        limit = int(torch.randint(0, 9, (1,), generator=gen))
+        expected = 0  # the rule restated: count columns from the left while all rows agree and are real
+        while expected < min(limit, 8) and len(set(ids[:, expected].tolist())) == 1 and bool(mask[:, expected].all()):
+            expected += 1
+        assert grpo.shared_prefix_length(ids, mask, limit) == expected

@@ -63,7 +63,7 @@ def test_two_agents_get_two_groups_on_two_gpus_and_the_driver_s_predictions(fake
     with EvalAgents(ray_cfg, agents) as opened:
         policies = opened.policies
         assert set(policies) == {"base", "trained"} and all(isinstance(p, RemotePolicy) for p in policies.values())
-        groups = [p.group for p in policies.values()]
+        groups = [p.engines.groups[p.index] for p in policies.values()]
         assert len({g.id for g in groups}) == 2  # a placement group each
         tables = [placement_group_table(g) for g in groups]
         assert all(t["state"] == "CREATED" and list(t["bundles"].values()) == [{"CPU": 1.0, "GPU": 1.0}]
@@ -72,7 +72,7 @@ def test_two_agents_get_two_groups_on_two_gpus_and_the_driver_s_predictions(fake
         assert sorted(gpus) == [["0"], ["1"]]  # one GPU each, not the same one
         assert all(p.location["pid"] != os.getpid() for p in policies.values())  # not in the driver
         in_ray = evaluate(ray_cfg, warehouse, "in-ray", opened)
-        actors = [p.actor for p in policies.values()]
+        actors = [p.engines.actors[p.index] for p in policies.values()]
 
     rows = lambda out: sorted((r["method"], r["question_id"], r["prediction"], r["num_turns"])  # noqa: E731
                               for r in out.predictions)

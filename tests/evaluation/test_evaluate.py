@@ -82,6 +82,32 @@ def test_agents_are_loaded_once_for_every_environment(monkeypatch, warehouse):
     assert {r["env_name"] for r in second.predictions} == {"tiny-env-2"}
 
 
+def test_environment_suites_keep_an_environment_to_its_datasets(warehouse):
+    """`eval.environment_suites`: the named environment answers its suites' questions alone (every
+    method, agent_only included); the other environment answers all; an unknown name or suite stops."""
+    from prompt_r1.config.base import ConfigError
+
+    ingest(warehouse, [ROOT / "data" / "sample", ROOT / "data" / "compositional"])
+    cfg = load_config(ROOT / "configs" / "smoke.yaml", {
+        "eval.limit_per_dataset": 1, "eval.suites": ["sample", "compositional_probe"],
+        "eval.environment_suites": {"tiny-env-2": ["sample"]}})
+    second_env = cfg.environment.model_copy(update={"name": "tiny-env-2"})
+    out = evaluate(cfg, warehouse, "split", resolve_agents(cfg), [cfg.environment, second_env])
+    datasets = {e: {r["dataset"] for r in out.predictions if r["env_name"] == e} for e in (cfg.environment.name, "tiny-env-2")}
+    sample = {d for d, _ in suite_datasets(warehouse, ["sample"])}
+    assert datasets["tiny-env-2"] == sample and datasets[cfg.environment.name] == sample | {"compositional_probe"}
+    methods = {r["method"] for r in out.predictions if r["env_name"] == "tiny-env-2"}
+    assert methods == METHODS  # agent_only rows too, only for that environment's questions
+    both = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"environments": [cfg.environment, second_env]})})
+    alone = evaluate(both, warehouse, "one-of-two", resolve_agents(cfg), [cfg.environment])  # a call may evaluate some
+    assert {r["env_name"] for r in alone.predictions} == {cfg.environment.name}
+    with pytest.raises(EvalError, match=r"environment_suites names \['nope'\]"):
+        evaluate(cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"environment_suites": {"nope": ["sample"]}})}),
+                 warehouse, "bad", resolve_agents(cfg), [cfg.environment])
+    with pytest.raises(ConfigError, match=r"environment_suites\['tiny-env-2'\].*not in eval.suites"):
+        load_config(ROOT / "configs" / "smoke.yaml", {"eval.environment_suites": {"tiny-env-2": ["ood"]}})
+
+
 def test_unknown_suite_and_missing_data(warehouse, smoke_all_suites):
     ingest(warehouse, [ROOT / "data" / "sample"])
     with pytest.raises(EvalError, match="ingest"):

@@ -181,7 +181,7 @@ def test_train_flow_continues_only_a_run_with_the_same_config_and_pool(home):
 
     from flows.train import continued_run
     from prompt_r1.config.experiment import load_config, run_dir
-    from prompt_r1.training.run_record import write_record
+    from prompt_r1.training.run_folder import write_record
     from tasks.tracking.runs import setup_mlflow
 
     cfg = load_config("configs/smoke.yaml")

@@ -145,7 +145,7 @@ def test_export_replaces_only_an_earlier_export(tiny_model_path, tmp_path) -> No
 
 # -- resume continues only the same run ------------------------------------------------------
 def test_open_run_refuses_changed_or_finished_runs(tmp_path) -> None:
-    from prompt_r1.training.run_record import ResumeError, mark_finished, open_run, read_record
+    from prompt_r1.training.run_folder import ResumeError, mark_finished, open_run, read_record
 
     run = tmp_path / "r1"
     first = open_run(run, "smoke", "cfgA", "poolP", resume=False)
@@ -172,7 +172,7 @@ def test_find_resumable_is_the_newest_unfinished_matching_run(tmp_path) -> None:
     """Random run folders against a brute-force statement of the rule."""
     import random
 
-    from prompt_r1.training.run_record import find_resumable, write_record
+    from prompt_r1.training.run_folder import find_resumable, write_record
 
     rng = random.Random(5)
     for case in range(60):
@@ -201,7 +201,7 @@ class _FakeSession:
         self.args = (cfg, wh, run_id, run_dir, resume, force, questions)
 
     def __enter__(self):
-        from prompt_r1.training.run_record import open_run
+        from prompt_r1.training.run_folder import open_run
         from prompt_r1.data.pool import TrainingPool
 
         cfg, wh, run_id, run_dir, resume, force, questions = self.args
@@ -226,7 +226,7 @@ def test_cli_resume_picks_the_same_unfinished_run(home, monkeypatch) -> None:
     from prompt_r1.config.experiment import load_config
     from prompt_r1.data.ingest import ingest
     from prompt_r1.data.pool import TrainingPool
-    from prompt_r1.training.run_record import write_record
+    from prompt_r1.training.run_folder import write_record
     from warehouse.store import Warehouse
 
     monkeypatch.setattr(train_loop, "TrainingSession", _FakeSession)
@@ -259,7 +259,7 @@ def test_cli_resume_picks_the_same_unfinished_run(home, monkeypatch) -> None:
 def test_training_session_checks_the_run_before_loading_anything(home, warehouse) -> None:
     from prompt_r1.config.experiment import load_config, run_dir
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.training.run_record import ResumeError, write_record
+    from prompt_r1.training.run_folder import ResumeError, write_record
     from prompt_r1.training.session import TrainingSession
 
     # an existing folder passes the spec check (a name that is no agent, or an offline hub id, fails before
@@ -464,7 +464,7 @@ def test_a_refused_resume_names_the_settings_that_changed() -> None:
 
     from prompt_r1.config.experiment import parse_config
     from prompt_r1.learner.checkpoint import STATE_FILE
-    from prompt_r1.training.run_record import ResumeError, open_run
+    from prompt_r1.training.run_folder import ResumeError, open_run
 
     rng = random.Random(7)
     changes = [("train.lr", 1e-5), ("rollout.group_size", 4), ("seed", 3), ("agent.temperature", 0.7),

@@ -144,7 +144,7 @@ def test_two_ranks_train_a_lora_adapter_as_one(local_ray, tiny_model_path, tmp_p
         full_model = save_checkpoint(GRPOLearner(full_cfg, tiny_model_path), tmp_path / "full", 1, {}, full_cfg)
         with pytest.raises(CheckpointError, match="is a full model but the config has agent.lora.enabled=True"):
             group.load_checkpoint(full_model)
-        assert group.closed and group.actors == []
+        assert group.closed and group.ranks.actors == []
     assert _max_diff(trained, one.merged_state_dict()) < TOLERANCE
     assert _max_diff(trained, initial) > 100 * TOLERANCE
     resumed = GRPOLearner(cfg, tiny_model_path)
@@ -206,7 +206,7 @@ def test_a_rank_that_dies_mid_step_fails_the_step_naming_it(local_ray, tiny_mode
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # ExitingReward reaches the rank by value
     cfg = make_config(world_size=2, dist_timeout_s=60)
     group = LearnerGroup(cfg, tiny_model_path)
-    placement = group.group
+    [placement] = group.ranks.groups
     batch = hand_trajectories(GRPOLearner(make_config(), tiny_model_path).tokenizer)
     for t in batch:
         if t.question_id == "q1":  # rank 1's share (whole groups, in order)
@@ -240,23 +240,25 @@ class Napper:
 def test_a_rank_that_hangs_fails_the_call_at_the_deadline_naming_it(local_ray) -> None:
     from ray.util import placement_group_table
 
+    from prompt_r1.cluster.actor_group import ActorGroup
     from prompt_r1.cluster.placement import reserve
     from prompt_r1.learner.ray_group import LearnerGroup, LearnerRankError
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     group = LearnerGroup.__new__(LearnerGroup)  # the waiting logic alone, on actors that load no model
-    group.timeout_s, group.closed = 3.0, False
-    group.group = reserve([{"CPU": 0.5}] * 2, what="two nappers", timeout_s=30, field="f", fix="x")
-    placement = group.group
-    group.actors = [ray.remote(Napper).options(num_cpus=0.5, scheduling_strategy=in_group(placement, r)).remote()
-                    for r in range(2)]
-    assert group._gather([a.nap.remote(0.0) for a in group.actors], "napping") == [0.0, 0.0]
+    group.timeout_s, group.closed = 120.0, False  # the first call waits for the actors to start
+    placement = reserve([{"CPU": 0.5}] * 2, what="two nappers", timeout_s=30, field="f", fix="x")
+    group.ranks = ActorGroup("learner rank", groups=[placement])
+    group.ranks.start(Napper, [()] * 2,
+                      [{"num_cpus": 0.5, "scheduling_strategy": in_group(placement, r)} for r in range(2)])
+    assert group._gather(group.ranks.call("nap", 0.0), "napping") == [0.0, 0.0]
+    group.timeout_s = 3.0
     started = time.monotonic()
     with pytest.raises(LearnerRankError, match=r"learner rank 1 did not finish napping within 3s "
                                                r"\(train.dist_timeout_s\).*torn down") as caught:
-        group._gather([group.actors[0].nap.remote(0.0), group.actors[1].nap.remote(600.0)], "napping")
+        group._gather(group.ranks.call_each("nap", [(0.0,), (600.0,)]), "napping")
     assert time.monotonic() - started < 3 + 10 and caught.value.ranks == [1]
-    assert group.actors == [] and placement_group_table(placement)["state"] == "REMOVED"
+    assert group.ranks.actors == [] and placement_group_table(placement)["state"] == "REMOVED"
 
 
 def test_local_cpus_count_the_learner_ranks_before_anything_starts(local_ray) -> None:
@@ -332,7 +334,7 @@ def test_one_rank_joins_no_process_group_and_hands_its_weights_on_by_reference(l
     from prompt_r1.learner.ray_group import LearnerGroup
 
     with LearnerGroup(make_config(world_size=1, dist_timeout_s=120), tiny_model_path) as group:
-        kind, joined = ray.get(group.actors[0].__ray_call__.remote(
+        kind, joined = ray.get(group.ranks.actors[0].__ray_call__.remote(
             lambda rank: (type(rank.learner.ranks).__name__, torch.distributed.is_initialized())), timeout=60)
         assert (kind, joined) == ("Ranks", False)
         update = group.weights_for_sync(1)

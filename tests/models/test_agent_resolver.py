@@ -20,7 +20,7 @@ from prompt_r1.models import bundled as models, resolver as agent_resolver
 from prompt_r1.models.resolver import (BUNDLED, DEFAULT_REGISTRY_URI, AgentSpecError, parse_labelled_specs,
                                       resolve_agent, resolve_agents, spec_label)
 from prompt_r1.config.experiment import load_config, new_run_id
-from prompt_r1.training.run_record import find_resumable, open_run
+from prompt_r1.training.run_folder import find_resumable, open_run
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -156,7 +156,7 @@ def fake_gpu_ray():
 
 def test_a_colocated_engine_lands_beside_its_learner_rank_and_sees_its_gpu(fake_gpu_ray):
     ray = fake_gpu_ray
-    from prompt_r1.cluster.engine_placement import (actor_location, actor_options, place_colocated, release_all,
+    from prompt_r1.cluster.engine_placement import (actor_location, actor_options, place_colocated,
                                                     shared_gpus)
     from prompt_r1.cluster.placement import in_group, release, reserve
 
@@ -174,7 +174,7 @@ def test_a_colocated_engine_lands_beside_its_learner_rank_and_sees_its_gpu(fake_
     shared = shared_gpus(cfg, 2, placements)
     bundles, groups = place_colocated(cfg, shared)
     try:
-        engines = [Probe.options(**actor_options(b, g, {}, ",".join(s["gpu_ids"]))).remote()
+        engines = [Probe.options(**actor_options(b, g, ",".join(s["gpu_ids"]))).remote()
                    for b, g, s in zip(bundles, groups, shared)]
         seen = ray.get([e.where.remote() for e in engines], timeout=60)
         for rank, engine in zip(placements, seen):
@@ -185,7 +185,8 @@ def test_a_colocated_engine_lands_beside_its_learner_rank_and_sees_its_gpu(fake_
     finally:
         for actor in [*ranks, *locals().get("engines", [])]:
             ray.kill(actor)
-        release_all(groups)
+        for group in groups:
+            release(group)
         release(ranks_group)
 
 

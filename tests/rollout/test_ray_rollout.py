@@ -127,7 +127,7 @@ def test_pool_of_two_actors_and_weight_broadcast(local_ray, tiny_model_path, hom
     cfg = smoke_cfg()
     batch = questions(3)
     with RolloutPool(cfg, tiny_model_path, 2, env_factory=env_factory()) as pool:
-        assert len({ray.get(w.ping.remote()) for w in pool.workers}) == 2
+        assert len({ray.get(w.ping.remote()) for w in pool.engines.actors}) == 2
         first = pool.rollout(batch, step=0)
         assert [(t.question_id, t.group_index) for t in first] == [(f"q{i}", g) for i in range(3) for g in range(2)]
         for t in first:
@@ -182,6 +182,10 @@ def test_cli_rollout_writes_jsonl_and_warehouse(local_ray, home, tmp_path):
         assert rows == (len(records), 0, 0)
         calls = wh.query("SELECT COUNT(*) FROM env_calls WHERE run_id = 'cli-test'")[0][0]
         assert calls == sum(len(r["env_calls"]) for r in records)
+        from prompt_r1.data.pool import TrainingPool  # the questions a training run's pool starts with
+
+        first = [q.question_id for q in TrainingPool.load(wh, cfg).train[: cfg.rollout.batch_questions]]
+    assert list(dict.fromkeys(r["question_id"] for r in records)) == first
 
 
 def test_a_pool_bigger_than_the_local_ray_fails_at_once(local_ray, tiny_model_path):

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from prompt_r1.config.experiment import load_config
-from prompt_r1.cluster.engine_placement import actor_location, actor_options, engine_bundle, place_engines, release_all
+from prompt_r1.cluster.engine_placement import actor_location, actor_options, engine_bundle, place_engines
+from prompt_r1.cluster.placement import release
 from prompt_r1.cluster.placement import PlacementError
 
 ray = pytest.importorskip("ray")
@@ -57,7 +58,7 @@ class Probe:
 
 def probes(cfg):
     bundle, groups = place_engines(cfg, cfg.rollout.num_workers)
-    actors = [Probe.options(**actor_options(bundle, group, {})).remote() for group in groups]
+    actors = [Probe.options(**actor_options(bundle, group)).remote() for group in groups]
     return bundle, groups, actors, ray.get([a.where.remote() for a in actors], timeout=60)
 
 
@@ -104,7 +105,8 @@ def test_vllm_engines_get_their_own_groups_and_disjoint_gpus(fake_gpu_ray):
     finally:
         for actor in actors:
             ray.kill(actor)
-        release_all(groups)
+        for group in groups:
+            release(group)
     assert free_gpus_within(4.0) == 4.0  # released groups give their GPUs back
 
 
@@ -118,7 +120,8 @@ def test_cpu_actors_see_no_gpu_even_where_the_node_has_some(fake_gpu_ray):
     finally:
         for actor in actors:
             ray.kill(actor)
-        release_all(groups)
+        for group in groups:
+            release(group)
 
 
 def test_an_engine_bigger_than_any_node_fails_at_once_naming_the_fix(fake_gpu_ray):
@@ -154,7 +157,8 @@ def test_engines_that_do_not_fit_beside_others_fail_within_the_deadline(fake_gpu
         elapsed = time.monotonic() - started
         assert 2 <= elapsed < 10, elapsed
     finally:
-        release_all(holder)
+        for group in holder:
+            release(group)
     message = str(caught.value)
     assert "within 2s (rollout.actor_start_timeout_s)" in message and "1 placed" in message, message
     assert "missing: 2 GPU" in message
@@ -180,13 +184,14 @@ def test_a_real_pool_reports_its_place_and_the_driver_never_calls_cuda(fake_gpu_
     questions = [QuestionRow(f"q{i}", "sample", "train", "Who wrote Hamlet?", ["Shakespeare"], "standard_qa", "f1")
                  for i in range(2)]
     with RolloutPool(cfg, tiny_model_path, 1) as pool:
-        assert len(pool.groups) == 1 and pool.groups[0].bundle_specs == [{"CPU": 1.0}]
+        engines = pool.engines
+        assert len(engines.groups) == 1 and engines.groups[0].bundle_specs == [{"CPU": 1.0}]
         [place] = pool.placements
         assert place["gpu_ids"] == [] and place["cuda_visible_devices"] == ""
         assert place["node_id"] == ray.get_runtime_context().get_node_id()
         assert len(pool.rollout(questions, step=0)) == 2 * cfg.rollout.group_size
         pool.broadcast(state)
-    assert pool.groups == [] and touched == []
+    assert engines.groups == [] and engines.actors == [] and touched == []
 
 
 def never_ready(env_cfg):

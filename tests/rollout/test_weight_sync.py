@@ -182,13 +182,15 @@ def local_ray():
 
 def stand_in_pool(modes: list[str], sync_timeout_s: float):
     """A `RolloutPool` whose actors are stand-ins (its broadcast and error naming are the real ones)."""
+    from prompt_r1.cluster.actor_group import ActorGroup
     from prompt_r1.rollout.pool import RolloutPool
 
     pool = RolloutPool.__new__(RolloutPool)
     pool.cfg = parse_config({"rollout": {"sync_timeout_s": sync_timeout_s}})
-    pool.workers = [ray.remote(num_cpus=0)(StandInEngine).remote(mode) for mode in modes]
-    pool.groups, pool._stuck, pool._loads, pool._queued = [], False, [], []
-    pool.placements = ray.get([w.placement.remote() for w in pool.workers], timeout=60)
+    pool.engines = ActorGroup("rollout engine", name="rollout pool")
+    pool.engines.start(StandInEngine, [(mode,) for mode in modes], [{"num_cpus": 0}] * len(modes))
+    pool._loads, pool._queued = [], []
+    pool.engines.locate(60, what="starting the stand-ins", field="f")
     return pool
 
 
@@ -221,7 +223,7 @@ def test_an_engine_that_does_not_answer_fails_the_sync_at_its_deadline(local_ray
             pool.broadcast(WeightUpdate.make(1, "full", {"w": torch.zeros(2)}))
         waited = time.monotonic() - t0
         assert 2.0 <= waited < 8.0, waited  # the deadline, not the engine's 60 s
-        assert "rollout engine 1" not in str(err.value) and pool._stuck
+        assert "rollout engine 1" not in str(err.value) and pool.engines.stuck
     finally:
         pool.shutdown()  # stuck: killed at once, not waited for
 

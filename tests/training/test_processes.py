@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.env.server_guard import process_cmdline, process_start
-from prompt_r1.training.run_owner import (LOCK_FILE, RAY_FILE, RunBusyError, own_run, session_processes,
+from prompt_r1.training.run_folder import (LOCK_FILE, RAY_FILE, RunBusyError, own_run, session_processes,
                                          sweep_ray_leftovers)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # as the training session does), says so, then waits to be killed.
 HOLDER = """
 import json, sys, time
-from prompt_r1.training.run_owner import RAY_FILE, own_run, session_processes
+from prompt_r1.training.run_folder import RAY_FILE, own_run, session_processes
 with own_run(sys.argv[1]):
     if len(sys.argv) > 2:
         from pathlib import Path
@@ -207,7 +207,7 @@ from prompt_r1.core.signals import install_sigterm_interrupt
 install_sigterm_interrupt()
 from prompt_r1.config.experiment import RolloutConfig
 from prompt_r1.cluster.connect import init_ray
-from prompt_r1.training.run_owner import own_run
+from prompt_r1.training.run_folder import own_run
 with own_run(sys.argv[1]):
     print("starting", flush=True)
     init_ray(RolloutConfig(ray_num_cpus=1))
