@@ -246,15 +246,14 @@ async def rollout_batch(
     return trajectories
 
 
-def score_trajectories(trajectories: Sequence[Trajectory],
-                       golds_by_question_id: Mapping[str, Sequence[str] | QuestionRow],
+def score_trajectories(trajectories: Sequence[Trajectory], questions_by_id: Mapping[str, QuestionRow],
                        reward_cfg: RewardConfig, prices: Prices | None = None,
                        cost_window: CostWindow | None = None) -> None:
-    """The reward stage: set each trajectory's `reward` from its agent turns and its question's
-    golds (`compute_reward` with `reward_cfg`'s weights). Trajectories ended by an environment failure
-    (`error` set) are left unscored: a failure is not an answer. Given the `QuestionRow`s instead of
-    golds, a question whose dataset names its own scorer gets that scorer's score as the answer term
-    (`data.scorers`); a scorer failure raises `ScorerError`, never a 0.
+    """The reward stage: set each trajectory's `reward` from its agent turns and its question
+    (`compute_reward` with `reward_cfg`'s weights): the answer term is token F1 against the golds, or
+    the score of the dataset's own scorer when it names one (`data.scorers`; a scorer failure raises
+    `ScorerError`, never a 0). Trajectories ended by an environment failure (`error` set) are left
+    unscored: a failure is not an answer.
 
     With `reward_cfg.cost.mode` other than `off`, the scored trajectories' costs (their successful
     calls at `prices`, env name -> per-1k prices) then enter the reward (`core.cost_reward`):
@@ -265,15 +264,11 @@ def score_trajectories(trajectories: Sequence[Trajectory],
     for traj in trajectories:
         if traj.error is not None:
             continue
-        if traj.question_id not in golds_by_question_id:
-            raise KeyError(f"no gold answers for question {traj.question_id!r}: pass the golds of every "
-                           "question the trajectories answer")
-        question = golds_by_question_id[traj.question_id]
-        if isinstance(question, QuestionRow):
-            own = None if question.scorer is None else functools.partial(_own_score, question)
-            traj.reward = compute_reward(traj.agent_turns, question.golds, **weights, answer_score=own)
-        else:
-            traj.reward = compute_reward(traj.agent_turns, question, **weights)
+        if traj.question_id not in questions_by_id:
+            raise KeyError(f"no question {traj.question_id!r}: pass every question the trajectories answer")
+        question = questions_by_id[traj.question_id]
+        own = None if question.scorer is None else functools.partial(_own_score, question)
+        traj.reward = compute_reward(traj.agent_turns, question.golds, **weights, answer_score=own)
     cost = reward_cfg.cost
     if cost.mode == "off":
         return
