@@ -11,7 +11,7 @@ training used SmolLM2; tokens, dollars per question and per correct answer at th
 illustrative prices), then what training changed (both checkpoints with intervals, their paired
 change, and what the agent did with the environment before -> after), where the plots are, and
 how to open the MLflow and Prefect UIs. `--quick` trains one small step and evaluates against
-SmolLM2 alone (so its split shows no held-out environment), on the same 40 two-hop questions.
+SmolLM2 alone (so its split shows no held-out environment), on 20 of the 40 two-hop questions.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = {  # `make demo QUICK=1`: same pipeline, smaller numbers: one GRPO step on 2 two-hop
-    # questions x 4 samples, the same 40 held-out two-hop questions but 1 question per sample
+    # questions x 4 samples, 20 of the 40 held-out two-hop questions and 1 question per sample
     # dataset, the agent methods with the environment only, against the first demo environment only
     # (the full demo adds agent_only, the OPRO baseline and the transfer to Gemma 3)
     "train.steps": 1, "rollout.batch_questions": 2, "rollout.group_size": 4, "eval.limit_per_dataset": 1,
+    "eval.dataset_limits": {"compositional_probe": 20},
 }
 QUICK_DROPS = ("agent_only", "opro", "gepa", "textgrad")
 

@@ -38,5 +38,9 @@ $pip install -q --no-deps "$("$VENV/bin/python" -c 'import tomllib; print(tomlli
 # stack, so it comes without them plus the two its import needs. Were litellm ever added, it must
 # exclude 1.82.7 and 1.82.8 (compromised releases).
 $pip install -q --no-deps "textgrad==0.1.8" "diskcache>=5.6" "tenacity>=8.2"
+# The `verifiers` extra (verifiers environments as tasks) the same way: its declared dependencies
+# would downgrade openai and mcp, so it comes without them; the extra lists what its import needs.
+$pip install -q --no-deps $("$VENV/bin/python" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["verifiers"]))')
+"$VENV/bin/python" -c "import verifiers; verifiers.SingleTurnEnv"
 "$VENV/bin/python" -c "import torch, transformers, vllm, duckdb, mlflow, prefect, ray, diskcache, tenacity; print('setup ok: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
 echo "$want" > "$stamp"

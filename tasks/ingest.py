@@ -17,7 +17,7 @@ from warehouse.store import Warehouse
 
 
 @task(name="ingest-sources", cache_policy=NO_CACHE)
-def ingest_sources(sources: list[str], db: str, max_question_chars: int = MAX_QUESTION_CHARS) -> list[dict]:
+def ingest_sources(sources: list, db: str, max_question_chars: int = MAX_QUESTION_CHARS) -> list[dict]:
     """Ingest files and folders into the warehouse; already-ingested content is skipped."""
     with Warehouse(db) as wh:
         reports = ingest(wh, sources, max_question_chars=max_question_chars)

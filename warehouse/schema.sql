@@ -164,3 +164,12 @@ ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS reward_cost DOUBLE;
 -- Warehouses made before training pools: trajectories of those runs keep NULL (their one
 -- environment is the run's `environment`, and each env_calls row names it).
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_name VARCHAR;
+
+-- A dataset's own scoring (docs/tasks.md): the row's metadata columns as a JSON object, and the
+-- import path of the dataset's answer scorer (NULL: the built-in `primary_metric`). Questions
+-- ingested before keep NULL in both, which is what they meant.
+ALTER TABLE questions ADD COLUMN IF NOT EXISTS metadata VARCHAR;
+ALTER TABLE questions ADD COLUMN IF NOT EXISTS scorer VARCHAR;
+-- The named parts of a dataset scorer's result beside its primary `score` (JSON; NULL: none).
+ALTER TABLE eval_predictions ADD COLUMN IF NOT EXISTS parts VARCHAR;
+ALTER TABLE eval_results ADD COLUMN IF NOT EXISTS parts VARCHAR;

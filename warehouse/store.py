@@ -11,6 +11,7 @@ open that finds the file locked waits a bounded time, then names the process hol
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -37,10 +38,11 @@ QUESTION_COLUMNS = pa.schema([
     ("question_id", pa.string()), ("dataset", pa.string()), ("split", pa.string()),
     ("question", pa.string()), ("golds", pa.list_(pa.string())), ("task_family", pa.string()),
     ("primary_metric", pa.string()), ("row_index", pa.int64()),
+    ("metadata", pa.string()), ("scorer", pa.string()),  # JSON object or null; import path or null
 ])
 # A question counts as updated when one of these differs from the stored row (a row that only
 # moved in its file is rewritten, not counted).
-_CONTENT = ("dataset", "split", "question", "golds", "task_family", "primary_metric")
+_CONTENT = ("dataset", "split", "question", "golds", "task_family", "primary_metric", "metadata", "scorer")
 # Tables that refer to questions by id: a re-keyed question's rows follow it.
 _QUESTION_REFS = ("trajectories", "env_calls", "eval_predictions")
 
@@ -48,8 +50,9 @@ _QUESTION_REFS = ("trajectories", "env_calls", "eval_predictions")
 def questions_table(rows: Iterable[QuestionRow]) -> pa.Table:
     """QuestionRows as the Arrow table `add_source` takes."""
     rows = list(rows)
-    return pa.table({name: [getattr(r, name) for r in rows] for name in QUESTION_COLUMNS.names},
-                    schema=QUESTION_COLUMNS)
+    cells = {name: [getattr(r, name) for r in rows] for name in QUESTION_COLUMNS.names}
+    cells["metadata"] = [None if m is None else json.dumps(m, sort_keys=True, default=str) for m in cells["metadata"]]
+    return pa.table(cells, schema=QUESTION_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -226,8 +229,11 @@ class Warehouse:
                     "UPDATE questions q SET source_file = ?, source_hash = ? FROM incoming i "
                     "WHERE q.question_id = i.question_id", [source_file, content_hash])
                 cur.execute(
-                    "INSERT INTO questions SELECT question_id, dataset, split, question, golds, task_family, "
-                    "primary_metric, ?, ?, row_index, ? FROM incoming i ANTI JOIN questions q USING (question_id)",
+                    "INSERT INTO questions (question_id, dataset, split, question, golds, task_family, primary_metric, "
+                    "source_file, source_hash, row_index, ingested_at, metadata, scorer) "
+                    "SELECT question_id, dataset, split, question, golds, task_family, "
+                    "primary_metric, ?, ?, row_index, ?, metadata, scorer FROM incoming i "
+                    "ANTI JOIN questions q USING (question_id)",
                     [source_file, content_hash, now])
                 removed = cur.execute(
                     "DELETE FROM questions WHERE source_file = ? AND question_id NOT IN "
@@ -292,6 +298,7 @@ class Warehouse:
                 question=r["question"], golds=list(r["golds"]), task_family=r["task_family"],
                 primary_metric=r["primary_metric"], source_file=r["source_file"],
                 source_hash=r["source_hash"], row_index=r["row_index"],
+                metadata=None if r["metadata"] is None else json.loads(r["metadata"]), scorer=r["scorer"],
             )
             for r in self.query_dicts(sql, params)
         ]
@@ -389,9 +396,9 @@ class Warehouse:
         now = _now()
         pred_cols = ["run_id", "env_name", "method", "dataset", "question_id", "prediction",
                      "primary_metric", "score", "em", "f1", "substring", "ssim", "num_turns",
-                     "env_prompt_tokens", "env_completion_tokens", "error"]
+                     "env_prompt_tokens", "env_completion_tokens", "error", "parts"]
         res_cols = ["run_id", "env_name", "method", "dataset", "n", "primary_metric", "score", "em",
-                    "f1", "substring", "ssim", "env_prompt_tokens", "env_completion_tokens", "cost_usd", "errors", "ci_low", "ci_high"]
+                    "f1", "substring", "ssim", "env_prompt_tokens", "env_completion_tokens", "cost_usd", "errors", "ci_low", "ci_high", "parts"]
         cells = {(r["env_name"], r["method"], r["dataset"]) for r in results}
         with self.transaction() as cur:
             for env_name, method, dataset in cells:

@@ -20,7 +20,8 @@ from prompt_r1.planning.memory import DEFAULT_PROMPT_TOKENS
 
 @app.command()
 def ingest(
-    sources: list[str] = typer.Argument(..., help="Files/folders (Parquet, JSONL) or hf:NAME."),
+    sources: list[str] = typer.Argument(..., help="Files/folders (Parquet, JSONL), hf:NAME, or verifiers:ENV_ID "
+                                        "(an installed verifiers environment; its rubric scores the dataset)."),
     db: Optional[Path] = DbOpt,
     question_col: str = typer.Option("question", help="hf: column with the question."),
     answers_col: str = typer.Option("answers", help="hf: column with the gold answer(s)."),

@@ -10,13 +10,62 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from prompt_r1.config.base import StrictModel
+from prompt_r1.config.base import SafeName, StrictModel
+from prompt_r1.core.scorer import SPEC_PATTERN
+
+
+class SourceColumns(StrictModel):
+    """Which columns of a user's file hold what (`data.sources[].columns`)."""
+
+    question: str = Field("question", min_length=1, description="Column with the question text.")
+    answers: str = Field(
+        "answers", min_length=1,
+        description="Column with the gold answer(s): a string or a list of strings (see `answers_separator`).")
+    id: str | None = Field(None, description="Column whose values key the rows (unique); None = keyed by their text.")
+    split: str | None = Field(None, description="Column with each row's split (train / test / ood); None = `split`.")
+    metadata: list[str] = Field(
+        default_factory=list,
+        description="Columns handed to the dataset's scorer as the row's metadata (a dict, column -> value).")
+
+
+class DataSource(StrictModel):
+    """A user's own Parquet, JSONL or CSV file and how its columns map to questions (docs/tasks.md)."""
+
+    path: str = Field(..., min_length=1, description="The file (.parquet, .jsonl or .csv), relative to the working directory.")
+    dataset: SafeName | None = Field(None, description="Dataset name of its questions; None = the file's stem.")
+    split: Literal["train", "test", "ood"] | None = Field(
+        None, description="Split of every row (unless `columns.split` names a column); None = `train` under a "
+        "`train/` folder, else `test`.")
+    task_family: Literal["multihop_qa", "standard_qa", "math", "generation", "custom"] = Field(
+        "custom", description="Task family of its questions (`custom`: a task of your own).")
+    columns: SourceColumns = Field(default_factory=SourceColumns, description="Which columns hold what.")
+    answers_separator: str | None = Field(
+        None, min_length=1,
+        description="Splits a text answers cell into several gold answers (e.g. `|`, for CSV); None = one answer "
+        "per text cell (JSONL and Parquet may hold lists).")
+    scorer: str | None = Field(
+        None, pattern=SPEC_PATTERN,
+        description="The dataset's own answer scorer, `package.module:function` or `path/to/file.py:function`, "
+        "called as `scorer(prediction, golds, metadata)` and returning a number in [0, 1] (or a dict with a "
+        "`score` entry); it becomes the reward's answer term and the evaluation's score. None = `primary_metric`.")
+    primary_metric: Literal["f1", "em", "ssim"] | None = Field(
+        None, description="Built-in metric that scores its questions when no `scorer` is set; None = f1.")
+
+    @model_validator(mode="after")
+    def _one_scoring_rule(self) -> "DataSource":
+        if self.scorer and self.primary_metric:
+            raise ValueError(f"`scorer` ({self.scorer}) and `primary_metric` ({self.primary_metric}) both set: a "
+                             "dataset is scored by one of them; drop one")
+        return self
 
 
 class DataConfig(StrictModel):
-    sources: list[str] = Field(
+    sources: list[str | DataSource] = Field(
         default_factory=lambda: ["data/sample"],
-        description="Files or folders to ingest (Prompt-R1 Parquet layout, JSONL, or hf:NAME).",
+        description="What to ingest: files or folders (Prompt-R1 Parquet layout, JSONL with question/answers/"
+        "task_family fields), `hf:NAME`, `verifiers:ENV_ID` (an installed verifiers environment; the `verifiers` "
+        "extra), or a mapping for your own Parquet / JSONL / CSV file: `path`, `dataset`, `split`, `columns` "
+        "(`question`, `answers`, `id`, `split`, `metadata`), `answers_separator`, `scorer` (docs/tasks.md).",
     )
     train_datasets: list[str] = Field(
         default_factory=list,
@@ -259,8 +308,9 @@ class TurnRewardConfig(StrictModel):
     """Turn-level credit (`prompt_r1.core.turn_credit`): off while `scorer` is unset."""
 
     scorer: str | None = Field(
-        None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-        description="Import path `package.module:function` of the task's turn scorer, called as "
+        None, pattern=SPEC_PATTERN,
+        description="Import path `package.module:function` (or `path/to/file.py:function`) of the task's turn "
+        "scorer, called as "
         "`scorer(question, trajectory)` and returning one value per agent turn: None (not judged) or a number "
         "in [0, 1]. Before training it is called once per training question with an empty trajectory (it must "
         "return []), so a question it does not define stops the run at once. The two-hop task's: "

@@ -8,11 +8,13 @@ type here means the library needs the warehouse only where it reads or writes, n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
 class QuestionRow:
-    """One question: its id, where it comes from, the text, gold answers and how it is scored.
+    """One question: its id, where it comes from, the text, gold answers and how it is scored
+    (`primary_metric`, or `scorer`, an import path, when its dataset brings its own: `core.scorer`).
 
     >>> QuestionRow("q1", "nq", "test", "Capital of France?", ["Paris"], "qa", "em").golds
     ['Paris']
@@ -28,3 +30,5 @@ class QuestionRow:
     source_file: str = ""
     source_hash: str = ""
     row_index: int = 0
+    metadata: dict[str, Any] | None = None  # the source row's metadata columns, for the dataset's scorer
+    scorer: str | None = None  # the dataset's own answer scorer (`core.scorer`); None = the built-in metrics

@@ -9,11 +9,12 @@ Format: `think_prompt_score` per well-formed non-final turn (`is_interaction_tur
 for the final turn, `nonblank_answer_score` when its first `<answer>` is non-blank after
 stripping, plus `final_format_score` when the turn is also in full format (`is_answer_turn`).
 A missing or blank answer adds nothing. The sum is capped at `format_cap`.
+Answer: token F1 against the golds (the paper's), or the score of the dataset's own scorer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from prompt_r1.core.metrics import f1_score
@@ -85,11 +86,14 @@ def compute_reward(
     nonblank_answer_score: float = 0.5,
     final_format_score: float = 0.1,
     format_cap: float = 1.0,
+    answer_score: Callable[[str], float] | None = None,
 ) -> RewardBreakdown:
     """Reward of one trajectory from the agent's messages (last = final turn) and gold answers.
 
-    `answer` is the max token-F1 of the final turn's first answer (stripped) against the golds;
-    `total` is `-1 + format + answer` when format reaches the cap, else `-1 + format`.
+    `answer` is the max token-F1 of the final turn's first answer (stripped) against the golds, or
+    `answer_score(answer)` when the question's dataset brings its own scorer (`core.scorer`: a
+    number in [0, 1]; the format gate stays the paper's); `total` is `-1 + format + answer` when
+    format reaches the cap, else `-1 + format`.
 
     >>> ask = "<think>t</think><interaction_prompt>q</interaction_prompt>"
     >>> compute_reward([ask, "<think>t</think>\\nFinal answer: <answer>Paris</answer>"], ["Paris"])
@@ -98,6 +102,8 @@ def compute_reward(
     RewardBreakdown(format=0.4, answer=0.0, total=-0.6, cost=0.0)
     >>> compute_reward(["<think>t</think><answer>Paris</answer>"], ["Paris"]).total
     -0.4
+    >>> compute_reward([ask, "<think>t</think><answer>paris</answer>"], ["Paris"], answer_score=lambda a: 0.25)
+    RewardBreakdown(format=1.0, answer=0.25, total=0.25, cost=0.0)
     """
     fmt = format_score(
         agent_turns,
@@ -106,6 +112,11 @@ def compute_reward(
         final_format_score=final_format_score,
         format_cap=format_cap,
     )
-    answer = f1_score(extract_answer(agent_turns[-1]), golds) if agent_turns else 0.0
+    if not agent_turns:
+        answer = 0.0
+    elif answer_score is not None:
+        answer = float(answer_score(extract_answer(agent_turns[-1])))
+    else:
+        answer = f1_score(extract_answer(agent_turns[-1]), golds)
     total = -1.0 + fmt + answer if fmt == format_cap else -1.0 + fmt
     return RewardBreakdown(format=fmt, answer=answer, total=total)

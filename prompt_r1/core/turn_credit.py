@@ -20,7 +20,8 @@ A turn's tokens are the t-th maximal run of loss-mask-1 tokens of the response: 
 sampled back to back with the environment's inserted reply (mask 0) between them, and every
 sampled turn has at least one token (`turn_spans`).
 
-The scorer is any function named by import path (`package.module:function`, `load_turn_scorer`),
+The scorer is any function named by import path (`package.module:function` or
+`path/to/file.py:function`, `load_turn_scorer`: the same door as a dataset's answer scorer),
 called as `scorer(question, trajectory)` with the `QuestionRow` and the `Trajectory`; it returns one
 value per agent turn. A question the scorer does not define raises inside the scorer, and that
 error stops the run naming the setting: a turn reward a task does not define is never a silent 0.
@@ -28,12 +29,11 @@ error stops the run naming the setting: a turn reward a task does not define is 
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from prompt_r1.core.failures import UserError
+from prompt_r1.core.scorer import ScorerError, load_callable
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow
@@ -44,12 +44,13 @@ TurnScorer = Callable[["QuestionRow", "Trajectory"], TurnRewards]
 SETTING = "reward.turn.scorer"
 
 
-class TurnRewardError(UserError, ValueError):
+class TurnRewardError(ScorerError):
     """A turn scorer that cannot be loaded, or that fails or answers out of contract for a question."""
 
 
 def load_turn_scorer(spec: str, setting: str = SETTING) -> TurnScorer:
-    """The function `spec` names (`package.module:function`), or a `TurnRewardError` naming `setting`.
+    """The function `spec` names (`package.module:function` or `path/to/file.py:function`, resolved by
+    `core.scorer.load_callable`, the one resolver of task code), or a `TurnRewardError` naming `setting`.
 
     >>> load_turn_scorer("prompt_r1.data.compositional:follow_up_turn_rewards").__name__
     'follow_up_turn_rewards'
@@ -58,18 +59,7 @@ def load_turn_scorer(spec: str, setting: str = SETTING) -> TurnScorer:
     ...
     prompt_r1.core.turn_credit.TurnRewardError: reward.turn.scorer: cannot import module `no_such_module_here` (No module named 'no_such_module_here'); name an importable module as `package.module:function`
     """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise TurnRewardError(f"{setting}: {spec!r} is not an import path; write `package.module:function`")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise TurnRewardError(f"{setting}: cannot import module `{module_name}` ({err}); name an importable "
-                              "module as `package.module:function`") from err
-    scorer = getattr(module, attr, None)
-    if not callable(scorer):
-        raise TurnRewardError(f"{setting}: module `{module_name}` has no function `{attr}`")
-    return scorer
+    return load_callable(spec, setting, TurnRewardError)
 
 
 def score_turns(scorer: TurnScorer, question: QuestionRow, trajectory: Trajectory,

@@ -1,4 +1,6 @@
-"""Dataset ingestion: Prompt-R1 Parquet files, JSONL files and Hugging Face datasets -> warehouse.
+"""Dataset ingestion: Prompt-R1 Parquet files, JSONL files, Hugging Face datasets, a user's own
+Parquet / JSONL / CSV file with a column mapping (`data.mapped`) and verifiers environments
+(`data.verifiers_env`) -> warehouse.
 
 Every source becomes rows of the `questions` table with its dataset, split, task family and
 primary metric. One source row is one question, even when two rows share their text: its id is
@@ -27,7 +29,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from prompt_r1.config.sampling import DataSource
+from prompt_r1.core.scorer import resolved_spec
 from prompt_r1.data.files import READERS
+from prompt_r1.data.mapped import mapping_text, read_mapped, source_path
+from prompt_r1.data.verifiers_env import PREFIX as VERIFIERS
 from prompt_r1.data.rows import (
     DEFAULT_METRIC, ID_COLUMN, INGEST_FORMAT, KEYED_BY_CONTENT, MAX_QUESTION_CHARS, Columns, IngestError, IngestReport, _not_empty,
     build_table, source_hash,
@@ -101,13 +107,55 @@ def ingest_file(wh: Warehouse, path: Path, max_question_chars: int = MAX_QUESTIO
     return _store(wh, str(path), content_hash, reader(path, max_question_chars))
 
 
-def ingest(wh: Warehouse, sources: Iterable[str | Path],
+def ingest(wh: Warehouse, sources: Iterable[str | Path | DataSource],
            max_question_chars: int = MAX_QUESTION_CHARS) -> list[IngestReport]:
-    """Ingest files and folders; each file is its own transaction, so earlier ones stay."""
+    """Ingest `data.sources` entries: files and folders, `verifiers:<env id>`, and a user's file
+    with its column mapping (`DataSource`); each file is its own transaction, so earlier ones stay."""
     reports = []
-    for source in sources:
-        for path in discover(Path(source)):
-            reports.append(ingest_file(wh, path, max_question_chars))
+    for i, source in enumerate(sources):
+        if isinstance(source, DataSource):
+            reports.append(ingest_mapped(wh, source, f"data.sources[{i}]", max_question_chars))
+        elif str(source).startswith(VERIFIERS):
+            reports.extend(ingest_verifiers(wh, str(source)[len(VERIFIERS):], max_question_chars))
+        else:
+            for path in discover(Path(source)):
+                reports.append(ingest_file(wh, path, max_question_chars))
+    return reports
+
+
+def ingest_mapped(wh: Warehouse, source: DataSource, setting: str = "data.sources[]",
+                  max_question_chars: int = MAX_QUESTION_CHARS) -> IngestReport:
+    """A user's Parquet / JSONL / CSV file through its column mapping (`prompt_r1.data.mapped`). A new
+    version's scorer is loaded first, so one that cannot be imported is named before anything is written."""
+    from prompt_r1.core.scorer import ScorerError
+    from prompt_r1.data.scorers import answer_scorer
+
+    path = source_path(source)
+    if not path.is_file():
+        raise IngestError(f"{setting}.path: no file {path}")
+    content_hash = source_hash(path, mapping_text(source))
+    if wh.source_ingested(content_hash):  # training and evaluation check the scorer again before use
+        log.info("already ingested, skipping: %s", path)
+        return IngestReport(str(path), source.dataset or path.stem, 0, True)
+    if source.scorer:
+        try:
+            answer_scorer(resolved_spec(source.scorer))
+        except ScorerError as err:
+            raise IngestError(f"{setting}.scorer: {err}") from None
+    return _store(wh, str(path), content_hash, read_mapped(source, setting, max_question_chars))
+
+
+def ingest_verifiers(wh: Warehouse, env_id: str, max_question_chars: int = MAX_QUESTION_CHARS) -> list[IngestReport]:
+    """An installed verifiers environment's dataset (train) and eval dataset (test), scored by its
+    rubric (`prompt_r1.data.verifiers_env`)."""
+    from prompt_r1.data.verifiers_env import read_verifiers
+
+    reports = []
+    for label, content_hash, table in read_verifiers(env_id, max_question_chars):
+        if wh.source_ingested(content_hash):
+            reports.append(IngestReport(label, table.column("dataset")[0].as_py(), 0, True))
+        else:
+            reports.append(_store(wh, label, content_hash, table))
     return reports
 
 

@@ -9,6 +9,7 @@ and field before anything is written. Readers (`prompt_r1.data.files`) and inges
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,9 @@ from prompt_r1.config.experiment import DataConfig
 from prompt_r1.core.failures import UserError
 from warehouse.store import QUESTION_COLUMNS
 
-FAMILIES = ("multihop_qa", "standard_qa", "math", "generation")
-METRICS = ("f1", "em", "ssim")
+FAMILIES = ("multihop_qa", "standard_qa", "math", "generation", "custom")  # custom: a user's own task
+SCORER_METRIC = "scorer"  # the primary metric of a dataset scored by its own scorer (`core.scorer`)
+METRICS = ("f1", "em", "ssim", SCORER_METRIC)
 SPLITS = ("train", "test", "ood")
 DEFAULT_METRIC = {"multihop_qa": "f1", "standard_qa": "f1", "math": "em", "generation": "ssim"}
 MAX_QUESTION_CHARS: int = DataConfig.model_fields["max_question_chars"].default
@@ -104,6 +106,9 @@ class Columns:
     ids: list | None  # the source's own `id` column, when it has one
     key_prefix: str  # names the source (a file name, `hf:<name>`) in every row key without an id column
     gold_field: str  # where the gold answers come from, for error messages
+    metadata: list | None = None  # per row: a dict of metadata columns (or None)
+    scorer: str | None = None  # the dataset's answer scorer, an import path (`core.scorer`)
+    golds_optional: bool = False  # a source whose scorer judges without gold answers (verifiers rubrics)
 
 
 def question_id(dataset: str, split: str, row_key: str) -> str:
@@ -115,10 +120,11 @@ def question_id(dataset: str, split: str, row_key: str) -> str:
     return hashlib.sha256(f"{dataset}\x1f{split}\x1f{row_key}".encode()).hexdigest()[:16]
 
 
-def source_hash(path: Path) -> str:
+def source_hash(path: Path, mapping: str = "") -> str:
     """Content hash of a file together with what its path decides (dataset name, split), so two
-    files with the same bytes but different names, empty ones included, are different sources."""
-    digest = hashlib.sha256(f"{INGEST_FORMAT}\x1f{path.name}\x1f{split_for(path)}\x1f".encode())
+    files with the same bytes but different names, empty ones included, are different sources.
+    `mapping` is how a user's file maps to questions (its config entry): changing it re-ingests."""
+    digest = hashlib.sha256(f"{INGEST_FORMAT}\x1f{path.name}\x1f{split_for(path)}\x1f{mapping}".encode())
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
@@ -134,7 +140,7 @@ def split_for(path: Path) -> str:
     return "test"
 
 
-def _golds(value: object) -> list[str]:
+def _golds(value: object, optional: bool = False) -> list[str]:
     """Gold answers of one row: a string or a list of strings (numbers are written as text).
 
     >>> _golds(["4", 4])
@@ -159,9 +165,9 @@ def _golds(value: object) -> list[str]:
             golds.append(str(g))
         else:
             raise ValueError(f"gold answer {str(g)[:80]!r} is not a string")
-    if not any(g.strip() for g in golds):
+    if not optional and not any(g.strip() for g in golds):
         raise ValueError("no gold answer (fix or drop the row, then ingest again)")
-    return golds
+    return [g for g in golds if g.strip()] if optional else golds
 
 
 def _check_labels(values: str | list, allowed: Sequence[str], field: str, where: Callable[[int], str]) -> None:
@@ -185,7 +191,8 @@ def build_table(cols: Columns, where: Callable[[int], str], max_question_chars: 
     questions, golds = [], []
     for i, (q, g) in enumerate(zip(cols.questions, cols.golds)):
         if type(q) is str and type(g) is list and 0 < len(q) <= max_question_chars and not q[0].isspace() \
-                and not q[-1].isspace() and all(type(x) is str for x in g) and any(x.strip() for x in g):
+                and not q[-1].isspace() and all(type(x) is str for x in g) and any(x.strip() for x in g) \
+                and not cols.golds_optional:
             questions.append(q)  # the common case, checked without the slower general path
             golds.append(g)
             continue
@@ -198,7 +205,7 @@ def build_table(cols: Columns, where: Callable[[int], str], max_question_chars: 
                 "(shorten or drop the row, or raise data.max_question_chars / --max-question-chars)")
         questions.append(q)
         try:
-            golds.append(_golds(g))
+            golds.append(_golds(g, cols.golds_optional))
         except ValueError as err:
             raise IngestError(f"{where(i)} field {cols.gold_field}: {err}") from None
     per_row = {f: getattr(cols, f) if isinstance(getattr(cols, f), list) else [getattr(cols, f)] * n
@@ -209,8 +216,22 @@ def build_table(cols: Columns, where: Callable[[int], str], max_question_chars: 
     table = pa.table({"question_id": ids, **{f: per_row[f] for f in ("dataset", "split")},
                       "question": questions, "golds": golds,
                       **{f: per_row[f] for f in ("task_family", "primary_metric")},
-                      "row_index": list(range(n))}, schema=QUESTION_COLUMNS)
+                      "row_index": list(range(n)), "metadata": _metadata_json(cols, where),
+                      "scorer": [cols.scorer] * n}, schema=QUESTION_COLUMNS)
     return table if cols.ids is not None else table.replace_schema_metadata(KEYED_BY_CONTENT)
+
+
+def _metadata_json(cols: Columns, where: Callable[[int], str]) -> list[str | None]:
+    """Each row's metadata as a JSON object (sorted keys, so an unchanged row stores the same text)."""
+    if cols.metadata is None:
+        return [None] * len(cols.questions)
+    out = []
+    for i, meta in enumerate(cols.metadata):
+        try:
+            out.append(None if meta is None else json.dumps(meta, sort_keys=True, ensure_ascii=False, allow_nan=False, default=str))
+        except (TypeError, ValueError) as err:
+            raise IngestError(f"{where(i)}: metadata cannot be stored as JSON ({err})") from None
+    return out
 
 
 def content_keys(source: str, rows: list[tuple[str, str, str]]) -> list[str]:

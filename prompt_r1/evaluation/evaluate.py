@@ -41,6 +41,7 @@ from prompt_r1.core.failures import check_error_rate
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import NO_STEP, draw_seed
 from prompt_r1.evaluation.scoring import Prediction, aggregate, episode_record, examples, score_predictions
+from prompt_r1.data.scorers import check_scorers
 from prompt_r1.evaluation.questions import EvalError, check_dataset_limits, select_questions, suite_datasets
 from prompt_r1.evaluation.answers import AGENT_ONLY_SUFFIX, COT_SUFFIX, extract_agent_only_answer, extract_cot_answer
 from prompt_r1.evaluation.turns import evaluation_turns
@@ -264,6 +265,7 @@ def evaluate(
     """
     check_dataset_limits(warehouse, cfg)
     questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset, cfg.eval.dataset_limits)
+    check_scorers(questions)  # a dataset scorer that cannot load stops here, before any model loads
     if not questions:
         raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
     environments = list(environments or cfg.eval_environments())

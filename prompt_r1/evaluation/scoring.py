@@ -2,7 +2,9 @@
 method, dataset), and an agent episode as plain data.
 
 Every method's predictions become rows the same way (`score_predictions`: EM, F1, substring match
-and SSim through `core.metrics`; `score` is the dataset's primary metric). A prediction whose
+and SSim through `core.metrics`; `score` is the dataset's primary metric, or its own scorer's
+score when it names one, `data.scorers`, whose failure stops the evaluation naming the scorer and
+the question). A prediction whose
 environment call failed keeps its `error` and no scores: it is recorded, never scored. A cell's
 means are over its scored rows, with a 95% bootstrap interval, and `errors` counts the others
 (`aggregate`). `episode_record` hands an agent episode to whoever shows episodes (the flows trace
@@ -11,12 +13,15 @@ them in MLflow) without the learner's token data.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.metrics import score_all
 from prompt_r1.core.questions import QuestionRow
+from prompt_r1.core.scorer import AnswerScore
+from prompt_r1.data.scorers import score_question
 
 
 @dataclass
@@ -34,16 +39,33 @@ class Prediction:
 METRICS = ("score", "em", "f1", "substring", "ssim")
 
 
+def _own_scores(preds: list[Prediction]) -> dict[int, AnswerScore]:
+    """The dataset scorer's result of each prediction whose question names one (`data.scorers`)."""
+    return {id(p): score_question(p.question, p.text) for p in preds if p.question.scorer}
+
+
+def primary_scores(predictions: list[str], questions: list[QuestionRow]) -> list[float]:
+    """Each prediction's score under its question's scoring rule: the dataset's own scorer, or its
+    built-in primary metric; what the prompt-optimisation baselines optimise."""
+    builtin = score_all(predictions, [q.golds for q in questions])
+    return [score_question(q, pred).score if q.scorer else builtin[q.primary_metric][i]
+            for i, (pred, q) in enumerate(zip(predictions, questions))]
+
+
 def score_predictions(preds: list[Prediction]) -> list[dict[str, Any]]:
-    """Warehouse rows; a prediction whose environment call failed keeps its error and no scores."""
+    """Warehouse rows; a prediction whose environment call failed keeps its error and no scores.
+    `score` is the primary metric's, or the dataset scorer's (its named parts in `parts`, JSON)."""
     scored = [p for p in preds if p.error is None]
     scores = score_all([p.text for p in scored], [p.question.golds for p in scored]) if scored else {}
     by_pred = {id(p): {name: scores[name][i] for name in scores} for i, p in enumerate(scored)}
+    own = _own_scores(scored)
     rows = []
     for p in preds:
         row = by_pred.get(id(p))
-        metrics = ({"score": row[p.question.primary_metric], **row} if row is not None
+        mine = own.get(id(p))
+        metrics = ({"score": mine.score if mine else row[p.question.primary_metric], **row} if row is not None
                    else dict.fromkeys(METRICS))
+        metrics["parts"] = json.dumps(mine.parts, sort_keys=True) if mine and mine.parts else None
         rows.append({
             "env_name": "", "method": p.method, "dataset": p.question.dataset,
             "question_id": p.question.question_id, "prediction": p.text,
@@ -73,11 +95,25 @@ def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, 
             "env_name": env_name, "method": method, "dataset": dataset, "n": len(rs),
             "primary_metric": rs[0]["primary_metric"],
             **{m: (sum(r[m] for r in ok) / len(ok) if ok else None) for m in METRICS},
+            "parts": _mean_parts(ok),
             "ci_low": ci_low, "ci_high": ci_high,  # 95% bootstrap over the scored questions
             "env_prompt_tokens": pt, "env_completion_tokens": ct,
             "cost_usd": cost_usd(env_cfg, pt, ct), "errors": len(rs) - len(ok),
         })
     return out
+
+
+def _mean_parts(rows: list[dict[str, Any]]) -> str | None:
+    """Mean of each named part of a dataset scorer over the rows that report it (JSON), or None.
+
+    >>> _mean_parts([{"parts": '{"a": 1.0}'}, {"parts": '{"a": 0.0, "b": 2.0}'}, {"parts": None}])
+    '{"a": 0.5, "b": 2.0}'
+    """
+    sums: dict[str, list[float]] = {}
+    for r in rows:
+        for name, value in json.loads(r.get("parts") or "{}").items():
+            sums.setdefault(name, []).append(value)
+    return json.dumps({k: sum(v) / len(v) for k, v in sorted(sums.items())}) if sums else None
 
 
 EPISODE_DROPS = ("prompt_ids", "token_ids", "loss_mask", "logprobs")  # the learner's data, not a reader's

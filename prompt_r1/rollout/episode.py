@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import math
 import time
@@ -240,17 +241,19 @@ async def rollout_batch(
         if traj.error is None:  # a failure is not an answer
             traj.answer = extract_answer(traj.agent_turns[-1]) if traj.agent_turns else ""
     if score:  # priced at this environment's prices (validation, evaluation); training scores apart
-        score_trajectories(trajectories, {q.question_id: q.golds for q in questions}, reward_cfg,
+        score_trajectories(trajectories, {q.question_id: q for q in questions}, reward_cfg,
                            prices=env_prices([e.cfg for e in envs]) if reward_cfg.cost.mode != "off" else None)
     return trajectories
 
 
-def score_trajectories(trajectories: Sequence[Trajectory], golds_by_question_id: Mapping[str, Sequence[str]],
+def score_trajectories(trajectories: Sequence[Trajectory], questions_by_id: Mapping[str, QuestionRow],
                        reward_cfg: RewardConfig, prices: Prices | None = None,
                        cost_window: CostWindow | None = None) -> None:
-    """The reward stage: set each trajectory's `reward` from its agent turns and its question's
-    golds (`compute_reward` with `reward_cfg`'s weights). Trajectories ended by an environment failure
-    (`error` set) are left unscored: a failure is not an answer.
+    """The reward stage: set each trajectory's `reward` from its agent turns and its question
+    (`compute_reward` with `reward_cfg`'s weights): the answer term is token F1 against the golds, or
+    the score of the dataset's own scorer when it names one (`data.scorers`; a scorer failure raises
+    `ScorerError`, never a 0). Trajectories ended by an environment failure (`error` set) are left
+    unscored: a failure is not an answer.
 
     With `reward_cfg.cost.mode` other than `off`, the scored trajectories' costs (their successful
     calls at `prices`, env name -> per-1k prices) then enter the reward (`core.cost_reward`):
@@ -261,10 +264,11 @@ def score_trajectories(trajectories: Sequence[Trajectory], golds_by_question_id:
     for traj in trajectories:
         if traj.error is not None:
             continue
-        if traj.question_id not in golds_by_question_id:
-            raise KeyError(f"no gold answers for question {traj.question_id!r}: pass the golds of every "
-                           "question the trajectories answer")
-        traj.reward = compute_reward(traj.agent_turns, golds_by_question_id[traj.question_id], **weights)
+        if traj.question_id not in questions_by_id:
+            raise KeyError(f"no question {traj.question_id!r}: pass every question the trajectories answer")
+        question = questions_by_id[traj.question_id]
+        own = None if question.scorer is None else functools.partial(_own_score, question)
+        traj.reward = compute_reward(traj.agent_turns, question.golds, **weights, answer_score=own)
     cost = reward_cfg.cost
     if cost.mode == "off":
         return
@@ -282,6 +286,12 @@ def score_trajectories(trajectories: Sequence[Trajectory], golds_by_question_id:
     low, high = window.bounds(cost.low_percentile, cost.high_percentile)
     for traj, usd in zip(scored, costs, strict=True):
         traj.reward = bonus_reward(traj.reward, cheapness(math.sqrt(usd), low, high), cost.alpha, cap, cost.correct_at)
+
+
+def _own_score(question: QuestionRow, answer: str) -> float:
+    from prompt_r1.data.scorers import score_question
+
+    return score_question(question, answer).score
 
 
 def run_rollout(*args: Any, **kwargs: Any) -> list[Trajectory]:

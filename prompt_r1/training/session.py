@@ -47,6 +47,7 @@ from prompt_r1.core.cost_reward import CostWindow
 from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.data.pool import TrainingPool
+from prompt_r1.data.scorers import check_scorers
 from prompt_r1.training.hooks import StepResult, TrainingHooks, TrainingOutcome
 from prompt_r1.training.run_ahead import InFlight, RunAhead
 
@@ -137,6 +138,7 @@ class TrainingSession:
         self.train_questions, self.val_questions = self.questions.train, self.questions.validation
         self.by_id = {q.question_id: q for q in self.train_questions}
         self.turn_scorer = self._check_turn_scorer()  # a task scorer that cannot judge this pool stops here
+        check_scorers(self.train_questions + self.val_questions)  # and so does a dataset scorer that cannot load
         # Checked before any model loads, so a refused resume fails in a second.
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), self.questions.hash, self.resume, self.force,
                  config=self.cfg)
@@ -248,8 +250,8 @@ class TrainingSession:
         `reward.turn.scorer` its turn rewards."""
         from prompt_r1.rollout.episode import score_trajectories
 
-        golds = {t.question_id: self.by_id[t.question_id].golds for t in trajectories}
-        score_trajectories(trajectories, golds, self.cfg.reward, prices=env_prices(self.cfg.training_environments()),
+        questions = {t.question_id: self.by_id[t.question_id] for t in trajectories}
+        score_trajectories(trajectories, questions, self.cfg.reward, prices=env_prices(self.cfg.training_environments()),
                            cost_window=self.cost_window)
         if self.turn_scorer is not None:  # the task's turn rewards, for the same trajectories (core.turn_credit)
             from prompt_r1.core.turn_credit import score_turns
@@ -339,7 +341,12 @@ class TrainingSession:
         if not self.val_questions:
             return {}
         questions = self.val_questions[: self.cfg.train.validation_questions]
-        trajectories = self.pool.rollout(questions, self.step, greedy=True, group_size=1)
+        from prompt_r1.rollout.episode import score_trajectories
+
+        # scored here, in the driver, as training is: a dataset's own scorer need not import in the actors
+        trajectories = self.pool.rollout(questions, self.step, greedy=True, group_size=1, score=False)
+        score_trajectories(trajectories, {q.question_id: q for q in questions}, self.cfg.reward,
+                           prices=env_prices(self.cfg.training_environments()))
         where = f"validation after {self.step} update(s)"
         rate = check_pool_error_rates(self.cfg.training_environments(), trajectories, where)
         scored = [t for t in trajectories if t.reward is not None]

@@ -10,6 +10,7 @@ metrics (`log_heldout_metrics`).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import mlflow
@@ -62,6 +63,8 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
                 m = {metric_key(r["dataset"], k): r[k] for r in per for k in ("score", "em", "f1", "substring", "ssim",
                                                                             "ci_low", "ci_high")
                      if r.get(k) is not None}
+                m.update({metric_key(r["dataset"], f"part_{name}"): value for r in per  # a dataset scorer's named parts
+                          for name, value in json.loads(r.get("parts") or "{}").items()})
                 m["env_errors"] = sum(r.get("errors", 0) for r in per)
                 m.update({metric_key(f"avg_{g}"): v for g, v in avg.items() if v is not None})
                 m["env_prompt_tokens"] = sum(r["env_prompt_tokens"] for r in per)

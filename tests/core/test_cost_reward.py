@@ -20,12 +20,14 @@ import torch
 from prompt_r1.config.experiment import RewardConfig
 from prompt_r1.core.cost_reward import CostWindow, penalty_reward
 from prompt_r1.core.grpo import decoupled_advantages, group_advantages
+from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.reward import RewardBreakdown, compute_reward
 from prompt_r1.core.trajectory import EnvCall, Trajectory
 from prompt_r1.rollout.episode import score_trajectories
 
 SEED = 20261126
 GOLDS = {"q0": ["paris"], "q1": ["blue whale"], "q2": ["1969", "nineteen sixty nine"]}
+QUESTIONS = {qid: QuestionRow(qid, "d", "train", "?", golds, "qa", "f1") for qid, golds in GOLDS.items()}
 WRONG = ["london", "whale shark", "the moon", "", "   "]
 PRICES = {"small": (0.0, 0.0), "big": (0.3, 1.2), "mid": (0.05, 0.2)}
 
@@ -124,7 +126,7 @@ def test_cost_off_is_the_dual_constrained_reward_exactly() -> None:
     for weights in ({}, {"format_cap": 0.9, "think_prompt_score": 0.3}):
         cfg = RewardConfig(**weights, cost={"mode": "off", "alpha": 0.9})
         trajectories = _batch(rng, 3000, sorted(PRICES))
-        score_trajectories(trajectories, GOLDS, cfg)
+        score_trajectories(trajectories, QUESTIONS, cfg)
         for t in trajectories:
             if t.error is not None:
                 assert t.reward is None
@@ -147,7 +149,7 @@ def test_bonus_matches_router_r1_rule() -> None:
         earlier = [rng.uniform(0, 2) for _ in range(rng.randint(0, 30))]
         window = CostWindow(size, earlier)
         batch = _batch(rng, rng.randint(1, 24), names)
-        score_trajectories(batch, GOLDS, cfg, prices=PRICES, cost_window=window)
+        score_trajectories(batch, QUESTIONS, cfg, prices=PRICES, cost_window=window)
 
         scored = [t for t in batch if t.error is None]
         roots = [math.sqrt(oracle_cost(t.env_calls)) for t in scored]
@@ -177,7 +179,7 @@ def test_penalty_matches_xrouter_rule() -> None:
         cfg = RewardConfig(cost={"mode": "penalty", "penalty_scale": scale, "penalty_cap": cost_cap,
                                  "penalty_keep": keep})
         batch = _batch(rng, 20, ["small", "big", "mid"])
-        score_trajectories(batch, GOLDS, cfg, prices=PRICES)
+        score_trajectories(batch, QUESTIONS, cfg, prices=PRICES)
         for t in (t for t in batch if t.error is None):
             usd = oracle_cost(t.env_calls)
             fmt, answer, base = oracle_base(t.agent_turns, GOLDS[t.question_id])
@@ -192,7 +194,7 @@ def test_penalty_at_zero_prices_and_bonus_at_alpha_zero_are_todays_reward() -> N
     rng = random.Random(SEED + 3)
     batch = _batch(rng, 400, ["small"])
     for cost in ({"mode": "penalty"}, {"mode": "bonus", "alpha": 0.0}):
-        score_trajectories(batch, GOLDS, RewardConfig(cost=cost), prices=PRICES)
+        score_trajectories(batch, QUESTIONS, RewardConfig(cost=cost), prices=PRICES)
         for t in (t for t in batch if t.error is None):
             assert t.reward.total == pytest.approx(compute_reward(t.agent_turns, GOLDS[t.question_id]).total, abs=1e-12)
 
@@ -200,9 +202,9 @@ def test_penalty_at_zero_prices_and_bonus_at_alpha_zero_are_todays_reward() -> N
 def test_a_call_to_an_unpriced_environment_is_an_error_naming_it() -> None:
     t = Trajectory("q0", 0, [], agent_turns=["<answer>paris</answer>"], env_calls=[EnvCall(0, "ghost", "m", 5, 5)])
     with pytest.raises(KeyError, match="ghost"):
-        score_trajectories([t], GOLDS, RewardConfig(cost={"mode": "penalty"}), prices=PRICES)
+        score_trajectories([t], QUESTIONS, RewardConfig(cost={"mode": "penalty"}), prices=PRICES)
     with pytest.raises(ValueError, match="no environment prices"):
-        score_trajectories([t], GOLDS, RewardConfig(cost={"mode": "bonus"}))
+        score_trajectories([t], QUESTIONS, RewardConfig(cost={"mode": "bonus"}))
 
 
 def test_reversed_percentiles_are_refused() -> None:

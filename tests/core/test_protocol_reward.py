@@ -117,7 +117,7 @@ def test_config_defaults_are_the_reward_defaults():
 
     params = inspect.signature(compute_reward).parameters
     defaults = RewardConfig().format_weights()  # the weights compute_reward takes (cost is apart)
-    assert defaults == {name: params[name].default for name in params if name not in ("agent_turns", "golds")}
+    assert defaults == {name: params[name].default for name in params if name not in ("agent_turns", "golds", "answer_score")}
     assert defaults == {"think_prompt_score": 0.4, "nonblank_answer_score": 0.5, "final_format_score": 0.1,
                         "format_cap": 1.0}
 

@@ -226,3 +226,18 @@ def test_no_function_of_the_learner_is_longer_than_60_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
                 long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert long == []
+
+
+def test_every_markdown_section_appears_once():
+    """A merge that repeats a block of a document leaves two sections of the same title, one of
+    them stale (the README once carried two demo sections with different timings)."""
+    from collections import Counter
+
+    for doc in [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        fence, headings = False, []
+        for line in doc.read_text().splitlines():
+            fence ^= line.startswith("```")
+            if not fence and line.startswith("#"):
+                headings.append(line.strip())
+        repeated = [h for h, n in Counter(headings).items() if n > 1]
+        assert not repeated, f"{doc.name}: sections repeated: {repeated}"

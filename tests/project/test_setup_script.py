@@ -71,3 +71,15 @@ def test_without_the_wheel_torch_comes_from_the_pytorch_cpu_index(tmp_path, inde
         ["install", "-q", "-e", ".[cpu,test]", "torch==2.13.0+cpu"],  # already installed: satisfied
     ]
     assert sum("index" in c for c in commands) == 1  # the index is added for torch alone
+
+
+def test_the_verifiers_extra_comes_without_its_dependencies(tmp_path) -> None:
+    """verifiers declares openai<3 and mcp<2, which would downgrade the stack: setup installs the
+    extra's list (verifiers and what its import needs) with --no-deps, every entry pinned."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["verifiers"]
+    commands = [shlex.split(c) for c in run_setup(tmp_path, wheel_found=True)]
+    installs = [c for c in commands if any(part.startswith("verifiers==") for part in c)]
+    assert installs == [["install", "-q", "--no-deps", *extra]]
+    assert all("==" in requirement for requirement in extra) and extra[0].startswith("verifiers==0.3")

@@ -299,7 +299,7 @@ def test_reward_is_a_stage_the_caller_can_run_apart(tokenizer):
     unscored = run(ScriptedPolicy(tokenizer, script), ScriptedEnv(reply), questions, group=2, score=False)
     assert all(t.reward is None for t in unscored)
     assert [t.answer for t in unscored] == [t.answer for t in scored] == ["Paris"] * 2 + [""] * 2 + ["Paris"] * 2
-    score_trajectories(unscored, {q.question_id: q.golds for q in questions}, RewardConfig())
+    score_trajectories(unscored, {q.question_id: q for q in questions}, RewardConfig())
     assert [t.reward for t in unscored] == [t.reward for t in scored]
     assert [t.reward is None for t in unscored] == [False, False, True, True, False, False]
     assert unscored[0].reward.total == 1.0 and unscored[4].reward.answer == 0.0

@@ -102,34 +102,38 @@ def test_error_rate_threshold_names_environment_and_first_error():
 
 # -- validation: scored over answered questions, stopped like a training step ---------------------------
 class _ValidationPool:
-    """Stands in for the rollout pool: question i's trajectory ended by `errors[i]` (None = answered,
-    with reward `rewards[i]`), after one successful call before it."""
+    """Stands in for the rollout pool: question i's trajectory ended by `errors[i]` (None = answered
+    in the protocol's format), after one successful call before it. Validation scores in the driver
+    (`score=False` here), with the question's scorer: its answer score is the question's `r`."""
 
-    def __init__(self, errors: list[str | None], rewards: list[float]):
-        self.errors, self.rewards = errors, rewards
+    def __init__(self, errors: list[str | None]):
+        self.errors = errors
 
     def rollout(self, questions, step, greedy=False, group_size=None, score=True):
-        from prompt_r1.core.reward import RewardBreakdown
-
-        assert greedy and group_size == 1 and score
+        assert greedy and group_size == 1 and not score
         out = []
-        for q, err, r in zip(questions, self.errors, self.rewards):
+        for q, err in zip(questions, self.errors):
             calls = [EnvCall(0, "tiny-env", "tiny"), EnvCall(1, "tiny-env", "tiny", error=err)]
-            out.append(Trajectory(q.question_id, 0, [], env_calls=calls, error=err,
-                                  stop_reason="env_error" if err else "answered",
-                                  reward=None if err else RewardBreakdown(1.0, r, r)))
+            turns = ["<think>t</think><interaction_prompt>q</interaction_prompt>", "<think>t</think><answer>a</answer>"]
+            out.append(Trajectory(q.question_id, 0, [], agent_turns=[] if err else turns, env_calls=calls, error=err,
+                                  stop_reason="env_error" if err else "answered"))
         return out
 
 
 def _validation(tmp_path, errors: list[str | None], rewards: list[float], max_error_rate: float) -> dict:
+    import dataclasses
+
     from prompt_r1.config.experiment import load_config
     from prompt_r1.training.session import TrainingSession
 
+    (tmp_path / "r_scorer.py").write_text("def score(prediction, golds, metadata):\n    return metadata['r']\n")
+    spec = f"{tmp_path / 'r_scorer.py'}:score"
     cfg = load_config(ROOT / "configs" / "smoke.yaml", {"environment.max_error_rate": max_error_rate,
                                                         "train.validation_questions": len(errors)})
     session = TrainingSession(cfg, None, "val", tmp_path / "run")  # nothing starts before `with`
-    session.val_questions = [question(i, f"held-out {i}?") for i in range(len(errors))]
-    session.pool, session.step = _ValidationPool(errors, rewards), 2
+    session.val_questions = [dataclasses.replace(question(i, f"held-out {i}?"), metadata={"r": r}, scorer=spec)
+                             for i, r in zip(range(len(errors)), rewards)]
+    session.pool, session.step = _ValidationPool(errors), 2
     return session.validate()
 
 

@@ -31,7 +31,7 @@ from prompt_r1.config.experiment import BaselinesConfig
 from prompt_r1.env.base import cost_usd, endpoint_identity, sampling_settings
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.failures import EnvironmentFailure, UserError, check_error_rate
-from prompt_r1.core.metrics import score_all
+from prompt_r1.evaluation.scoring import primary_scores
 from prompt_r1.core.questions import QuestionRow
 
 CALL_DEADLINE_S = 3600.0  # one environment call from an optimiser's thread, budget waits included
@@ -143,8 +143,7 @@ async def score_instruction(env, budget: Budget, questions: list[QuestionRow], i
     if any(r.call.error is not None for r in replies):
         return None
     texts = [r.text for r in replies]
-    scores = score_all([extract_cot_answer(t) for t in texts], [q.golds for q in questions])
-    per = [scores[q.primary_metric][i] for i, q in enumerate(questions)]
+    per = primary_scores([extract_cot_answer(t) for t in texts], questions)
     return Scored(instruction, sum(per) / len(per), per, texts)
 
 

@@ -40,7 +40,7 @@ class ProjectAdapter:
         from gepa import EvaluationBatch
 
         from prompt_r1.evaluation.answers import extract_cot_answer
-        from prompt_r1.core.metrics import score_all
+        from prompt_r1.evaluation.scoring import primary_scores
 
         instruction = candidate[COMPONENT]
         if self.budget.left() < len(batch):
@@ -52,8 +52,8 @@ class ProjectAdapter:
 
         replies = self._run(go())
         failed = [r.call.error is not None for r in replies]
-        scores_by = score_all([extract_cot_answer(r.text) for r in replies], [q.golds for q in batch])
-        scores = [0.0 if bad else scores_by[q.primary_metric][i] for i, (q, bad) in enumerate(zip(batch, failed))]
+        scores_by = primary_scores([extract_cot_answer(r.text) for r in replies], batch)
+        scores = [0.0 if bad else scores_by[i] for i, bad in enumerate(failed)]
         if [q.question_id for q in batch] == self.full_ids and not any(failed):
             self.scored[instruction] = sum(scores) / len(scores)
         traces = [{"question": q.question, "golds": q.golds, "reply": r.text, "score": s,

@@ -97,7 +97,7 @@ def step_calls(minibatch: int, questions: int) -> int:
 async def optimise(env, optimizer_env, questions, cfg: BaselinesConfig, budget: Budget) -> Optimised:
     """Run TextGrad until the budget or `cfg.steps` runs out; returns the best scored instruction."""
     from prompt_r1.evaluation.answers import extract_cot_answer
-    from prompt_r1.core.metrics import score_all
+    from prompt_r1.evaluation.scoring import primary_scores
 
     tg = _import_textgrad()
     from textgrad.autograd import LLMCall, StringBasedFunction
@@ -111,7 +111,7 @@ async def optimise(env, optimizer_env, questions, cfg: BaselinesConfig, budget: 
     def scorer(q):
         def feedback(response, golds):
             pred = extract_cot_answer(response.value)
-            score = score_all([pred], [q.golds])[q.primary_metric][0]
+            score = primary_scores([pred], [q])[0]
             return f"score {score:.2f} (1 = correct); extracted answer: {pred!r}; correct answer: {' | '.join(q.golds)}"
         return StringBasedFunction(feedback, "scores the reply's final 'Answer:' line against the correct answer")
 
