@@ -85,6 +85,7 @@ class Config(StrictModel):
         if not data["reward"]["normalize_parts"]:
             data["reward"].pop("normalize_parts")
         data["eval"].pop("agent_placement")  # where evaluation's engines run, not what they answer
+        data["rollout"].pop("actor_restarts")  # whether a step survives a dead actor, not what it computes
         _drop_unset_additions(data)
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]

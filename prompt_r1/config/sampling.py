@@ -222,6 +222,12 @@ class RolloutConfig(StrictModel):
         600.0, gt=0, description="Deadline for every rollout engine to load a weight sync and answer with its "
         "policy version and weights checksum; an engine that has not answered by then, or answers with another "
         "version or checksum, stops the run with an error naming it.")
+    actor_restarts: int = Field(
+        3, ge=0, le=100, description="Rollout actors that may die (process killed or crashed) in one batch and be "
+        "restarted by Ray: the restarted actor first loads the weights last sent, then redoes only its own share "
+        "of the batch (seeded per episode, so the trajectories are the same). One more in the same batch fails "
+        "it naming the actor, as does any death with `max_staleness` >= 1 (Ray does not restart those actors). "
+        "Counted per step in `rollout_actor_restarts`. 0 = no restarts.")
     colocate: bool = Field(
         False, description="vllm backend with a GPU learner: each rollout engine shares the GPUs of the learner "
         "ranks it is paired with (engine i: ranks i x tp to (i+1) x tp - 1, tp = `agent.tensor_parallel_size`) "

@@ -44,6 +44,17 @@ answers and stops them as it does the learner's ranks. Every wait on Ray has a d
 what to change: reaching `ray_address` (`ray.init` alone retries an unreachable address for
 minutes), placing and starting the actors (a cluster without free CPUs or GPUs for them would wait
 forever), and each rollout batch or weight broadcast.
+
+A dead actor (its process killed, a crash) in the synchronous schedule (`max_staleness` 0): Ray
+restarts it (`max_restarts`), and the pool redoes only that actor's share of the batch, after the
+restarted actor has loaded the weights last sent (it comes back with the weights it was built
+with); the pool keeps the last sync in the object store for that. Episodes are seeded per
+(question, sample, turn), so the redone share equals the lost one. An actor that died while idle
+is found by the version it stamps on its trajectories (a restarted one says 0) and redone the same
+way. At most `rollout.actor_restarts` restarts per batch (or weight sync), then the batch fails
+naming the actor as before; `restarts` counts them (the session logs `rollout_actor_restarts`).
+With `max_staleness` >= 1 batches and weight loads queue up behind each other on the actors, and a
+restart loses the queue: there Ray does not restart actors and a death fails the step.
 """
 
 from __future__ import annotations
@@ -115,6 +126,8 @@ class PendingRollout:
     refs: list[Any]              # one per actor with a share of the batch
     questions: int
     loads: list["PendingSync"] = field(default_factory=list)  # weight syncs queued before it, verified with it
+    args: list[tuple] = field(default_factory=list)  # each actor's `rollout` arguments, to redo its share
+    version: int = 0             # the policy version its trajectories must carry (the last sync sent before it)
 
 
 @dataclass(eq=False)
@@ -145,6 +158,10 @@ class RolloutPool:
         check_local_cpus(cfg.rollout, self.num_workers)  # a local instance never grows
         self._loads: list[PendingSync] = []  # weight syncs broadcast without waiting, not yet verified
         self._queued: list[PendingRollout] = []  # submitted, not collected
+        # a dead actor is restarted only where nothing else is queued on it (see the module docstring)
+        self.restartable = cfg.rollout.max_staleness == 0 and cfg.rollout.actor_restarts > 0
+        self.restarts = 0  # actors restarted and brought back to the current weights, over the pool's life
+        self._latest: PendingSync | None = None  # the last sync sent, its weights kept for a restarted actor
         self.engines: ActorGroup | None = None  # once placed
         timeout_s = cfg.rollout.actor_start_timeout_s
         deadline = time.monotonic() + timeout_s  # one deadline for placement and start-up together
@@ -162,7 +179,9 @@ class RolloutPool:
                 RolloutWorker,
                 [(cfg, str(model_path), derive_seed("rollout_actor", cfg.seed, index), env_factory, secrets)
                  for index in range(len(groups))],
-                [actor_options(bundles[index], group, visible[index]) for index, group in enumerate(groups)])
+                # unbounded for Ray: the pool bounds restarts per batch (`rollout.actor_restarts`)
+                [{**actor_options(bundles[index], group, visible[index]), "max_restarts": -1 if self.restartable else 0}
+                 for index, group in enumerate(groups)])
             self.engines.locate(
                 max(deadline - time.monotonic(), 1.0),
                 what=f"starting the rollout actors (placed: {describe(bundles)})",
@@ -193,9 +212,10 @@ class RolloutPool:
         It runs after everything queued before it, weight loads included."""
         chunks = [chunk for chunk in split_evenly(list(questions), len(self.engines.actors)) if chunk]
         # empty chunks come last: actor i still gets chunk i
-        refs = self.engines.call_each("rollout", [(chunk, self.cfg.seed, step, greedy, group_size, score)
-                                                  for chunk in chunks])
-        pending = PendingRollout(refs, len(questions), self._loads)
+        args = [(chunk, self.cfg.seed, step, greedy, group_size, score) for chunk in chunks]
+        refs = self.engines.call_each("rollout", args)
+        version = self._latest.update.version if self._latest is not None else 0
+        pending = PendingRollout(refs, len(questions), self._loads, args, version)
         self._loads = []
         self._queued.append(pending)
         return pending
@@ -209,13 +229,80 @@ class RolloutPool:
         timeout_s = self.cfg.rollout.rollout_timeout_s * (1 + ahead)
         for sync in pending.loads:  # queued before the batch: answered before it runs
             self._verify(sync, timeout_s + self.cfg.rollout.sync_timeout_s)
-        results = self.engines.gather(
-            pending.refs, f"rolling out {pending.questions} questions on {len(pending.refs)} actors"
-            + (f" (queued behind {ahead} other batch(es))" if ahead else ""),
-            timeout_s=timeout_s, field="rollout.rollout_timeout_s",
-            fix="raise it for big batches, or check the environment (a server that stopped answering is retried "
-                "for up to environment.call_deadline_s per call)")
-        return [t for trajectories in results for t in trajectories]
+        what = (f"rolling out {pending.questions} questions on {len(pending.refs)} actors"
+                + (f" (queued behind {ahead} other batch(es))" if ahead else ""))
+        restarted = 0
+        while True:  # bounded: each pass restarts an actor, at most `rollout.actor_restarts` of them
+            try:
+                results = self.engines.gather(
+                    pending.refs, what, timeout_s=timeout_s, field="rollout.rollout_timeout_s",
+                    fix="raise it for big batches, or check the environment (a server that stopped answering is "
+                        "retried for up to environment.call_deadline_s per call)")
+            except ActorCallError as err:
+                dead = self._restartable(err, restarted)
+                if not dead:
+                    raise
+                stale = dead
+            else:  # an actor restarted while idle comes back with the weights it was built with
+                stale = [i for i, trajectories in enumerate(results)
+                         if any(t.policy_version != pending.version for t in trajectories)]
+                if not stale:
+                    return [t for trajectories in results for t in trajectories]
+                if not self.restartable or restarted + len(stale) > self.cfg.rollout.actor_restarts:
+                    raise WeightSyncError(
+                        f"{self.engines.names(stale)} sampled with other weights than policy version "
+                        f"{pending.version} (restarted by Ray {restarted} time(s) in this batch already, "
+                        f"rollout.actor_restarts {self.cfg.rollout.actor_restarts}); see that actor's Ray log")
+            for index in stale:
+                log.warning("%s died or was restarted during %s: Ray restarted it; it loads policy version %d and "
+                            "redoes its %d question(s)", self.engines.names([index]), what, pending.version,
+                            len(pending.args[index][0]))
+                self._reload(index, pending.version)
+                pending.refs[index] = self.engines.actors[index].rollout.remote(*pending.args[index])
+            restarted += len(stale)
+
+    def _restartable(self, err: ActorCallError, restarted: int) -> list[int]:
+        """The actors of a failed call to restart: all of them died (none raised), no constructor
+        failed, and the batch's restarts stay within `rollout.actor_restarts`; else none."""
+        dead = [i for i in err.indices if isinstance(err.errors[i], ray.exceptions.RayActorError)
+                and not getattr(err.errors[i], "actor_init_failed", False)]
+        if (not self.restartable or len(dead) != len(err.indices)
+                or restarted + len(dead) > self.cfg.rollout.actor_restarts):
+            return []
+        return dead
+
+    def _reload(self, index: int, version: int) -> Any:
+        """Wait for Ray's restart of actor `index` (its start-up deadline) and load policy `version`
+        into it (the last sync sent; version 0, the weights it is built with, needs none)."""
+        self.restarts += 1
+        actor, name = self.engines.actors[index], self.engines.names([index])
+        limit = self.cfg.rollout.actor_start_timeout_s + self.cfg.rollout.sync_timeout_s
+        deadline = time.monotonic() + limit
+        while True:  # a restarting actor refuses calls (`ActorUnavailableError`) until it is up again
+            try:
+                [where] = self.engines.gather([actor.placement.remote()], f"restarting {name}",
+                                              timeout_s=max(deadline - time.monotonic(), 1.0),
+                                              field="rollout.actor_start_timeout_s", shown_s=limit, indices=[index])
+                break
+            except ActorCallError as err:
+                if (not isinstance(err.errors.get(index), ray.exceptions.ActorUnavailableError)
+                        or time.monotonic() > deadline):
+                    raise
+                time.sleep(0.5)
+        self.engines.placements[index] = where
+        if version == 0:
+            return None
+        sync = self._latest
+        if sync is None or sync.update.version != version:
+            raise WeightSyncError(f"{name} was restarted, but the weights of policy version {version} are no longer "
+                                  "kept; resume the run from its last checkpoint")
+        [reply] = self.engines.gather([actor.load_weights.remote(sync.weights)],
+                                      f"loading policy version {version} into restarted {name}", timeout_s=limit,
+                                      field="rollout.sync_timeout_s", indices=[index])
+        if reply != sync.update.reply():
+            raise WeightSyncError(f"restarted {name} answered version {reply['version']} checksum "
+                                  f"{reply['checksum']} to policy version {version} ({sync.update.checksum})")
+        return reply
 
     def cancel(self, pending: PendingRollout) -> None:
         """Drop a submitted batch: one still queued never runs (one already running finishes first;
@@ -236,7 +323,8 @@ class RolloutPool:
         queued before them and are verified by the next `collect` (or the next waiting broadcast)."""
         header, ref = (update.header, ray.put(update)) if isinstance(update, WeightUpdate) else (update.header,
                                                                                                  update.ref)
-        self._loads.append(PendingSync(header, self.engines.call("load_weights", ref), ref))
+        self._latest = PendingSync(header, self.engines.call("load_weights", ref), ref)
+        self._loads.append(self._latest)
         if not wait:
             return None
         syncs, self._loads = self._loads, []
@@ -257,8 +345,9 @@ class RolloutPool:
                             fix="the learner may still hold the GPU memory they need (`prompt-r1 plan` checks both "
                                 "fit); see the Ray logs of the actors' node")
 
-    def _verify(self, sync: "PendingSync", timeout_s: float) -> list[dict[str, Any]]:
-        """Every actor's answer to one sync, checked against what was sent (see `broadcast`)."""
+    def _verify(self, sync: "PendingSync", timeout_s: float, restarted: int = 0) -> list[dict[str, Any]]:
+        """Every actor's answer to one sync, checked against what was sent (see `broadcast`). An
+        actor that died loading it is restarted and loads it again (`rollout.actor_restarts`)."""
         update, engines = sync.update, self.engines
         try:
             replies = engines.gather(sync.refs, f"loading policy version {update.version}", timeout_s=timeout_s,
@@ -270,6 +359,13 @@ class RolloutPool:
                 "raise it for big models or slow networks, or see the Ray logs of that actor's node (stuck or out "
                 "of memory)") from err
         except ActorCallError as err:  # a `UserError` of the policy (`UnsupportedUpdate`) is raised as itself
+            dead = self._restartable(err, restarted) if sync is self._latest and update.version else []
+            for index in dead:
+                log.warning("%s died loading policy version %d: Ray restarted it; it loads it again",
+                            engines.names([index]), update.version)
+                sync.refs[index] = ray.put(self._reload(index, update.version))  # loaded and checked: its answer
+            if dead:
+                return self._verify(sync, timeout_s, restarted + len(dead))
             failure = err.errors[err.indices[0]]
             cause = getattr(failure, "cause", None) or failure  # the actor's own exception, without Ray's frames
             raise WeightSyncError(f"weight sync of policy version {update.version}: {engines.names(err.indices[:1])} "

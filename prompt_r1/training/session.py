@@ -109,6 +109,7 @@ class TrainingSession:
         # reward.cost `bonus`: sqrt(cost) of past trajectories, across steps; saved in checkpoints
         self.cost_window = CostWindow(cfg.reward.cost.window)
         self.turn_scorer = None  # `reward.turn.scorer`, loaded and checked against the pool by `_start`
+        self._restarts_reported = 0  # `pool.restarts` already in a step's `rollout_actor_restarts`
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> "TrainingSession":
@@ -399,6 +400,9 @@ class TrainingSession:
             self.run_ahead(hooks)  # the next steps' batches generate while this update runs
             metrics = hooks.stage("grpo-update", self.update, trajectories)
             metrics["rollout_time_s"] = rollout_s
+            # dead rollout actors Ray restarted since the last step's report (validation's included)
+            metrics["rollout_actor_restarts"] = float(self.pool.restarts - self._restarts_reported)
+            self._restarts_reported = self.pool.restarts
             hooks.stage("record", self.finish_step, trajectories)
             hooks.stage("broadcast-weights", self.broadcast)
             hooks.on_step(StepResult(index, metrics, trajectories))

@@ -211,7 +211,7 @@ def test_benchmarks_are_modules_that_edit_no_import_path():
     in folders by kind, so none needs to edit `sys.path` to import the project or each other."""
     bench = ROOT / "benchmarks"
     scripts = sorted(p for p in bench.rglob("*.py") if "results" not in p.parts)
-    assert {p.parent.name for p in scripts} == {"benchmarks", "speed", "experiments", "gpu", "screens"}
+    assert {p.parent.name for p in scripts} == {"benchmarks", "speed", "experiments", "gpu", "screens", "soak"}
     editing = [str(p.relative_to(ROOT)) for p in scripts if "sys.path" in p.read_text()]
     assert editing == []
     assert all((p.parent / "__init__.py").is_file() for p in scripts)

@@ -190,6 +190,7 @@ def stand_in_pool(modes: list[str], sync_timeout_s: float):
     pool.engines = ActorGroup("rollout engine", name="rollout pool")
     pool.engines.start(StandInEngine, [(mode,) for mode in modes], [{"num_cpus": 0}] * len(modes))
     pool._loads, pool._queued = [], []
+    pool.restartable, pool.restarts, pool._latest = False, 0, None  # stand-ins are not restarted
     pool.engines.locate(60, what="starting the stand-ins", field="f")
     return pool
 
