@@ -88,7 +88,22 @@ def kill_titled(tag: str, prefix: str) -> dict[str, Any] | None:
 
 
 def kill_rollout_actor(tag: str) -> dict[str, Any] | None:
-    return kill_titled(tag, "ray::RolloutWorker")
+    """kill -9 a rollout actor while it rolls out for a flow run that can still finish: one whose
+    process still has the worker that started it (a run orphaned by a killed worker crashes with
+    it, and a restart there would show nothing)."""
+    live = set()
+    for proc in flow_runs(tag):
+        with contextlib.suppress(psutil.Error):
+            parent = proc.parent()
+            if parent is not None and parent.environ().get(TAG_VAR) == tag:
+                live.add(flow_run_id(proc))
+    for proc in tagged(tag):
+        if title(proc).startswith("ray::RolloutWorker.rollout") and flow_run_id(proc) in live:
+            hit = {"pid": proc.pid, "title": title(proc), "flow_run": flow_run_id(proc)}
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGKILL)
+                return hit
+    return None
 
 
 def kill_learner(tag: str) -> dict[str, Any] | None:

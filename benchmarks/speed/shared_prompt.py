@@ -14,14 +14,13 @@ ratio holds whatever the machine.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.speed.update_passes import batch
+from benchmarks.speed.update_passes import batch, batch_args
 from prompt_r1.config.experiment import load_config
 from prompt_r1.learner.grpo_learner import GRPOLearner
 from prompt_r1.models.resolver import resolve_agent
@@ -30,12 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="configs/learning-compositional.yaml")
-    parser.add_argument("--turn-tokens", type=int, default=48, help="Tokens of each agent turn.")
-    parser.add_argument("--reply-tokens", type=int, default=72, help="Tokens of each inserted reply (with its tags).")
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    args = batch_args(__doc__.split("\n\n")[0], repeats=2)
     cfg = load_config(ROOT / args.config)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"device": "cpu"})})
     questions, group = cfg.rollout.batch_questions, cfg.rollout.group_size

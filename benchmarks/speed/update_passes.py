@@ -53,13 +53,18 @@ def batch(tokenizer, questions: int, group: int, turn_tokens: int, reply_tokens:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def batch_args(description: str, repeats: int) -> argparse.Namespace:
+    """The command line of a benchmark on `batch`: the run's config, the response's shape, repeats."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default="configs/learning-compositional.yaml")
     parser.add_argument("--turn-tokens", type=int, default=48, help="Tokens of each agent turn.")
     parser.add_argument("--reply-tokens", type=int, default=72, help="Tokens of each inserted reply (with its tags).")
-    parser.add_argument("--repeats", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=int, default=repeats)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = batch_args(__doc__.split("\n\n")[0], repeats=1)
     cfg = load_config(ROOT / args.config)
     questions, group = cfg.rollout.batch_questions, cfg.rollout.group_size
     settings = [("1 mini-batch, 1 pass (baseline)", questions, 1), ("2 mini-batches", max(1, questions // 2), 1),
