@@ -142,6 +142,7 @@ def _synchronous_run(session, hooks) -> None:
         hooks.stage("reward", session.score, trajectories)
         metrics = hooks.stage("grpo-update", session.update, trajectories)
         metrics["rollout_time_s"] = rollout_s
+        metrics["rollout_actor_restarts"] = 0.0  # none die here (a dead actor: tests/rollout/test_actor_restart.py)
         hooks.stage("record", session.finish_step, trajectories)
         hooks.stage("broadcast-weights", session.broadcast)
         hooks.on_step(StepResult(index, metrics, trajectories))
