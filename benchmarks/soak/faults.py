@@ -76,10 +76,11 @@ def flow_run_id(proc: psutil.Process) -> str | None:
     return None
 
 
-def kill_titled(tag: str, prefix: str) -> dict[str, Any] | None:
-    """kill -9 the first tagged process whose title starts with `prefix`; what was killed, or None."""
+def kill_titled(tag: str, prefix: str, runs: set[str | None] | None = None) -> dict[str, Any] | None:
+    """kill -9 the first tagged process whose title starts with `prefix` (of one of the flow
+    `runs`, when given); what was killed, or None."""
     for proc in tagged(tag):
-        if title(proc).startswith(prefix):
+        if title(proc).startswith(prefix) and (runs is None or flow_run_id(proc) in runs):
             hit = {"pid": proc.pid, "title": title(proc), "flow_run": flow_run_id(proc)}
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(signal.SIGKILL)
@@ -97,13 +98,7 @@ def kill_rollout_actor(tag: str) -> dict[str, Any] | None:
             parent = proc.parent()
             if parent is not None and parent.environ().get(TAG_VAR) == tag:
                 live.add(flow_run_id(proc))
-    for proc in tagged(tag):
-        if title(proc).startswith("ray::RolloutWorker.rollout") and flow_run_id(proc) in live:
-            hit = {"pid": proc.pid, "title": title(proc), "flow_run": flow_run_id(proc)}
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signal.SIGKILL)
-                return hit
-    return None
+    return kill_titled(tag, "ray::RolloutWorker.rollout", live)
 
 
 def kill_learner(tag: str) -> dict[str, Any] | None:

@@ -26,6 +26,8 @@ from tests.rollout import test_ray_rollout
 from tests.rollout.test_ray_rollout import EchoModelEnv, questions, smoke_cfg
 
 ray = pytest.importorskip("ray")
+local_ray = test_ray_rollout.local_ray  # the same local Ray, once per module
+
 
 class SlowLoggedEnv(EchoModelEnv):
     """The tiny model as environment, 0.3 s a reply, each reply logged as (actor pid, question)."""
@@ -71,18 +73,6 @@ def kill_when_busy(pool, index: int, log: Path, timeout_s: float = 60.0) -> int:
             return pid
         time.sleep(0.1)
     raise AssertionError(f"actor {index} answered nothing within {timeout_s}s")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    from prompt_r1.cluster.connect import init_ray
-    from prompt_r1.config.experiment import RolloutConfig
-
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(RolloutConfig(ray_num_cpus=2))
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
