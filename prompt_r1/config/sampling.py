@@ -227,7 +227,7 @@ class RolloutConfig(StrictModel):
         "restarted by Ray: the restarted actor first loads the weights last sent, then redoes only its own share "
         "of the batch (seeded per episode, so the trajectories are the same). One more in the same batch fails "
         "it naming the actor, as does any death with `max_staleness` >= 1 (Ray does not restart those actors). "
-        "Counted per step in `rollout_actor_restarts`. 0 = no restarts.")
+        "Counted in `rollout_actor_restarts`, per step (and in a validation's metrics when it saw one). 0 = no restarts.")
     colocate: bool = Field(
         False, description="vllm backend with a GPU learner: each rollout engine shares the GPUs of the learner "
         "ranks it is paired with (engine i: ranks i x tp to (i+1) x tp - 1, tp = `agent.tensor_parallel_size`) "

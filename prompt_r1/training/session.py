@@ -109,7 +109,7 @@ class TrainingSession:
         # reward.cost `bonus`: sqrt(cost) of past trajectories, across steps; saved in checkpoints
         self.cost_window = CostWindow(cfg.reward.cost.window)
         self.turn_scorer = None  # `reward.turn.scorer`, loaded and checked against the pool by `_start`
-        self._restarts_reported = 0  # `pool.restarts` already in a step's `rollout_actor_restarts`
+        self._restarts_reported = 0  # `pool.restarts` already in a `rollout_actor_restarts` (restarts_since_report)
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> "TrainingSession":
@@ -358,9 +358,19 @@ class TrainingSession:
                 f"({len(trajectories)} of {len(trajectories)}, nothing to score); first error: {failed.error}",
                 name, failed.error or "", rate)
         stats = rollout_stats(scored, self.cfg.reward.format_cap)
-        return {"val_reward": stats["reward_mean"], "val_answer": stats["answer_score"],
-                "val_format_valid": stats["format_valid_rate"], "val_env_error_rate": rate,
-                "val_scored": len(scored) / len(trajectories)}
+        out = {"val_reward": stats["reward_mean"], "val_answer": stats["answer_score"],
+               "val_format_valid": stats["format_valid_rate"], "val_env_error_rate": rate,
+               "val_scored": len(scored) / len(trajectories)}
+        restarts = self.restarts_since_report()
+        if restarts:  # an actor that died here, after the last step, would go uncounted otherwise
+            out["rollout_actor_restarts"] = restarts
+        return out
+
+    def restarts_since_report(self) -> float:
+        """Rollout actors Ray restarted (`RolloutPool.restarts`) since the last step or validation
+        reported them: each restart is counted once, in the report after it."""
+        new, self._restarts_reported = self.pool.restarts - self._restarts_reported, self.pool.restarts
+        return float(new)
 
     def export_agent(self) -> Path | None:
         """The final checkpoint as a plain HF folder (`run_dir/agent`): merged under LoRA, no
@@ -400,9 +410,7 @@ class TrainingSession:
             self.run_ahead(hooks)  # the next steps' batches generate while this update runs
             metrics = hooks.stage("grpo-update", self.update, trajectories)
             metrics["rollout_time_s"] = rollout_s
-            # dead rollout actors Ray restarted since the last step's report (validation's included)
-            metrics["rollout_actor_restarts"] = float(self.pool.restarts - self._restarts_reported)
-            self._restarts_reported = self.pool.restarts
+            metrics["rollout_actor_restarts"] = self.restarts_since_report()
             hooks.stage("record", self.finish_step, trajectories)
             hooks.stage("broadcast-weights", self.broadcast)
             hooks.on_step(StepResult(index, metrics, trajectories))
