@@ -40,6 +40,7 @@ from benchmarks.soak.services import TAG_VAR, Services
 ROOT = Path(__file__).resolve().parents[2]
 SECRET_VAR = "PROMPT_R1_SOAK_API_KEY"
 TARGET_WAIT_S = 120.0   # a kill waits this long at most for its target (a run that trains) to exist
+TARGET_POLL_S = 0.5     # and looks this often: a rollout of the smoke config lasts a few seconds
 log = logging.getLogger("soak")
 
 
@@ -95,7 +96,7 @@ class Soak:
             hit = kill(self.tag)
             if hit:
                 return hit
-            time.sleep(2)
+            time.sleep(TARGET_POLL_S)
         return {"skipped": f"nothing to kill within {TARGET_WAIT_S:g}s (no run was training)"}
 
     def _inject(self, fault) -> dict[str, Any]:
