@@ -108,6 +108,7 @@ class _ValidationPool:
 
     def __init__(self, errors: list[str | None]):
         self.errors = errors
+        self.restarts = 0  # `RolloutPool.restarts`: no actor died here
 
     def rollout(self, questions, step, greedy=False, group_size=None, score=True):
         assert greedy and group_size == 1 and not score
