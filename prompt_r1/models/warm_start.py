@@ -111,21 +111,6 @@ def _examples(tokenizer, rng: random.Random, copy_question: bool,
     return pairs
 
 
-def target_loss(model, ids, attention, labels):
-    """The causal-LM loss `model(..., labels=labels).loss` computes (mean cross-entropy over the
-    labelled next tokens), with the output layer run on the labelled positions alone: in a warm-start
-    batch the targets are about 7% of the tokens, and the vocabulary-wide logits of the other 93%
-    were a third of each step's time. (No logit scaling or soft-capping: the Llama-family models
-    this warm start trains have none.)"""
-    import torch
-
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
-    targets = labels[:, 1:]  # position t predicts token t+1
-    keep = targets != -100
-    logits = model.get_output_embeddings()(hidden[:, :-1][keep]).float()
-    return torch.nn.functional.cross_entropy(logits, targets[keep])
-
-
 def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e-3, seed: int = 0,
                          copy_question: bool = False, follow_up: bool = False) -> Path:
     """Save a copy of `base` fine-tuned on the protocol's turn shapes to `out` (cached by path).
@@ -162,7 +147,7 @@ def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e
             ids[i, : len(seq)] = torch.tensor(seq)
             labels[i, len(context) : len(seq)] = torch.tensor(target)
             attention[i, : len(seq)] = 1
-        loss = target_loss(model, ids, attention, labels)
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
