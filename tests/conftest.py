@@ -17,6 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # Before any test module imports huggingface_hub, which reads it once: a hub id fails at once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Before any test module imports ray, which reads it once: a Ray call left over from an earlier test
+# (a thread, a finaliser) raises instead of starting a local Ray that the tests after it would find.
+os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 SHARED_DATA = Path(os.environ.get("PROMPT_R1_SHARED_DATA", ROOT.parent / "shared" / "data" / "prompt-r1"))
 
 

@@ -3,6 +3,7 @@
 Two actors sample at temperature 1 (draws seeded per question, sample and turn: `policy.hf` gives
 each row its own generator) after a weight broadcast, against a real tiny transformers
 environment that takes a moment per reply and logs which actor process answered which episode.
+The batch is two questions whose episodes call the environment (`calling_batch`).
 One actor is killed in the middle of a batch, the other between batches: each time the batch
 equals the one rolled out before any kill (so the restarted actor loaded the broadcast weights,
 not the ones it was built with), only the dead actor's questions were asked again, and
@@ -94,15 +95,27 @@ def logged_env(log: Path):
     return functools.partial(SlowLoggedEnv, log=str(log))
 
 
+def calling_batch(pool, step: int, log: Path):
+    """Two questions (one per actor) whose episodes call the environment at `step` under the pool's
+    weights: whether a sampled episode calls depends on the draws, and a share that never calls
+    gives the kill nothing to wait for. Found by rolling out every candidate once."""
+    candidates = questions(5)
+    probe = pool.rollout(candidates, step=step)
+    calling = [q for q in candidates if any(t.env_calls for t in probe if t.question_id == q.question_id)]
+    assert len(calling) >= 2, [(t.question_id, len(t.env_calls)) for t in probe]
+    log.unlink(missing_ok=True)
+    return calling[:2]
+
+
 def test_a_killed_actor_is_restarted_and_redoes_only_its_share(local_ray, protocol_model, reply_log):
     from concurrent.futures import ThreadPoolExecutor
 
     from prompt_r1.rollout.pool import RolloutPool
 
     cfg = smoke_cfg(model="tiny-protocol", temperature=1.0)
-    batch = questions(2)  # one question (two episodes) per actor
     with RolloutPool(cfg, protocol_model, 2, env_factory=logged_env(reply_log)) as pool:
         pool.broadcast(perturbed_update(protocol_model, 1))
+        batch = calling_batch(pool, 3, reply_log)  # one question (two episodes) per actor
         expected = pool.rollout(batch, step=3)
         assert {t.policy_version for t in expected} == {1} and len(expected) == 4
         assert any(t.env_calls for t in expected[:2]) and any(t.env_calls for t in expected[2:])
@@ -139,8 +152,9 @@ def test_without_restarts_a_dead_actor_fails_the_batch_naming_it(local_ray, prot
     cfg = smoke_cfg(model="tiny-protocol", temperature=1.0)
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"actor_restarts": 0})})
     with RolloutPool(cfg, protocol_model, 2, env_factory=logged_env(reply_log)) as pool:
+        batch = calling_batch(pool, 0, reply_log)
         with ThreadPoolExecutor(1) as background:
-            running = background.submit(pool.rollout, questions(2), 0)
+            running = background.submit(pool.rollout, batch, 0)
             killed = kill_when_busy(pool, 0, reply_log)
             with pytest.raises(ActorCallError, match=rf"rollout engine 0 \(node [^,]+, pid {killed}\) died during"):
                 running.result(timeout=300)
