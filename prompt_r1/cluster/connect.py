@@ -182,17 +182,27 @@ def _connect(address: str, timeout_s: float) -> None:
             raise RayWaitError(f"cannot reach Ray at {target[0]}:{target[1]} within {timeout_s:g}s "
                                f"(rollout.ray_connect_timeout_s): {err}. {fix}") from err
     failure: list[BaseException] = []
+    given_up = threading.Event()
+    lock = threading.Lock()
 
     def connect() -> None:
         try:
             ray.init(address=address, logging_level=logging.WARNING)
         except BaseException as err:  # handed to the caller's thread
             failure.append(err)
+            return
+        with lock:
+            if given_up.is_set():  # connected after the caller was told it failed: leave no connection
+                ray.shutdown()
 
     thread = threading.Thread(target=connect, name="ray-init", daemon=True)
     thread.start()
     thread.join(timeout_s)
-    if thread.is_alive():
+    with lock:
+        late = thread.is_alive()
+        if late:
+            given_up.set()
+    if late:
         raise RayWaitError(f"Ray at {address} accepted a connection but did not answer as a Ray cluster "
                            f"within {timeout_s:g}s (rollout.ray_connect_timeout_s). {fix}")
     if failure:

@@ -23,6 +23,16 @@ def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _no_ray_before():
+    """These tests check that their own command starts no Ray: one that an earlier test of this
+    worker left running (seen once under xdist, not reproduced alone) is stopped first."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def _refused(args: list[str], *words: str, code: int = 2) -> str:
     """Run a command that must stop with `error: ...` naming `words`; return its output."""
     result = CliRunner().invoke(app, args)
@@ -237,3 +247,18 @@ def test_a_training_session_refuses_a_device_it_lacks_before_a_run_folder_or_ray
         with TrainingSession(cfg, warehouse, "r", tmp_path / "run"):
             pass
     assert not (tmp_path / "run").exists() and not ray.is_initialized()
+
+
+def test_train_refuses_gpu_rollouts_where_no_gpu_is_visible_before_ray(home):
+    """`agent.device: cuda` on a machine whose torch sees no GPU: one message naming the settings,
+    from `train` and `run-flow train` alike, before Ray or a run folder (not an error per actor)."""
+    import ray
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    sets = ["agent.device=cuda", "agent.batch_invariant=false", "rollout.gpus_per_worker=0.5"]
+    for command in (["train"], ["run-flow", "train"]):
+        _refused([*command, *SMOKE, *[a for s in sets for a in ("--set", s)]], "agent.device",
+                 "sees no CUDA GPU", "rollout.gpus_per_worker to 0")
+        assert not ray.is_initialized() and not (home / "smoke").exists()
