@@ -13,9 +13,10 @@ time is recorded with its error, and the next part runs):
   actor on the GPU Ray counts), stopped after its step-1 checkpoint, then `--resume` to step 4; the
   warehouse shows each step sampled by the weights of the step before (sync by version; every sync's
   checksum is checked by the session, which stops the run on a mismatch);
-- d: real SmolLM2 weights (`configs/learning-smollm.yaml`, transformers rollouts, in-process
-  environment) at 16 questions x 8 samples a step, learner on the GPU: seconds per step and the
-  reward per step, from the warehouse;
+- d: real SmolLM2 weights (`configs/learning-smollm.yaml`) at 16 questions x 8 samples a step, the
+  transformers rollouts and the in-process environment generating on the learner's GPU
+  (`agent.device: cuda`, `rollout.colocate`), learner on the GPU: seconds per step, the rollout's and
+  the update's seconds (MLflow) and the reward per step (warehouse);
 - e: full-weight against LoRA sync at the Qwen3-1.7B shape (weight_sync.py): bytes and seconds.
 
 Writes `gpu_check.json` (everything) and `gpu_check.log` (every part's output) into `--out` (a folder
@@ -230,13 +231,14 @@ def part_d(r: Runner, args) -> dict:
     if args.dry_run:  # the smoke pair: the real weights would take this machine minutes a step
         config, sets = "configs/smoke.yaml", ["rollout.batch_questions=2", "rollout.group_size=2", *dry_agent(args)]
     else:
-        # the rollouts sample on the machine's 16 CPU cores (no vLLM there): 7 actors of 2 cores beside
-        # the learner's 1, each group's 8 rows batched (one row at a time is several times slower)
+        # the rollouts generate on the learner's GPU (`rollout.colocate`): one actor, every agent turn of
+        # the 128 episodes as one batch in bf16, the in-process environment on the same GPU
         config = "configs/learning-smollm.yaml"
-        sets = ["agent.backend=transformers", "agent.batch_invariant=false", "environment.kind=inprocess",
+        sets = ["agent.backend=transformers", "agent.batch_invariant=false", "agent.device=cuda",
+                "agent.dtype=bfloat16", "rollout.colocate=true", "rollout.num_workers=1", "rollout.cpus_per_worker=2",
+                "environment.kind=inprocess", "environment.device=cuda", "environment.concurrency=128",
                 "rollout.batch_questions=16", "rollout.group_size=8", "train.mini_batch_questions=16",
-                "train.micro_batch_size=16", "rollout.num_workers=7", "rollout.cpus_per_worker=2",
-                "rollout.ray_num_cpus=16", "train.checkpoint_every=100"]
+                "train.micro_batch_size=16", "train.checkpoint_every=100"]
     sets += [f"train.device={args.device}", f"train.steps={args.d_steps}", *args.d_set]
     t0 = time.monotonic()
     error = None
@@ -250,9 +252,35 @@ def part_d(r: Runner, args) -> dict:
         raise RuntimeError(error or "no step was recorded")
     gaps = [b["recorded_at"] - a["recorded_at"] for a, b in zip(steps, steps[1:])]
     step_s = sum(gaps) / len(gaps) if gaps else None
+    stages = stage_seconds(home)
+    shares = None
+    if step_s and stages.get("rollout_time_s") and stages.get("step_time_s"):
+        rollout, update = stages["rollout_time_s"], stages["step_time_s"]
+        rest = max(step_s - rollout - update, 0.0)  # the weight sync, scoring and recording
+        shares = {"generation": rollout / step_s, "update": update / step_s, "sync_and_rest": rest / step_s}
     return {"config": config, "sets": sets, "wall_s": wall, "steps_recorded": len(steps), "step_s": step_s,
             "steps_per_hour": 3600 / step_s if step_s else None, "reward_per_step": [s["reward_mean"] for s in steps],
-            "steps": steps, "cut_short": error}
+            "stage_s": stages, "shares": shares, "steps": steps, "cut_short": error}
+
+
+def stage_seconds(home: Path) -> dict[str, float]:
+    """Mean seconds a step spent rolling out (`rollout_time_s`) and updating (`step_time_s`), from the
+    train run's MLflow metrics (the first step left out where there are more: it loads and compiles)."""
+    if not (home / "mlflow.db").exists():
+        return {}
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, "tags.flow = 'train'") if experiments else []
+    out: dict[str, float] = {}
+    for name in ("rollout_time_s", "step_time_s"):
+        values = [m.value for run in runs for m in sorted(client.get_metric_history(run.info.run_id, name),
+                                                           key=lambda m: m.step)]
+        values = values[1:] if len(values) > 1 else values
+        if values:
+            out[name] = sum(values) / len(values)
+    return out
 
 
 def part_e(r: Runner, args) -> dict:
@@ -321,6 +349,10 @@ def describe(name: str, r: dict) -> str:
                 f"{r['sampled_by_previous_version']}")
     if name == "d":
         per = f"{r['step_s']:.1f} s/step ({r['steps_per_hour']:.0f}/h)" if r["step_s"] else "one step: no interval"
+        if r.get("stage_s"):
+            per += ", " + ", ".join(f"{k.removesuffix('_time_s')} {v:.1f} s" for k, v in r["stage_s"].items())
+        if r.get("shares"):
+            per += " (" + ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["shares"].items()) + ")"
         return (f"{r['steps_recorded']} steps, {per}, reward per step "
                 f"{', '.join(f'{x:.3f}' for x in r['reward_per_step'])}" + (" (cut short)" if r["cut_short"] else ""))
     if name == "e":

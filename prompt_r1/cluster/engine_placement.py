@@ -8,17 +8,22 @@ explicit and the same on a laptop and a cluster:
   then runs its extra ranks as local processes on the GPUs Ray gave the actor). A cluster with
   fewer GPUs than the pool needs is a placement error naming what is missing, never a silent
   fall-back to CPU.
-- otherwise (the transformers backend, or vLLM on a cluster without GPUs): `{CPU:
+- the transformers backend with `rollout.gpus_per_worker` g > 0 (`agent.device: cuda`): `{CPU:
+  rollout.cpus_per_worker, GPU: g}`; a fraction lets Ray pack several actors on one GPU (it sets
+  each one's `CUDA_VISIBLE_DEVICES` to the GPU it chose). A cluster without GPUs is refused.
+- otherwise (the transformers backend on CPU, or vLLM on a cluster without GPUs): `{CPU:
   rollout.cpus_per_worker}`. Such an actor gets `CUDA_VISIBLE_DEVICES=""`: Ray leaves the
   variable alone for actors without GPUs, so they would see every GPU of their node, also those
   Ray gave to learner ranks or other engines.
 
-- `rollout.colocate` with the vllm backend and a learner on GPUs: engine i shares the GPUs of
-  learner ranks i x tp .. (i+1) x tp - 1 (`shared_gpus`). Its bundle is `{CPU:
-  rollout.cpus_per_worker, node:<ip>: 0.001}`, Ray's own per-node resource, so it lands on those
-  ranks' node; it holds no GPU of Ray's (the ranks hold them) and gets `CUDA_VISIBLE_DEVICES` set
-  to the ranks' GPU ids, the ids Ray gave the ranks. Its memory is `agent.vllm_gpu_memory_utilization`
-  of each GPU, beside the learner's, and it sleeps while the learner updates (`RolloutPool.sleep`).
+- `rollout.colocate` with the vllm backend (or the transformers backend on `cuda`) and a learner
+  on GPUs: engine i shares the GPUs of learner ranks i x tp .. (i+1) x tp - 1 (`shared_gpus`). Its
+  bundle is `{CPU: rollout.cpus_per_worker, node:<ip>: 0.001}`, Ray's own per-node resource, so it
+  lands on those ranks' node; it holds no GPU of Ray's (the ranks hold them) and gets
+  `CUDA_VISIBLE_DEVICES` set to the ranks' GPU ids, the ids Ray gave the ranks. A vLLM engine's
+  memory is `agent.vllm_gpu_memory_utilization` of each GPU, beside the learner's, and it sleeps
+  while the learner updates (`RolloutPool.sleep`); a transformers policy keeps its weights there
+  and frees its cached blocks.
 
 Each actor has its own group because engines are independent: they need not share a node, so a
 pool spreads over whatever nodes have room, and one engine's GPUs are reserved all together or
@@ -60,10 +65,19 @@ def engine_bundle(agent: AgentConfig, rollout: RolloutConfig, cluster_gpus: floa
     {'CPU': 2.0}
     >>> engine_bundle(AgentConfig(backend="vllm"), RolloutConfig(), cluster_gpus=0)
     {'CPU': 1.0}
+    >>> engine_bundle(AgentConfig(), RolloutConfig(gpus_per_worker=0.25), cluster_gpus=1)
+    {'CPU': 1.0, 'GPU': 0.25}
     """
     cpus = float(rollout.cpus_per_worker)
     if agent.backend != "vllm":
-        return {"CPU": cpus}
+        if not rollout.gpus_per_worker:
+            return {"CPU": cpus}
+        if cluster_gpus <= 0:
+            raise PlacementError(
+                f"rollout.gpus_per_worker={rollout.gpus_per_worker:g} asks each rollout actor for a GPU share "
+                f"(agent.device={agent.device}), but this Ray cluster has no GPU: set agent.device to cpu and "
+                "rollout.gpus_per_worker to 0, or connect to a cluster with GPUs (rollout.ray_address)")
+        return {"CPU": cpus, "GPU": float(rollout.gpus_per_worker)}
     if cluster_gpus > 0:
         return {"CPU": cpus, "GPU": float(agent.tensor_parallel_size)}
     if agent.tensor_parallel_size > 1:
@@ -103,9 +117,10 @@ def shared_gpus(cfg: Config, num_workers: int, learner_placements: list[dict[str
     if not cfg.rollout.colocate:
         return None
     ranks = learner_placements or []
-    if cfg.agent.backend != "vllm" or not ranks or not all(p.get("gpu_ids") for p in ranks):
+    on_gpu = cfg.agent.backend == "vllm" or cfg.agent.device == "cuda"
+    if not on_gpu or not ranks or not all(p.get("gpu_ids") for p in ranks):
         log.info("rollout.colocate: %s, so the rollout engines are placed as usual",
-                 "the transformers backend samples on CPU" if cfg.agent.backend != "vllm"
+                 "the transformers backend samples on CPU (agent.device)" if not on_gpu
                  else "the learner holds no GPU to share")
         return None
     tp = cfg.agent.tensor_parallel_size

@@ -41,6 +41,9 @@ class EnvConfig(StrictModel):
         "`inprocess` = transformers model in this process.",
     )
     model: str = Field("tiny", description="Model name (openai) or model id/folder (vllm, inprocess).")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="kind=inprocess: where its model generates (`cuda`: the GPU its process sees, e.g. the "
+        "rollout actor's share under `agent.device: cuda`). Other kinds run where their server runs.")
     base_url: str | None = Field(None, description="OpenAI-compatible base URL (kind=openai).")
     api_key_env: str | None = Field(
         None, description="Name of the environment variable holding the API key (never the key)."
@@ -137,6 +140,9 @@ class EnvConfig(StrictModel):
     def _check_kind(self) -> "EnvConfig":
         if self.kind == "openai" and not self.base_url:
             raise ValueError("kind=openai needs base_url")
+        if self.device == "cuda" and self.kind != "inprocess":
+            raise ValueError(f"device=cuda places an in-process model; kind={self.kind} runs where its server runs: "
+                             "leave device at cpu")
         return self
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from prompt_r1.config.base import SAFE_NAME, ConfigError, SafeName, StrictModel
 from prompt_r1.config.env import EnvConfig
@@ -66,6 +66,18 @@ class Config(StrictModel):
         description="Evaluation: methods x datasets x environment LLMs, the agents compared and their decoding.",
     )
 
+    @model_validator(mode="after")
+    def _rollout_device_has_its_gpus(self) -> "Config":
+        gpus = self.rollout.gpus_per_worker
+        if self.agent.device == "cuda" and not gpus and not self.rollout.colocate:
+            raise ValueError("agent.device=cuda with rollout.gpus_per_worker=0: a rollout actor without a GPU share "
+                             "sees no GPU; set rollout.gpus_per_worker (1 = a GPU each, 0.25 = four actors on one), "
+                             "or rollout.colocate=true to share the learner's GPUs")
+        if self.agent.backend == "vllm" and gpus:
+            raise ValueError(f"rollout.gpus_per_worker={gpus:g} is the transformers backend's GPU share; a vLLM "
+                             "engine takes agent.tensor_parallel_size GPUs: set rollout.gpus_per_worker to 0")
+        return self
+
     def hash(self) -> str:
         """Stable short hash of the resolved config (identifies a run's settings).
 
@@ -86,6 +98,7 @@ class Config(StrictModel):
             data["reward"].pop("normalize_parts")
         data["eval"].pop("agent_placement")  # where evaluation's engines run, not what they answer
         data["rollout"].pop("actor_restarts")  # whether a step survives a dead actor, not what it computes
+        data["rollout"].pop("gpus_per_worker")  # how much of a GPU an actor reserves, not what it samples
         _drop_unset_additions(data)
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -149,11 +162,14 @@ class Config(StrictModel):
 
 def _drop_unset_additions(data: dict[str, Any]) -> None:
     """Leave keys added after runs were recorded out of the hash while they hold their default
-    (`agent.describe_environment` off, an empty environment `description`, no
+    (`agent.describe_environment` off, `agent.device` cpu, an environment's `device` cpu, an empty
+    environment `description`, no
     `eval.environment_suites`), so those runs keep
     their hash and resume as the same run."""
     if not data["agent"].get("describe_environment"):
         data["agent"].pop("describe_environment", None)
+    if data["agent"].get("device") == "cpu":
+        data["agent"].pop("device", None)
     if not data["eval"].get("environment_suites"):
         data["eval"].pop("environment_suites", None)
     optimizer = data["eval"].get("baselines", {}).get("optimizer")
@@ -162,6 +178,8 @@ def _drop_unset_additions(data: dict[str, Any]) -> None:
     for env in envs:
         if not env.get("description"):
             env.pop("description", None)
+        if env.get("device") == "cpu":
+            env.pop("device", None)
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -111,6 +111,14 @@ class AgentConfig(StrictModel):
         "float32 master weights and optimiser state and, for `bfloat16`, runs forward/backward under "
         "autocast (see `train.autocast`), since at lr 1e-6 a bfloat16 weight update rounds away.",
     )
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="transformers backend: where each rollout actor's policy samples. `cuda`: on the GPU share "
+        "Ray gives the actor (`rollout.gpus_per_worker`, so several actors can share one GPU), every agent turn "
+        "waiting at once as one left-padded batch over the KV cache (needs `batch_invariant: false`); "
+        "`bfloat16` suits it. Evaluation, `ask` and `serve` sample on CPU (or with vLLM). The vllm backend "
+        "places itself (`tensor_parallel_size`).",
+    )
     max_new_tokens: int = Field(128, ge=1, description="Token limit of one agent turn.")
     max_response_tokens: int = Field(
         1024, ge=1, description="Token budget of the whole response (agent + environment tokens)."
@@ -179,8 +187,16 @@ class AgentConfig(StrictModel):
     def _tensor_parallel_needs_vllm(self) -> "AgentConfig":
         if self.tensor_parallel_size > 1 and self.backend != "vllm":
             raise ValueError(f"agent.tensor_parallel_size={self.tensor_parallel_size} splits a vLLM engine over "
-                             "GPUs; the transformers backend runs one CPU copy per rollout actor: set "
+                             "GPUs; the transformers backend runs one copy per rollout actor: set "
                              "agent.tensor_parallel_size to 1 or agent.backend to vllm")
+        if self.device == "cuda" and self.backend != "transformers":
+            raise ValueError("agent.device=cuda places the transformers backend's policy; a vLLM engine takes its "
+                             "GPUs from agent.tensor_parallel_size: leave agent.device at cpu")
+        if self.device == "cuda" and self.batch_invariant:
+            raise ValueError("agent.device=cuda generates each agent turn's rows as one batch on the GPU, and "
+                             "agent.batch_invariant=true would generate them one by one: set "
+                             "agent.batch_invariant to false (a GPU's batched kernels are not batch-invariant "
+                             "anyway; see docs/determinism.md)")
         return self
 
 
@@ -199,6 +215,12 @@ class RolloutConfig(StrictModel):
     cpus_per_worker: float = Field(
         1.0, gt=0, description="CPUs in each rollout actor's placement bundle (with the vllm backend on a "
         "cluster with GPUs the bundle also holds `agent.tensor_parallel_size` GPUs).")
+    gpus_per_worker: float = Field(
+        0.0, ge=0.0, le=8.0,
+        description="transformers backend: the share of a GPU each rollout actor's placement bundle holds "
+        "(0.25: four actors on one GPU, Ray packs them). Needed by `agent.device: cuda` (an actor without a "
+        "GPU share sees none); with `agent.device: cpu` it only reserves. The vllm backend takes "
+        "`agent.tensor_parallel_size` GPUs instead.")
     ray_address: str | None = Field(
         None, description="Ray cluster address (`head:6379`, `ray://head:10001`); None = this process starts "
         "its own local Ray instance (`ray.init(address=\"local\")`), never joining one already running on "

@@ -1,4 +1,5 @@
-"""Environment LLM as a transformers model inside this process: no server, for tests and laptops.
+"""Environment LLM as a transformers model inside this process: no server, for tests, laptops and a
+rollout actor's own GPU share (`device: cuda`).
 
 It has the same contract as the OpenAI client (`Environment.reply` never raises for call
 failures, usage = real token counts), so the rollout loop and the evaluation cannot tell the
@@ -75,9 +76,14 @@ class InProcessEnvironment(Environment):
         if self.template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError(f"environment `{cfg.name}`: model {self.model_path} has no chat template; "
                               "set `chat_template` in the environment config")
+        self.device = torch.device(cfg.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"environment `{cfg.name}` has device 'cuda' but this process sees no CUDA GPU (torch "
+                              f"{torch.__version__}): set its device to cpu, or under agent.device cuda check "
+                              "rollout.gpus_per_worker")
         with model_load_errors(cfg.model, f"environment `{cfg.name}` (its `model`)"):
             self.lm = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        self.lm.eval()
+        self.lm.to(self.device).eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.lm.generation_config.eos_token_id)
         self.pad_id = pad_token_id(self.tokenizer, self.stop_ids)
         self.context_limit = int(getattr(self.lm.config, "max_position_embeddings", 0) or 0) or None
@@ -150,12 +156,14 @@ class InProcessEnvironment(Environment):
         """New token ids per prompt, cut after the first stop token (which is kept and counted)."""
         import torch
 
-        input_ids, attention = left_pad(prompts, self.pad_id)
+        input_ids, attention = (t.to(self.device) for t in left_pad(prompts, self.pad_id))
         width = input_ids.shape[1]
         greedy = self.cfg.temperature == 0.0
         options: dict[str, Any] = {"do_sample": False} if greedy else {
             "do_sample": True, "temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "top_k": 0}
-        with self._generate_lock, torch.inference_mode(), torch.random.fork_rng(devices=[]):
+        # the sampling seed is this batch's own: the global RNG (the GPU's too, where it samples) is put back
+        devices = [torch.cuda.current_device()] if self.device.type == "cuda" else []
+        with self._generate_lock, torch.inference_mode(), torch.random.fork_rng(devices=devices):
             self.batch_sizes.append(len(prompts))
             self._batches_run += 1
             torch.manual_seed(derive_seed("env_batch", self.cfg.seed or 0, self._batches_run))

@@ -109,14 +109,16 @@ async def _env_method(env, questions: list[QuestionRow], method: str, concurrent
 
 
 def eval_agent(cfg: Config) -> AgentConfig:
-    """The agent's settings for evaluation: `eval.temperature` and `eval.top_p` (greedy by default).
+    """The agent's settings for evaluation: `eval.temperature` and `eval.top_p` (greedy by default),
+    on CPU with the transformers backend: `agent.device` places training's rollout actors, whose GPU
+    shares evaluation's engines, `ask` and `serve` do not hold (vLLM places itself).
 
     >>> from prompt_r1.config.experiment import parse_config
     >>> a = eval_agent(parse_config({"eval": {"temperature": 0.7, "top_p": 0.8}}))
     >>> (a.temperature, a.top_p), (eval_agent(Config()).temperature, eval_agent(Config()).top_p)
     ((0.7, 0.8), (0.0, 1.0))
     """
-    return cfg.agent.model_copy(update={"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p})
+    return cfg.agent.model_copy(update={"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p, "device": "cpu"})
 
 
 def eval_rollout(cfg: Config) -> RolloutConfig:

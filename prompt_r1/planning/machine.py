@@ -13,7 +13,7 @@ import logging
 import math
 import os
 
-from prompt_r1.config.experiment import Config
+from prompt_r1.config.experiment import Config, ConfigError
 from prompt_r1.models.architecture import Architecture
 from prompt_r1.planning.memory import DEFAULT_GPU_MEMORY_GIB, DEFAULT_PROMPT_TOKENS, GIB, Machine
 from prompt_r1.planning.plan import Plan, PlanError, make_plan
@@ -115,6 +115,18 @@ def check_train_device(cfg: Config) -> None:
     resolve_device(cfg.train.device)
 
 
+def check_rollout_device(cfg: Config) -> None:
+    """`agent.device: cuda` on a local Ray instance needs a GPU torch can see here: refused before Ray
+    starts, not by each rollout actor (`policy.hf.rollout_device`). A cluster is left to its nodes."""
+    if cfg.agent.device != "cuda" or cfg.rollout.ray_address:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"agent.device is 'cuda' but torch {torch.__version__} sees no CUDA GPU on this machine: "
+                          "set agent.device to cpu and rollout.gpus_per_worker to 0, or run where a GPU is visible")
+
+
 def check_model_sources(cfg: Config) -> None:
     """The model of each in-process training environment (`train.environments`, else `environment`)
     can load here: no hub id an offline machine cannot fetch, no missing folder. It loads inside
@@ -131,9 +143,11 @@ def check_model_sources(cfg: Config) -> None:
 
 
 def check_before_ray(cfg: Config) -> None:
-    """What a training run would otherwise learn only inside Ray: `train.device` (`check_train_device`)
-    and the models the actors load (`check_model_sources`). Takes seconds and starts nothing."""
+    """What a training run would otherwise learn only inside Ray: `train.device` (`check_train_device`),
+    `agent.device` (`check_rollout_device`) and the models the actors load (`check_model_sources`).
+    Takes seconds and starts nothing."""
     check_train_device(cfg)
+    check_rollout_device(cfg)
     check_model_sources(cfg)
 
 
@@ -144,8 +158,9 @@ def preflight(cfg: Config, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Plan |
     from prompt_r1.models.architecture import architecture_for
 
     check_train_device(cfg)
+    check_rollout_device(cfg)
 
-    if cfg.train.device == "cpu" and cfg.agent.backend != "vllm":
+    if cfg.train.device == "cpu" and cfg.agent.backend != "vllm" and cfg.agent.device == "cpu":
         return None
     machine = _visible_machine(cfg)
     if machine is None:

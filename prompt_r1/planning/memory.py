@@ -192,10 +192,15 @@ def root_params(arch: Architecture) -> int:
 
 
 def colocated(cfg: Config, machine: Machine) -> bool:
-    """Whether the engines share the learner's GPUs: `rollout.colocate` with vLLM engines and a
+    """Whether the engines share the learner's GPUs: `rollout.colocate` with engines on GPU and a
     learner on GPUs (otherwise engines are placed as usual)."""
-    return (cfg.rollout.colocate and cfg.agent.backend == "vllm" and bool(machine.gpus_per_node)
+    return (cfg.rollout.colocate and on_gpu(cfg) and bool(machine.gpus_per_node)
             and cfg.train.device != "cpu")
+
+
+def on_gpu(cfg: Config) -> bool:
+    """Whether rollout engines sample on GPUs where there are some: vLLM, or transformers on `cuda`."""
+    return cfg.agent.backend == "vllm" or cfg.agent.device == "cuda"
 
 
 def learner_parts(cfg: Config, arch: Architecture, prompt_tokens: int) -> dict[str, float]:
@@ -278,6 +283,8 @@ def engine_component(cfg: Config, arch: Architecture, machine: Machine, prompt_t
             f"weights ({agent.dtype}{f', 1/{tp} each' if tp > 1 else ''})": weights,
             "runtime (CUDA context, graphs, workspace)": ENGINE_RUNTIME_GIB, "KV cache": kv}, notes,
             shared=together, colocated=together, host=host, asleep=ENGINE_RUNTIME_GIB if together else 0.0)
+    if agent.device == "cuda" and machine.gpus_per_node:
+        return transformers_gpu_engine(cfg, arch, machine, name, seq, seqs)
     weights = _gib(arch.params * db)
     override = cpu_kv_cache_override()
     if agent.backend == "vllm" and override is not None:
@@ -294,6 +301,26 @@ def engine_component(cfg: Config, arch: Architecture, machine: Machine, prompt_t
     return Component(name, "engine", 0, {
         f"weights ({agent.dtype})": weights, "KV cache": _gib(kv_bytes), "runtime (libraries)": RUNTIME_GIB,
         "a received weight update (during a sync)": _gib(trainable_params(cfg, arch) * db)}, [note])
+
+
+def transformers_gpu_engine(cfg: Config, arch: Architecture, machine: Machine, name: str, seq: int,
+                            seqs: int) -> Component:
+    """A transformers policy on a GPU share (`agent.device: cuda`): its weights, the KV cache of every
+    row of its share of the batch at full length, and one step's logits (the last position of each
+    row, in the model's dtype and as 4 processed float32 copies). A share below one
+    GPU (`rollout.gpus_per_worker`) is placed beside what holds the GPU."""
+    agent = cfg.agent
+    db = DTYPE_BYTES[agent.dtype]
+    together = colocated(cfg, machine)
+    parts = {f"weights ({agent.dtype})": _gib(arch.params * db),
+             "KV cache": _gib(seqs * seq * arch.kv_bytes_per_token(db)),
+             "logits (the last position, 4 float32 copies)": _gib(seqs * arch.vocab * (db + 16)),
+             "runtime (CUDA context, workspace)": RUNTIME_GIB}
+    share = "its learner ranks' GPU" if together else f"{cfg.rollout.gpus_per_worker:g} of a GPU"
+    notes = [f"transformers on {share}: {seqs} rows of up to {seq} tokens generated at once"]
+    return Component(name, "engine", 1, parts, notes, shared=together or cfg.rollout.gpus_per_worker < 1,
+                     colocated=together,
+                     asleep=sum(parts.values()) - parts["KV cache"] if together else 0.0)
 
 
 def engine_kv_least(cfg: Config, arch: Architecture) -> float:

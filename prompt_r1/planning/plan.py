@@ -47,7 +47,7 @@ def memory_problems(cfg: Config, arch: Architecture, machine: Machine, prompt_to
         first = next((c for c in comps if c.role == role), None)
         if first is None:
             continue
-        if role == "engine" and first.gpus:  # vLLM takes its share; the rest of the share must hold a sequence
+        if role == "engine" and first.gpus and cfg.agent.backend == "vllm":  # the rest of its share holds a sequence
             if not engine_fits(cfg, arch, machine, prompt_tokens):
                 problems.append(
                     f"a rollout engine's share (agent.vllm_gpu_memory_utilization "
@@ -66,6 +66,8 @@ def memory_problems(cfg: Config, arch: Architecture, machine: Machine, prompt_to
             continue
         what = "a learner rank" if role == "learner" else "a rollout engine"
         fixes = (learner_fixes(cfg, arch, machine, prompt_tokens, limit) if role == "learner"
+                 else ["lower rollout.batch_questions, rollout.group_size or agent.max_response_tokens, or raise "
+                       "rollout.num_workers (the rows are split over the engines)"] if first.gpus and cfg.agent.device == "cuda"
                  else engine_fixes(cfg, arch, machine, prompt_tokens) if first.gpus
                  else ["a smaller agent or a machine with more memory (--host-memory-gib)"])
         problems.append(f"{what} needs {first.gib:.1f} GiB > {limit_text(machine, bool(first.gpus))}: "

@@ -1,6 +1,6 @@
 """Agent policy backends behind one interface (`Policy`), chosen by `agent.backend`.
 
-`make_policy(agent_cfg, model_path)` builds a `TransformersPolicy` (CPU, reference log-probs) or a
+`make_policy(agent_cfg, model_path)` builds a `TransformersPolicy` (CPU or a GPU, reference log-probs) or a
 `VLLMPolicy` (offline vLLM engine, imported only when asked for, so vLLM stays optional).
 
 Imports: `prompt_r1.core`, `prompt_r1.config`, `prompt_r1.models`.
@@ -30,7 +30,8 @@ def make_policy(agent_cfg: AgentConfig, model_path: str | Path, seed: int = 0, s
         from prompt_r1.policy.hf import TransformersPolicy
 
         return TransformersPolicy(model_path, temperature=agent_cfg.temperature, top_p=agent_cfg.top_p,
-                                  dtype=agent_cfg.dtype, seed=seed, batch_invariant=agent_cfg.batch_invariant)
+                                  dtype=agent_cfg.dtype, seed=seed, batch_invariant=agent_cfg.batch_invariant,
+                                  device=agent_cfg.device)
     if agent_cfg.backend == "vllm":
         from prompt_r1.policy.vllm_policy import VLLMPolicy
 

@@ -1,4 +1,4 @@
-"""Agent policy on transformers: per-row seeded sampling on CPU with per-row stops.
+"""Agent policy on transformers: per-row seeded sampling on CPU or a GPU, with per-row stops.
 
 `model.generate` cannot stop each row at a protocol tag that may span several tokens while also
 returning the log-prob of every sampled id under the processed (temperature / top-p)
@@ -18,6 +18,11 @@ Stopping: a row stops when the decoded tail of its sampled ids contains a stop s
 whether `</answer>` is one token, as in the tiny test tokenizer, or several, as in SmolLM2's), when
 it samples EOS / `<|im_end|>` (kept in `token_ids`, see `policy/base.py`), or at its own limit.
 
+Device (`agent.device`): on `cuda` the weights, the KV cache and each row's generator live on the
+GPU Ray gave the actor, and a turn's rows run as one left-padded batch (`batch_invariant` false);
+only the sampled ids and their log-probs come back to the host, once per token. Running out of GPU
+memory while generating is a `UserError` naming the settings that size the batch.
+
 LoRA: the first adapter sync (`apply_update`, kind `adapter`) wraps the model in PEFT with the
 LoraConfig that came with it (the learner's), and every sync then loads only the adapter tensors;
 generation runs base + adapter, unmerged, as the learner computes it.
@@ -25,8 +30,10 @@ generation runs base + adapter, unmerged, as the learner computes it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +42,7 @@ import torch
 from prompt_r1.policy.base import Policy, Sample, per_row_limits, per_row_seeds
 from prompt_r1.core.protocol import STOP_STRINGS
 from prompt_r1.core.tokens import left_pad, pad_token_id, stop_token_ids, torch_dtype
+from prompt_r1.core.failures import UserError
 from prompt_r1.core.weights import WeightUpdate, weights_checksum
 from prompt_r1.models.bundled import model_load_errors
 
@@ -53,14 +61,16 @@ class TransformersPolicy(Policy):
         seed: int = 0,
         stop_strings: tuple[str, ...] = STOP_STRINGS,
         batch_invariant: bool = True,
+        device: str = "cpu",
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self._keep_settings(model_path, temperature, top_p, seed, stop_strings)
+        self.device = rollout_device(device)
         with model_load_errors(self.model_path, "agent"):
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype(dtype))
-        self.model.eval()
+        self.model.to(self.device).eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
         self.pad_id = pad_token_id(self.tokenizer, self.stop_ids)
         # A stop string of n characters is covered by the last n tokens (every token decodes to >= 1 char).
@@ -84,7 +94,7 @@ class TransformersPolicy(Policy):
                 scaled = top_p_filter(scaled, self.top_p)
             logprobs = torch.log_softmax(scaled, dim=-1)
             probs = logprobs.exp()
-            tokens = torch.zeros(len(generators), dtype=torch.long)
+            tokens = torch.zeros(len(generators), dtype=torch.long, device=logits.device)
             for row, generator in enumerate(generators):
                 if active[row]:
                     tokens[row] = torch.multinomial(probs[row], 1, generator=generator)[0]
@@ -107,18 +117,24 @@ class TransformersPolicy(Policy):
         with self._lock:
             row_seeds = per_row_seeds(seeds, len(prompts), self.seed, self._calls)
             self._calls += 1
-            generators = [torch.Generator().manual_seed(s) for s in row_seeds]
-            if not self.batch_invariant:
-                return self._generate(prompts, limits, generators)
-            # one row at a time: a batch would change its floats (see the module docstring)
-            return [self._generate([p], [n], [g])[0] for p, n, g in zip(prompts, limits, generators)]
+            generators = [torch.Generator(self.device).manual_seed(s) for s in row_seeds]
+            with out_of_memory_named(self.device, len(prompts), max(map(len, prompts)) + max(limits)):
+                if not self.batch_invariant:
+                    return self._generate(prompts, limits, generators)
+                # one row at a time: a batch would change its floats (see the module docstring)
+                return [self._generate([p], [n], [g])[0] for p, n, g in zip(prompts, limits, generators)]
 
     def _generate(self, prompts: list[list[int]], limits: list[int],
                   generators: list[torch.Generator]) -> list[Sample]:
         rows = len(prompts)
-        input_ids, attention = left_pad(prompts, self.pad_id)
+        input_ids, attention = (t.to(self.device) for t in left_pad(prompts, self.pad_id))
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        # On a GPU only the last position's logits are computed (all of them, rows x tokens x vocab,
+        # would be the largest tensor of the pass); on CPU the full pass stays, since recorded reruns
+        # sampled from it and the last row of a smaller matmul rounds differently (about 1e-5).
+        last_only = {} if self.device.type == "cpu" else {"logits_to_keep": 1}
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                         **last_only)
         past, logits = out.past_key_values, out.logits[:, -1, :]
         next_position = positions[:, -1:] + 1
 
@@ -141,8 +157,9 @@ class TransformersPolicy(Policy):
                 break
             # Finished rows keep being fed (pad ids); their outputs are ignored.
             feed = torch.tensor(
-                [[tokens[r] if finish[r] is None else self.pad_id] for r in range(rows)], dtype=torch.long)
-            attention = torch.cat([attention, torch.ones((rows, 1), dtype=torch.long)], dim=1)
+                [[tokens[r] if finish[r] is None else self.pad_id] for r in range(rows)], dtype=torch.long,
+                device=self.device)
+            attention = torch.cat([attention, attention.new_ones((rows, 1))], dim=1)
             out = self.model(input_ids=feed, attention_mask=attention, position_ids=next_position,
                              past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1, :]
@@ -212,6 +229,38 @@ class TransformersPolicy(Policy):
 
     def state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()
+
+    def sleep(self) -> None:
+        """Colocated beside a learner on the GPU: give back the cached blocks of the last batches (the
+        weights stay: a policy this backend runs is small beside the learner's optimiser state)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def rollout_device(name: str) -> torch.device:
+    """`agent.device` inside a rollout actor: `cuda` is the GPU share Ray gave the actor (it sets
+    `CUDA_VISIBLE_DEVICES`), refused with the settings to change where none is visible."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"agent.device is {name!r} but this rollout actor sees no CUDA GPU (torch {torch.__version__}, "
+                        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): set agent.device to cpu "
+                        "and rollout.gpus_per_worker to 0, or install torch's CUDA build (`.[gpu]`) on this node")
+    return device
+
+
+@contextlib.contextmanager
+def out_of_memory_named(device: torch.device, rows: int, tokens: int) -> Iterator[None]:
+    """A GPU that runs out of memory while generating says which settings size the batch."""
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise UserError(
+            f"the rollout actor ran out of memory on {device} generating {rows} row(s) of up to {tokens} tokens "
+            f"({str(err).splitlines()[0]}): lower rollout.batch_questions or rollout.group_size, raise "
+            "rollout.num_workers (rows are split over the actors), lower agent.max_response_tokens, or give each "
+            "actor more of a GPU (rollout.gpus_per_worker); `prompt-r1 plan` sizes it") from err
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
