@@ -2,7 +2,7 @@
 
 Two actors sample at temperature 1 (draws seeded per question, sample and turn: `policy.hf` gives
 each row its own generator) after a weight broadcast, against a real tiny transformers
-environment that takes a moment per reply and logs which actor process answered which episode.
+environment that takes a second per reply and logs which actor process was asked for which episode.
 The batch is two questions whose episodes call the environment (`calling_batch`).
 One actor is killed in the middle of a batch, the other between batches: each time the batch
 equals the one rolled out before any kill (so the restarted actor loaded the broadcast weights,
@@ -31,7 +31,9 @@ local_ray = test_ray_rollout.local_ray  # the same local Ray, once per module
 
 
 class SlowLoggedEnv(EchoModelEnv):
-    """The tiny model as environment, 0.3 s a reply, each reply logged as (actor pid, question)."""
+    """The tiny model as environment, logging each call as (actor pid, question) when it arrives,
+    then taking 1 s to reply: an actor seen in the log is still busy for that second, so a kill
+    lands inside its batch however loaded the machine is."""
 
     def __init__(self, env_cfg, log: str):
         super().__init__(env_cfg)
@@ -40,9 +42,9 @@ class SlowLoggedEnv(EchoModelEnv):
     async def reply(self, messages, turn=0):
         import asyncio
 
-        await asyncio.sleep(0.3)
         with open(self.log, "a") as f:
             f.write(json.dumps({"pid": os.getpid(), "text": messages[-1]["content"][-60:]}) + "\n")
+        await asyncio.sleep(1.0)
         return await super().reply(messages, turn)
 
 
@@ -65,7 +67,7 @@ def same(a, b) -> bool:
 
 
 def kill_when_busy(pool, index: int, log: Path, timeout_s: float = 60.0) -> int:
-    """kill -9 actor `index` once its environment has answered one reply of the running batch."""
+    """kill -9 actor `index` once its environment has been asked for one reply of the running batch."""
     pid = pool.placements[index]["pid"]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -73,7 +75,7 @@ def kill_when_busy(pool, index: int, log: Path, timeout_s: float = 60.0) -> int:
             os.kill(pid, signal.SIGKILL)
             return pid
         time.sleep(0.1)
-    raise AssertionError(f"actor {index} answered nothing within {timeout_s}s")
+    raise AssertionError(f"actor {index} was asked nothing within {timeout_s}s")
 
 
 @pytest.fixture(scope="module")
