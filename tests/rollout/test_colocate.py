@@ -11,7 +11,6 @@ and is not exercised here (docs/scale.md says what has been measured on a GPU).
 
 from __future__ import annotations
 
-import os
 import sys
 import types
 
@@ -142,14 +141,9 @@ def fake_gpu_ray():
     """A local Ray with two fake GPUs for one test (shut down after it: a later training run in this
     module must not find GPUs and move its learner into Ray)."""
     ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    hidden = os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses fake GPUs when it is empty
-    try:
-        ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False)
-    finally:
-        if hidden is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+    from ray_helpers import init_fake_gpu_ray
+
+    init_fake_gpu_ray(num_cpus=4, num_gpus=2)
     yield ray
     ray.shutdown()
 

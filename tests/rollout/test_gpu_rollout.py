@@ -9,7 +9,6 @@ missing; a Ray instance without GPUs refuses GPU shares before any actor starts.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -21,14 +20,9 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def one_fake_gpu():
-    if ray.is_initialized():
-        ray.shutdown()
-    hidden = os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # Ray refuses fake GPUs when it is empty
-    try:
-        ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False)
-    finally:
-        if hidden is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+    from ray_helpers import init_fake_gpu_ray
+
+    init_fake_gpu_ray(num_cpus=3, num_gpus=1)
     yield
     ray.shutdown()
 

@@ -9,7 +9,6 @@ the same `engine_placement` functions `RolloutPool` uses.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -25,16 +24,9 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def fake_gpu_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    # Ray refuses fake GPUs when CUDA_VISIBLE_DEVICES is empty (an earlier test in the same
-    # process may leave it so): unset it while this module's instance starts, then put it back
-    hidden = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-    try:
-        ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False)
-    finally:
-        if hidden is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+    from ray_helpers import init_fake_gpu_ray
+
+    init_fake_gpu_ray(num_cpus=4, num_gpus=4)
     yield
     ray.shutdown()
 
