@@ -128,7 +128,10 @@ def test_the_demo_trains_on_two_hop_questions_and_evaluates_held_out_ones(wareho
     spec = importlib.util.spec_from_file_location("demo_script", ROOT / "scripts" / "demo.py")
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
-    cfg = load_config(ROOT / "configs" / "demo.yaml", dict(demo.QUICK) if quick else None)
+    base = load_config(ROOT / "configs" / "demo.yaml")
+    cfg = load_config(ROOT / "configs" / "demo.yaml", demo.quick_overrides(base) if quick else None)
+    assert cfg.agent.model == ("smollm2-135m-protocol-followup-quick" if quick else "smollm2-135m-protocol-followup")
+    assert len(cfg.eval_environments()) == (1 if quick else len(base.eval_environments()))
     ingest(warehouse, cfg.data.sources)
     train = TrainingPool.load(warehouse, cfg).train
     assert train and {q.dataset for q in train} == {"compositional_train"}
