@@ -85,6 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="agent.dtype: the autocast compute and rollout dtype (weights stay float32)")
     p.add_argument("--micro-batch", type=int, default=8, help="train.micro_batch_size")
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--logits-chunk", type=int, default=0,
+                   help="train.logits_chunk_tokens (0 = the whole response's logits at once)")
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--steps", type=int, default=3, help="timed updates (after one warm-up)")
     p.add_argument("--no-sync", action="store_true", help="skip the weight-sync timings")
@@ -180,7 +182,7 @@ def learner_config(args: argparse.Namespace, device: str):
                   "temperature": 1.0},
         "train": {"lr": args.lr, "weight_decay": 0.01, "device": device, "micro_batch_size": args.micro_batch,
                   "mini_batch_questions": 64, "kl_coef": 0.001, "clip_ratio_c": 3.0,
-                  "gradient_checkpointing": args.gradient_checkpointing},
+                  "gradient_checkpointing": args.gradient_checkpointing, "logits_chunk_tokens": args.logits_chunk},
     })
 
 
@@ -235,7 +237,8 @@ def planned_peak(model_dir: Path, args: argparse.Namespace, batch: list, device:
            "agent": {"model": str(model_dir), "dtype": args.dtype, "max_response_tokens": response},
            "environment": {"kind": "inprocess", "model": "tiny"},
            "train": {"device": device, "micro_batch_size": args.micro_batch, "kl_coef": 0.001,
-                     "gradient_checkpointing": args.gradient_checkpointing}}
+                     "gradient_checkpointing": args.gradient_checkpointing,
+                     "logits_chunk_tokens": args.logits_chunk}}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.yaml"
         path.write_text(json.dumps(cfg))  # JSON is YAML
@@ -348,6 +351,7 @@ def run(args: argparse.Namespace, device: str = "cuda") -> dict:
         result = {
             "model": args.model or args.shape, "random_init": not args.model, "device": device_line,
             "params_m": n_params / 1e6, "dtype": args.dtype, "gradient_checkpointing": args.gradient_checkpointing,
+            "logits_chunk_tokens": args.logits_chunk,
             "trajectories": len(batch), "tokens": tokens, "agent_tokens": agent_tokens,
             "micro_batch": args.micro_batch, "steps": len(times), "step_s": step_s, "step_times_s": times,
             "tokens_per_s": tokens / step_s, "agent_tokens_per_s": agent_tokens / step_s,

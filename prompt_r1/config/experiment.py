@@ -81,9 +81,9 @@ class Config(StrictModel):
     def hash(self) -> str:
         """Stable short hash of the resolved config (identifies a run's settings).
 
-        The learner's layout (`LAYOUT_KEYS`: world size, strategy, CPUs per rank, deadlines) is
-        left out: it changes how the same update is computed, not which, and checkpoints do not
-        depend on it, so a run may resume with another world size as the same run. So is
+        The learner's layout (`LAYOUT_KEYS`: world size, strategy, CPUs per rank, deadlines, logits
+        chunks) is left out: it changes how the same update is computed, not which, and checkpoints
+        do not depend on it, so a run may resume with another world size as the same run. So is
         `eval.agent_placement`: evaluation's engines give the same predictions wherever they run."""
         data = self.model_dump(mode="json")
         for key in LAYOUT_KEYS:

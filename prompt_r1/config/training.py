@@ -1,7 +1,8 @@
 """How a run trains: the `train` section (GRPO, optimiser, precision, the learner's layout, checkpoints).
 
-`LAYOUT_KEYS` are the keys that say how the learner is laid out rather than what it computes;
-`Config.hash` leaves them out, so a run resumes at another world size as the same run.
+`LAYOUT_KEYS` are the keys that say how the learner is laid out, or how it computes the same
+update (its logits in chunks), rather than what it computes; `Config.hash` leaves them out, so a
+run resumes at another world size as the same run.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from prompt_r1.config.base import StrictModel
 from prompt_r1.config.env import PoolEnvConfig
@@ -82,6 +83,14 @@ class TrainConfig(StrictModel):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass: less memory, about a third more compute."
     )
+    logits_chunk_tokens: int = Field(
+        0, ge=0,
+        description="0 = the learner projects the whole response onto the vocabulary at once (B x T x V "
+        "logits, the largest part of an update's memory at long responses and large vocabularies). N > 0 = "
+        "N response positions at a time, recomputed in the backward (`core.grpo.chunked_logprobs`): at most "
+        "B x N x V logits exist at once, for the same log-probs and gradients to float rounding and a second "
+        "vocabulary projection's compute. `prompt-r1 plan` counts it. Not with `strategy: fsdp`.",
+    )
     world_size: int = Field(
         1, ge=1,
         description="Learner ranks. 1 = one learner; N > 1 = N Ray actors in a placement group joined by "
@@ -123,6 +132,14 @@ class TrainConfig(StrictModel):
         "the pool as held out.",
     )
 
+    @model_validator(mode="after")
+    def _check_logits_chunks(self) -> "TrainConfig":
+        """FSDP gathers the output layer inside the model's own forward, which the chunked path goes around."""
+        if self.logits_chunk_tokens and self.strategy == "fsdp":
+            raise ValueError(f"train.logits_chunk_tokens {self.logits_chunk_tokens} does not work with "
+                             "train.strategy fsdp: set train.logits_chunk_tokens to 0 or use strategy ddp")
+        return self
+
     @field_validator("environments")
     @classmethod
     def _check_pool(cls, pool: list[PoolEnvConfig]) -> list[PoolEnvConfig]:
@@ -141,4 +158,4 @@ class TrainConfig(StrictModel):
 # `train` keys that say how the learner is laid out (ranks, placement, deadlines), not what it
 # computes: left out of `Config.hash`, the run's identity
 LAYOUT_KEYS = ("world_size", "strategy", "cpus_per_rank", "placement_strategy", "placement_timeout_s",
-               "dist_timeout_s")
+               "dist_timeout_s", "logits_chunk_tokens")

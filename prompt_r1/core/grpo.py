@@ -229,8 +229,39 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return int(same[:max(0, limit)].long().cumprod(dim=0).sum())
 
 
+def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                    temperature: float) -> torch.Tensor:
+    """Log-probs of `targets` from the hidden states that predict them, through the output layer."""
+    return gather_logprobs(head(hidden), targets, chunk_rows=hidden.shape[0], temperature=temperature)
+
+
+def chunked_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                     chunk_tokens: int) -> torch.Tensor:
+    """`gather_logprobs(head(hidden), targets)` without the whole [B, T, V] logits tensor: the output
+    layer and the log-softmax run `chunk_tokens` positions at a time under activation checkpointing,
+    so the forward keeps only the hidden states and the backward recomputes one chunk's logits at a
+    time. At most B x chunk_tokens x V logits exist at once, where the plain path holds B x T x V
+    (at a 150k vocabulary and 4k-token responses, GiBs a trajectory). Same numbers: each position's
+    logits are the same matmul row either way (tests/core/test_grpo.py checks log-probs and
+    gradients against the plain path)."""
+    from torch.utils.checkpoint import checkpoint
+
+    parts = [checkpoint(_chunk_logprobs, head, hidden[:, i:i + chunk_tokens], targets[:, i:i + chunk_tokens],
+                        temperature, use_reentrant=False)
+             for i in range(0, hidden.shape[1], chunk_tokens)]
+    return torch.cat(parts, dim=1)
+
+
+def _has_plain_output_layer(model: torch.nn.Module) -> bool:
+    """Do the model's logits come from its output layer alone (no scaling or soft-capping after it)?"""
+    config = getattr(model, "config", None)
+    return not any(getattr(config, key, None) not in (None, 1.0)
+                   for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+
+
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   response_start: int, temperature: float = 1.0, share_prefix: bool = False) -> torch.Tensor:
+                   response_start: int, temperature: float = 1.0, share_prefix: bool = False,
+                   chunk_tokens: int = 0) -> torch.Tensor:
     """Log-probs [B, L - response_start] of `input_ids[:, response_start:]` under `model` at
     sampling `temperature`.
 
@@ -245,19 +276,32 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     (the rows' contributions sum into the one prefix), are the full batch's up to float rounding
     (tests/core/test_grpo.py). It runs two forward passes, so callers whose forward passes must
     match across ranks (FSDP) or that cannot keep a cache (gradient checkpointing) leave it off.
+
+    `chunk_tokens` > 0: the decoder runs alone and `chunked_logprobs` applies the output layer, so
+    the response's full logits tensor never exists (FSDP, whose root unit gathers the output layer
+    in the model's own forward, leaves it at 0).
     """
     if response_start < 1:
         raise ValueError("response_start must be >= 1: the first token has no predicting logits")
     n_keep = input_ids.shape[1] - response_start + 1
     # at most response_start - 1 shared columns: the logit predicting the first response token stays in the rest
     shared = shared_prefix_length(input_ids, attention_mask, response_start - 1) if share_prefix else 0
+    if chunk_tokens > 0 and not _has_plain_output_layer(model):
+        raise ValueError("train.logits_chunk_tokens: this model scales or soft-caps its logits after the "
+                         "output layer, which the chunked path does not; set it to 0")
+    targets = input_ids[:, response_start:]
+    # the decoder alone returns hidden states; the whole model, the logits of the kept positions
+    forward = model.get_decoder() if chunk_tokens > 0 else model
+    keep = {} if chunk_tokens > 0 else {"logits_to_keep": n_keep}
     if shared == 0 or input_ids.shape[0] == 1:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=n_keep,
-                       use_cache=False).logits
+        out = forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **keep)
     else:
         cache = model(input_ids=input_ids[:1, :shared], attention_mask=attention_mask[:1, :shared],
                       use_cache=True).past_key_values
         cache.batch_repeat_interleave(input_ids.shape[0])
-        logits = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, past_key_values=cache,
-                       use_cache=True, logits_to_keep=n_keep).logits
-    return gather_logprobs(logits[:, :-1], input_ids[:, response_start:], temperature=temperature)
+        out = forward(input_ids=input_ids[:, shared:], attention_mask=attention_mask, past_key_values=cache,
+                      use_cache=True, **keep)
+    if chunk_tokens > 0:
+        hidden = out.last_hidden_state[:, -n_keep:-1]
+        return chunked_logprobs(model.get_output_embeddings(), hidden, targets, temperature, chunk_tokens)
+    return gather_logprobs(out.logits[:, :-1], targets, temperature=temperature)

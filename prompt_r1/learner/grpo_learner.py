@@ -180,7 +180,7 @@ class GRPOLearner:
                     else nullcontext())
         with autocast:
             return token_logprobs(model, batch.input_ids, batch.attention_mask, batch.start, self.temperature,
-                                  share_prefix=self.share_prefix)
+                                  share_prefix=self.share_prefix, chunk_tokens=self.cfg.train.logits_chunk_tokens)
 
     @torch.no_grad()
     def _logprobs_no_grad(self, batch: MicroBatch, reference: bool) -> torch.Tensor:

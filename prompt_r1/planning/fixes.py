@@ -32,6 +32,9 @@ def variant(cfg: Config, changes: dict[str, Any]) -> Config:
     return out
 
 
+LOGITS_CHUNK_TOKENS = 512  # the chunk `plan` suggests: a few hundred MiB of logits at a 150k vocabulary
+
+
 def learner_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens: int, limit: float) -> list[str]:
     """Settings that each alone bring a learner rank within `limit` GiB, most effective first."""
     def need(changes: dict[str, Any]) -> float:
@@ -56,6 +59,10 @@ def learner_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_toke
         fixes.append("agent.lora.enabled=true")
     if not train.gradient_checkpointing and need({"train.gradient_checkpointing": True}) <= limit:
         fixes.append("train.gradient_checkpointing=true")
+    chunk = LOGITS_CHUNK_TOKENS
+    if (train.strategy != "fsdp" and not train.logits_chunk_tokens and cfg.agent.max_response_tokens > chunk
+            and need({"train.logits_chunk_tokens": chunk}) <= limit):
+        fixes.append(f"train.logits_chunk_tokens={chunk}")
     smaller = [m for m in range(train.micro_batch_size - 1, 0, -1) if need({"train.micro_batch_size": m}) <= limit]
     if smaller:
         fixes.append(f"train.micro_batch_size={smaller[0]}")

@@ -29,8 +29,9 @@ bfloat16 autocast / FSDP mixed precision, else 4; d = bytes of `agent.dtype`):
 - logits, at the response positions only (R = `agent.max_response_tokens`, V the vocabulary):
   R x V x m x (c + 8) bytes for m = `micro_batch_size`: the logits in the compute dtype, the
   float32 log-softmax `core.grpo.gather_logprobs` keeps, and its float32 gradient in the
-  backward. Fitted on an H100 (BENCHMARKS.md, "GPU"): at m = 8 in bfloat16 the three shapes of
-  `benchmarks/gpu/gpu_learner.py` (vocabularies of 49k and 152k) peaked 79-81 bytes per response
+  backward; with `train.logits_chunk_tokens` N, N positions in place of R (one chunk's logits
+  exist at a time, forward or backward). Fitted on an H100 (BENCHMARKS.md, "GPU"): at m = 8 in
+  bfloat16 the three shapes of `benchmarks/gpu/gpu_learner.py` (vocabularies of 49k and 152k) peaked 79-81 bytes per response
   position and vocabulary entry above the other parts, against 80 here. For a 4096-token response
   and a 150k vocabulary this is the largest part of a rank (about 6 GiB per trajectory in bfloat16);
 - 1 GiB for the process (CUDA context, libraries).
@@ -232,8 +233,10 @@ def learner_parts(cfg: Config, arch: Architecture, prompt_tokens: int) -> dict[s
         parts["FSDP 2 layers gathered, 1 float32 layer gradient"] = _gib((2 * c + 4) * layer)
     ckpt = "checkpointed" if train.gradient_checkpointing else "no checkpointing"
     parts[f"activations ({tokens} tokens, {ckpt})"] = _gib(tokens * layers_kept * c)
-    parts["logits of the response tokens, and their gradients"] = _gib(
-        cfg.agent.max_response_tokens * arch.vocab * m * (c + 8))
+    chunk = train.logits_chunk_tokens
+    positions = min(chunk, cfg.agent.max_response_tokens) if chunk else cfg.agent.max_response_tokens
+    where = f"{positions} response positions at a time" if chunk else "the response tokens"
+    parts[f"logits of {where}, and their gradients"] = _gib(positions * arch.vocab * m * (c + 8))
     parts["runtime (libraries, CUDA context on a GPU)"] = RUNTIME_GIB
     return parts
 

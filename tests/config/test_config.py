@@ -275,3 +275,15 @@ def test_check_config_refuses_an_infinite_reward_setting_with_one_line(tmp_path)
                                               "--set", f"{key}={value}"])
             assert result.exit_code == 2, (key, value, result.exception, result.output)
             assert f"`{key}`" in result.output and "Traceback" not in result.output, (key, value, result.output)
+
+
+def test_logits_in_chunks_are_how_an_update_is_computed_not_which():
+    """`train.logits_chunk_tokens` leaves the run's identity alone (a run resumes with another
+    chunk) and is refused with FSDP, naming both keys and what to change."""
+    from prompt_r1.config.experiment import parse_config
+
+    assert parse_config({"train": {"logits_chunk_tokens": 256}}).hash() == parse_config({}).hash()
+    with pytest.raises(ConfigError, match=r"train\.logits_chunk_tokens 256 does not work with train\.strategy fsdp"):
+        parse_config({"train": {"logits_chunk_tokens": 256, "strategy": "fsdp", "world_size": 2}})
+    with pytest.raises(ConfigError, match="logits_chunk_tokens"):
+        parse_config({"train": {"logits_chunk_tokens": -1}})

@@ -249,15 +249,12 @@ def _tiny_llama(seed: int) -> torch.nn.Module:
     return LlamaForCausalLM(config).float()
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_shared_prefix_log_probs_and_gradients_are_the_full_batch_ones(seed) -> None:
-    """Running the rows' common prompt once (share_prefix) against the plain padded batch, on random
-    prompts, response lengths, right padding and temperatures: the same log-probs and gradients."""
+def _random_batch(seed: int):
+    """Random right-padded rows (prompts that share a start, or in some cases differ early), the
+    response start and a sampling temperature."""
     gen = torch.Generator().manual_seed(seed)
-    model = _tiny_llama(seed)
     rows = int(torch.randint(2, 5, (1,), generator=gen))
     prompt = torch.randint(1, 97, (int(torch.randint(3, 20, (1,), generator=gen)),), generator=gen).tolist()
-    # some cases: rows whose prompts differ early (little or nothing shared)
     prompts = [prompt if seed % 4 else torch.randint(1, 97, (len(prompt),), generator=gen).tolist()
                for _ in range(rows)]
     seqs = [p + torch.randint(1, 97, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen).tolist()
@@ -267,17 +264,76 @@ def test_shared_prefix_log_probs_and_gradients_are_the_full_batch_ones(seed) -> 
     mask = torch.zeros_like(ids)
     for i, seq in enumerate(seqs):
         ids[i, : len(seq)], mask[i, : len(seq)] = torch.tensor(seq), 1
-    start, temperature = len(prompt), float(torch.empty(1).uniform_(0.5, 1.5, generator=gen))
-    results = []
-    for share in (False, True):
-        lp = grpo.token_logprobs(model, ids, mask, start, temperature, share_prefix=share)
-        (lp * mask[:, start:]).sum().backward()
-        results.append((lp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()]).clone()))
-        model.zero_grad()
-    (plain, plain_grad), (shared, shared_grad) = results
+    return ids, mask, len(prompt), float(torch.empty(1).uniform_(0.5, 1.5, generator=gen)), gen
+
+
+def _logprobs_and_gradient(model, ids, mask, start, temperature, **how):
+    lp = grpo.token_logprobs(model, ids, mask, start, temperature, **how)
+    (lp * mask[:, start:]).sum().backward()
+    grad = torch.cat([p.grad.flatten() for p in model.parameters()]).clone()
+    model.zero_grad()
+    return lp.detach(), grad
+
+
+def _assert_same(plain, other, mask, start) -> None:
+    (plain_lp, plain_grad), (lp, grad) = plain, other
     real = mask[:, start:].bool()
-    assert torch.allclose(plain[real], shared[real], atol=1e-5), (plain - shared).abs().max()
-    assert (plain_grad - shared_grad).norm() <= 1e-5 * plain_grad.norm() + 1e-7
+    assert torch.allclose(plain_lp[real], lp[real], atol=1e-5), (plain_lp - lp).abs().max()
+    assert (plain_grad - grad).norm() <= 1e-5 * plain_grad.norm() + 1e-7
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_shared_prefix_log_probs_and_gradients_are_the_full_batch_ones(seed) -> None:
+    """Running the rows' common prompt once (share_prefix) against the plain padded batch, on random
+    prompts, response lengths, right padding and temperatures: the same log-probs and gradients."""
+    model = _tiny_llama(seed)
+    ids, mask, start, temperature, _ = _random_batch(seed)
+    _assert_same(_logprobs_and_gradient(model, ids, mask, start, temperature),
+                 _logprobs_and_gradient(model, ids, mask, start, temperature, share_prefix=True), mask, start)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_chunked_logits_give_the_full_logits_log_probs_and_gradients(seed) -> None:
+    """The output layer run a random number of response positions at a time (1 up to more than the
+    response), with or without the shared prompt, against the plain path's whole logits tensor:
+    the same log-probs and gradients."""
+    model = _tiny_llama(seed)
+    ids, mask, start, temperature, gen = _random_batch(seed)
+    chunk = int(torch.randint(1, ids.shape[1] - start + 3, (1,), generator=gen))
+    _assert_same(_logprobs_and_gradient(model, ids, mask, start, temperature),
+                 _logprobs_and_gradient(model, ids, mask, start, temperature, share_prefix=bool(seed % 2),
+                                        chunk_tokens=chunk), mask, start)
+
+
+def test_chunked_logits_hold_one_chunk_of_logits_at_a_time() -> None:
+    """What the chunks are for: the graph the forward leaves for the backward holds no [B, T, V]
+    tensor, only chunk-sized logits while one is computed (the saved tensors are counted)."""
+    model = _tiny_llama(0)
+    ids = torch.randint(1, 97, (2, 40))
+    mask = torch.ones_like(ids)
+    saved: list[tuple[int, ...]] = []
+
+    def keep(tensor):
+        saved.append(tuple(tensor.shape))
+        return tensor
+
+    for chunk in (0, 4):
+        saved.clear()
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            grpo.token_logprobs(model, ids, mask, 10, 1.0, chunk_tokens=chunk)
+        vocab_wide = [shape for shape in saved if shape and shape[-1] == 97 and len(shape) >= 2]
+        if chunk:
+            assert vocab_wide == [], vocab_wide  # the checkpointed chunks keep their inputs only
+        else:
+            assert any(s[:2] == (2, 30) for s in vocab_wide)  # the plain path keeps the whole response's logits
+
+
+def test_chunked_logits_refuse_a_model_that_caps_its_logits() -> None:
+    model = _tiny_llama(0)
+    model.config.final_logit_softcapping = 30.0
+    ids = torch.randint(1, 97, (1, 8))
+    with pytest.raises(ValueError, match="logits_chunk_tokens"):
+        grpo.token_logprobs(model, ids, torch.ones_like(ids), 4, 1.0, chunk_tokens=2)
 
 
 def test_shared_prefix_length_stops_at_the_first_differing_or_padded_column() -> None:

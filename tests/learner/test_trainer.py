@@ -182,6 +182,30 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path) -> None
     assert norms[True] == pytest.approx(norms[False], rel=1e-5)
 
 
+@pytest.mark.parametrize("lora,checkpointing", [(False, False), (True, False), (False, True)])
+def test_logits_in_chunks_give_the_same_update(tiny_model_path, lora, checkpointing) -> None:
+    """`train.logits_chunk_tokens`: the same step's loss terms and the same gradient the optimiser
+    is handed as with the whole logits tensor, with full weights or LoRA, with or without gradient
+    checkpointing. (Gradients, not the weights after AdamW: its first step divides each gradient
+    by its own size, so an element near zero turns float rounding into a visible difference.)"""
+    results = {}
+    for chunk in (0, 3):
+        cfg = make_config(lora=lora, kl_coef=0.05, lr=1e-2, gradient_checkpointing=checkpointing,
+                          logits_chunk_tokens=chunk)
+        learner = GRPOLearner(cfg, tiny_model_path)
+        handed: list[torch.Tensor] = []
+        learner.optimizer.register_step_pre_hook(  # what the optimiser is about to apply
+            lambda _opt, _args, _kwargs, params=learner.params, out=handed:
+            out.append(torch.cat([p.grad.flatten() for p in params]).clone()))
+        results[chunk] = (learner.step(hand_trajectories(learner.tokenizer)), handed)
+    (plain, plain_grads), (chunked, chunked_grads) = results[0], results[3]
+    for key in ("pg_loss", "kl", "clip_fraction", "grad_norm"):
+        assert chunked[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-7), key
+    assert len(plain_grads) == len(chunked_grads) >= 1
+    for a, b in zip(plain_grads, chunked_grads):
+        assert (a - b).norm() <= 1e-5 * a.norm() + 1e-8
+
+
 def test_device_setting(tiny_model_path) -> None:
     learner = GRPOLearner(make_config(device="cpu"), tiny_model_path)
     assert learner.device == torch.device("cpu") and learner.compute_dtype is None  # float32 agent

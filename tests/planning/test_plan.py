@@ -592,3 +592,35 @@ def test_a_cuda_index_past_the_visible_gpus_is_refused_and_a_cluster_learner_is_
         check_train_device(parse_config({"train": {"device": device}, "rollout": {"ray_address": "head:6379"}}))
     for device in ("cuda", "cuda:0", "auto", "cpu"):
         check_train_device(parse_config({"train": {"device": device}}))
+
+
+def test_logits_in_chunks_count_one_chunk_of_positions():
+    """`train.logits_chunk_tokens` N: the logits term is N positions' worth where it was the whole
+    response's; nothing else changes; a chunk longer than the response counts the response."""
+    plain = _paper(**{"train.strategy": "ddp"})
+    response = plain.agent.max_response_tokens
+    whole = _by_kind(learner_parts(plain, QWEN3_4B, 512))
+    for chunk in (1, 64, response - 1, response, 10 * response):
+        parts = _by_kind(learner_parts(_paper(**{"train.strategy": "ddp", "train.logits_chunk_tokens": chunk}),
+                                       QWEN3_4B, 512))
+        assert parts["logits"] == pytest.approx(whole["logits"] * min(chunk, response) / response)
+        assert {k: v for k, v in parts.items() if k != "logits"} == {k: v for k, v in whole.items() if k != "logits"}
+
+
+def test_plan_names_logits_in_chunks_when_they_alone_make_a_rank_fit():
+    """A rank over its memory by less than the response's logits: `plan` names
+    train.logits_chunk_tokens=512 among the settings that each fit alone (each rechecked), and
+    never for FSDP, which refuses it."""
+    from prompt_r1.planning.fixes import LOGITS_CHUNK_TOKENS, learner_fixes, variant
+
+    cfg = _paper(**{"train.strategy": "ddp", "train.world_size": 1, "agent.lora.enabled": False})
+    parts = learner_parts(cfg, QWEN3_4B, 512)
+    logits = sum(v for k, v in parts.items() if k.startswith("logits"))
+    limit = sum(parts.values()) - logits / 2  # the whole response's logits do not fit; 512 positions' do
+    machine = Machine(nodes=1, gpus_per_node=0)
+    fixes = learner_fixes(cfg, QWEN3_4B, machine, 512, limit)
+    assert f"train.logits_chunk_tokens={LOGITS_CHUNK_TOKENS}" in fixes
+    chunked = variant(cfg, {"train.logits_chunk_tokens": LOGITS_CHUNK_TOKENS})
+    assert sum(learner_parts(chunked, QWEN3_4B, 512).values()) <= limit
+    fsdp = _paper(**{"train.strategy": "fsdp", "train.world_size": 1, "agent.lora.enabled": False})
+    assert not any("logits_chunk" in f for f in learner_fixes(fsdp, QWEN3_4B, machine, 512, limit))
