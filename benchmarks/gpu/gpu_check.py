@@ -7,7 +7,8 @@ time is recorded with its error, and the next part runs):
 - peak: the bf16 matmul TFLOP/s of this card (8192^3 products), MFU's denominator;
 - a: the learner at SmolLM2-135M, Qwen3-0.6B, Qwen3-1.7B shapes (random weights; gpu_learner.py):
   step time, tokens/s, MFU, peak memory against `prompt-r1 plan`'s prediction for the same shape;
-  the largest shape a second time with its logits in chunks of 512 positions (`train.logits_chunk_tokens`);
+  the largest shape a second time packed into 8,192-token sequences (`train.pack_tokens`) with its
+  logits in chunks of 512 positions (`train.logits_chunk_tokens`);
 - b: one-process FSDP2 over NCCL (gpu_fsdp.py): fully_shard, MixedPrecisionPolicy, clipping, full
   state dict, a DCP checkpoint written and read back;
 - c: `prompt-r1 train -c configs/smoke.yaml --set train.device=cuda` through Ray (the learner a Ray
@@ -139,15 +140,16 @@ def part_a(r: Runner, args, peak: dict | None) -> dict:
     shapes = ["tiny"] if args.dry_run else SHAPES
     small = ["--questions", "2", "--group", "2", "--prompt-tokens", "8", "12", "--agent-turn-tokens", "3", "6",
              "--env-reply-tokens", "3", "6", "--env-calls", "1", "2", "--steps", "1"] if args.dry_run else []
-    # the largest shape once more with its logits in chunks (train.logits_chunk_tokens): memory and MFU beside the plain row
-    runs = [(shape, 0) for shape in shapes] + [(shapes[-1], 4 if args.dry_run else 512)]
-    for shape, chunk in runs:
-        name = f"{shape} logits/{chunk}" if chunk else shape
-        path = args.scratch / f"a-{shape}-{chunk}.json"
+    # the largest shape once more, packed (train.pack_tokens) with its logits in chunks
+    # (train.logits_chunk_tokens): memory and MFU beside the plain row
+    runs = [(shape, 0, 0) for shape in shapes] + [(shapes[-1], 4 if args.dry_run else 512, 8192)]
+    for shape, chunk, packed in runs:
+        name = f"{shape} packed/{packed} logits/{chunk}" if chunk else shape
+        path = args.scratch / f"a-{shape}-{chunk}-{packed}.json"
         try:
             r.checked([sys.executable, "-m", "benchmarks.gpu.gpu_learner", "--shape", shape, "--tokenizer", args.tokenizer,
-                       "--device", args.device, "--no-sync", "--json", str(path), "--logits-chunk", str(chunk), *small],
-                      r.left("a"))
+                       "--device", args.device, "--no-sync", "--json", str(path), "--logits-chunk", str(chunk),
+                       "--pack-tokens", str(packed), *small], r.left("a"))
             row = json.loads(path.read_text())
             if peak:
                 row["mfu"] = row["achieved_tflops"] / peak["tflops"]

@@ -87,6 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--logits-chunk", type=int, default=0,
                    help="train.logits_chunk_tokens (0 = the whole response's logits at once)")
+    p.add_argument("--pack-tokens", type=int, default=0,
+                   help="train.pack_tokens (0 = micro-batches of --micro-batch padded trajectories)")
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--steps", type=int, default=3, help="timed updates (after one warm-up)")
     p.add_argument("--no-sync", action="store_true", help="skip the weight-sync timings")
@@ -182,7 +184,8 @@ def learner_config(args: argparse.Namespace, device: str):
                   "temperature": 1.0},
         "train": {"lr": args.lr, "weight_decay": 0.01, "device": device, "micro_batch_size": args.micro_batch,
                   "mini_batch_questions": 64, "kl_coef": 0.001, "clip_ratio_c": 3.0,
-                  "gradient_checkpointing": args.gradient_checkpointing, "logits_chunk_tokens": args.logits_chunk},
+                  "gradient_checkpointing": args.gradient_checkpointing, "logits_chunk_tokens": args.logits_chunk,
+                  "pack_tokens": args.pack_tokens},
     })
 
 
@@ -238,7 +241,7 @@ def planned_peak(model_dir: Path, args: argparse.Namespace, batch: list, device:
            "environment": {"kind": "inprocess", "model": "tiny"},
            "train": {"device": device, "micro_batch_size": args.micro_batch, "kl_coef": 0.001,
                      "gradient_checkpointing": args.gradient_checkpointing,
-                     "logits_chunk_tokens": args.logits_chunk}}
+                     "logits_chunk_tokens": args.logits_chunk, "pack_tokens": args.pack_tokens}}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.yaml"
         path.write_text(json.dumps(cfg))  # JSON is YAML
@@ -351,7 +354,7 @@ def run(args: argparse.Namespace, device: str = "cuda") -> dict:
         result = {
             "model": args.model or args.shape, "random_init": not args.model, "device": device_line,
             "params_m": n_params / 1e6, "dtype": args.dtype, "gradient_checkpointing": args.gradient_checkpointing,
-            "logits_chunk_tokens": args.logits_chunk,
+            "logits_chunk_tokens": args.logits_chunk, "pack_tokens": args.pack_tokens,
             "trajectories": len(batch), "tokens": tokens, "agent_tokens": agent_tokens,
             "micro_batch": args.micro_batch, "steps": len(times), "step_s": step_s, "step_times_s": times,
             "tokens_per_s": tokens / step_s, "agent_tokens_per_s": agent_tokens / step_s,

@@ -78,6 +78,16 @@ class Config(StrictModel):
                              "engine takes agent.tensor_parallel_size GPUs: set rollout.gpus_per_worker to 0")
         return self
 
+    @model_validator(mode="after")
+    def _packs_hold_a_response(self) -> "Config":
+        """A packed sequence must hold at least one whole trajectory: a prompt and a full response."""
+        budget, response = self.train.pack_tokens, self.agent.max_response_tokens
+        if budget and budget <= response:
+            raise ValueError(f"train.pack_tokens {budget} cannot hold one trajectory: agent.max_response_tokens is "
+                             f"{response}, and its prompt comes on top; set train.pack_tokens above {response} "
+                             "(the longest prompt plus it), or 0 for padded micro-batches")
+        return self
+
     def hash(self) -> str:
         """Stable short hash of the resolved config (identifies a run's settings).
 

@@ -1,8 +1,8 @@
 """How a run trains: the `train` section (GRPO, optimiser, precision, the learner's layout, checkpoints).
 
 `LAYOUT_KEYS` are the keys that say how the learner is laid out, or how it computes the same
-update (its logits in chunks), rather than what it computes; `Config.hash` leaves them out, so a
-run resumes at another world size as the same run.
+update (its logits in chunks, its micro-batches packed), rather than what it computes;
+`Config.hash` leaves them out, so a run resumes at another world size as the same run.
 """
 
 from __future__ import annotations
@@ -83,6 +83,15 @@ class TrainConfig(StrictModel):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass: less memory, about a third more compute."
     )
+    pack_tokens: int = Field(
+        0, ge=0,
+        description="0 = micro-batches of `micro_batch_size` trajectories, right-padded to the longest. N > 0 = "
+        "micro-batches packed instead: whole trajectories one after another in one sequence of at most N tokens "
+        "(prompt and response), each attending only to itself with its positions counted from 0, so no compute "
+        "goes to padding; the same log-probs, loss and gradients to float rounding. Must exceed "
+        "`agent.max_response_tokens`; a trajectory longer than N stops the step naming both. Needs "
+        "`loss_agg: token-mean`. `prompt-r1 plan` counts N tokens a micro-batch.",
+    )
     logits_chunk_tokens: int = Field(
         0, ge=0,
         description="0 = the learner projects the whole response onto the vocabulary at once (B x T x V "
@@ -133,11 +142,16 @@ class TrainConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _check_logits_chunks(self) -> "TrainConfig":
-        """FSDP gathers the output layer inside the model's own forward, which the chunked path goes around."""
+    def _check_chunks_and_packing(self) -> "TrainConfig":
+        """FSDP gathers the output layer inside the model's own forward, which the chunked path goes
+        around; a packed row is not one sequence, which Dr.GRPO's per-sequence sum assumes."""
         if self.logits_chunk_tokens and self.strategy == "fsdp":
             raise ValueError(f"train.logits_chunk_tokens {self.logits_chunk_tokens} does not work with "
                              "train.strategy fsdp: set train.logits_chunk_tokens to 0 or use strategy ddp")
+        if self.pack_tokens and self.loss_agg != "token-mean":
+            raise ValueError(f"train.pack_tokens {self.pack_tokens} needs train.loss_agg token-mean (a packed row "
+                             f"holds several trajectories, and {self.loss_agg} sums each row as one): set "
+                             "train.pack_tokens to 0 or train.loss_agg to token-mean")
         return self
 
     @field_validator("environments")
@@ -158,4 +172,4 @@ class TrainConfig(StrictModel):
 # `train` keys that say how the learner is laid out (ranks, placement, deadlines), not what it
 # computes: left out of `Config.hash`, the run's identity
 LAYOUT_KEYS = ("world_size", "strategy", "cpus_per_rank", "placement_strategy", "placement_timeout_s",
-               "dist_timeout_s", "logits_chunk_tokens")
+               "dist_timeout_s", "logits_chunk_tokens", "pack_tokens")

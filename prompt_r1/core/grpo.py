@@ -305,3 +305,30 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         hidden = out.last_hidden_state[:, -n_keep:-1]
         return chunked_logprobs(model.get_output_embeddings(), hidden, targets, temperature, chunk_tokens)
     return gather_logprobs(out.logits[:, :-1], targets, temperature=temperature)
+
+
+def packed_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          position_ids: torch.Tensor, response: torch.Tensor, temperature: float = 1.0,
+                          chunk_tokens: int = 0) -> torch.Tensor:
+    """Log-probs [1, L - 1] of `input_ids[:, 1:]` for a packed row (several trajectories one after
+    another, `attention_mask` [1, 1, L, L] keeping each to itself, `position_ids` restarting for
+    each), computed at the `response` columns only and 0 elsewhere.
+
+    The decoder runs on the whole row; only the hidden states that predict a response token go
+    through the output layer (in `chunk_tokens` pieces when set), so the prompts cost no
+    vocabulary projection, as `logits_to_keep` spares them in `token_logprobs`.
+    """
+    if chunk_tokens > 0 and not _has_plain_output_layer(model):
+        raise ValueError("train.logits_chunk_tokens: this model scales or soft-caps its logits after the "
+                         "output layer, which the chunked path does not; set it to 0")
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 use_cache=False).last_hidden_state[:, :-1]
+    picked = hidden[response][None]  # [1, n, h]: the positions that predict a response token
+    targets = input_ids[:, 1:][response][None]
+    head = model.get_output_embeddings()
+    if chunk_tokens > 0:
+        values = chunked_logprobs(head, picked, targets, temperature, chunk_tokens)
+    else:
+        values = _chunk_logprobs(head, picked, targets, temperature)
+    out = torch.zeros(response.shape, dtype=values.dtype, device=values.device)
+    return out.masked_scatter(response, values[0])

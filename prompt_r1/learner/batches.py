@@ -7,7 +7,9 @@ rewards are left out first). A learner group of N ranks trains the same plan: ev
 is split by WHOLE questions over the ranks (`split_plan`), so a GRPO group never spans two
 ranks and its advantages (a function of its own rewards only) are those one learner computes.
 Each rank then cuts its share of a mini-batch into micro-batches of `train.micro_batch_size`
-trajectories (`collate`: right-padded prompt + response ids).
+trajectories (`collate`: right-padded prompt + response ids), or with `train.pack_tokens` into
+packed sequences (`pack`: whole trajectories one after another up to that many tokens, each
+attending only to itself, its positions counted from 0), so no compute goes to padding.
 
 Kept apart from the learner because both sides use it: `GRPOLearner` (one rank or each rank of
 a group) and `LearnerGroup` (the driver, which plans and splits but holds no model).
@@ -15,8 +17,8 @@ a group) and `LearnerGroup` (the driver, which plans and splits but holds no mod
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,33 +28,41 @@ from prompt_r1.core.turn_credit import informative as turn_informative
 
 @dataclass
 class MicroBatch:
-    """Right-padded prompt+response ids of a few trajectories; response tensors start at `start`.
+    """Prompt+response ids of a few trajectories; response tensors are [b, L - start], and
+    trajectory `indices[k]`'s response lies in row `rows[k]` from column `offsets[k]` of them.
 
-    An empty micro-batch (`indices == []`, see `empty_micro_batch`) holds one dummy row: ranks
-    whose forward passes are collectives (FSDP) run it so that every rank runs as many passes."""
+    Padded (`collate`): one right-padded row per trajectory. Packed (`pack`): one row of whole
+    trajectories, `attention_mask` a [1, 1, L, L] block-diagonal causal mask, `position_ids`
+    restarting at 0 for each, `start` 1. An empty micro-batch (`indices == []`, see
+    `empty_micro_batch`) holds one dummy row: ranks whose forward passes are collectives (FSDP)
+    run it so that every rank runs as many passes."""
 
     indices: list[int]              # positions in the step's trajectory list
     input_ids: torch.Tensor         # [b, L]
-    attention_mask: torch.Tensor    # [b, L]
-    start: int                      # first response column (min prompt length)
+    attention_mask: torch.Tensor    # [b, L], or [1, 1, L, L] packed
+    start: int                      # first response column (min prompt length; 1 packed)
     loss_mask: torch.Tensor         # [b, L - start], 1 = agent-sampled response token
     sampling_logprobs: torch.Tensor  # [b, L - start]
+    rows: list[int] = field(default_factory=list)     # each trajectory's row
+    offsets: list[int] = field(default_factory=list)  # each trajectory's first response column, from `start`
+    position_ids: torch.Tensor | None = None          # [1, L] packed, else None (the model counts from 0)
+    response: torch.Tensor | None = None              # [1, L - start] bool packed: columns that hold a response token
 
-    def scatter(self, per_traj: list[torch.Tensor], prompt_lens: list[int]) -> torch.Tensor:
-        """Place per-trajectory response vectors into this batch's [b, L - start] layout."""
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None
+
+    def scatter(self, per_traj: Mapping[int, torch.Tensor] | Sequence[torch.Tensor]) -> torch.Tensor:
+        """Place per-trajectory response vectors (indexed by trajectory) into this batch's layout."""
         out = torch.zeros(self.loss_mask.shape, dtype=torch.float32)
-        for row, i in enumerate(self.indices):
-            offset = prompt_lens[i] - self.start
+        for i, row, offset in zip(self.indices, self.rows, self.offsets):
             out[row, offset:offset + per_traj[i].numel()] = per_traj[i]
         return out
 
-    def split(self, values: torch.Tensor, prompt_lens: list[int], resp_lens: list[int]) -> list[torch.Tensor]:
-        """Inverse of `scatter`: one response vector per trajectory."""
-        out = []
-        for row, i in enumerate(self.indices):
-            offset = prompt_lens[i] - self.start
-            out.append(values[row, offset:offset + resp_lens[i]].detach().float().cpu())
-        return out
+    def split(self, values: torch.Tensor, resp_lens: list[int]) -> list[torch.Tensor]:
+        """Inverse of `scatter`: one response vector per trajectory, in `indices` order."""
+        return [values[row, offset:offset + resp_lens[i]].detach().float().cpu()
+                for i, row, offset in zip(self.indices, self.rows, self.offsets)]
 
 
 def collate(trajectories: list[Trajectory], indices: list[int], pad_id: int,
@@ -73,7 +83,60 @@ def collate(trajectories: list[Trajectory], indices: list[int], pad_id: int,
         mask[row, offset:offset + n_resp] = torch.tensor(t.loss_mask, dtype=torch.float32)
         if t.logprobs:
             sampled[row, offset:offset + n_resp] = torch.tensor(t.logprobs, dtype=torch.float32)
-    return MicroBatch(indices, ids.to(device), attn.to(device), start, mask.to(device), sampled.to(device))
+    return MicroBatch(indices, ids.to(device), attn.to(device), start, mask.to(device), sampled.to(device),
+                      rows=list(range(len(chosen))), offsets=[len(t.prompt_ids) - start for t in chosen])
+
+
+def pack(trajectories: list[Trajectory], indices: list[int], device: torch.device | str) -> MicroBatch:
+    """The chosen trajectories' prompt + response ids one after another in one row, each attending
+    only to its own earlier tokens and counting its positions from 0: under that mask and those
+    positions every trajectory's states, log-probs and gradients are the ones it has alone
+    (tests/learner/test_batches.py checks against padded micro-batches)."""
+    chosen = [trajectories[i] for i in indices]
+    seqs = [t.prompt_ids + t.token_ids for t in chosen]
+    length = sum(map(len, seqs))
+    segment = torch.cat([torch.full((len(seq),), k, dtype=torch.long) for k, seq in enumerate(seqs)])
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    attention = ((segment[:, None] == segment[None, :]) & causal)[None, None]
+    positions = torch.cat([torch.arange(len(seq)) for seq in seqs])[None]
+    mask = torch.zeros((1, length - 1), dtype=torch.float32)
+    sampled = torch.zeros_like(mask)
+    response = torch.zeros((1, length - 1), dtype=torch.bool)
+    offsets, at = [], 0
+    for t, seq in zip(chosen, seqs):
+        offset = at + len(t.prompt_ids) - 1  # response columns count from `start` = 1
+        n_resp = len(t.token_ids)
+        mask[0, offset:offset + n_resp] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        if t.logprobs:
+            sampled[0, offset:offset + n_resp] = torch.tensor(t.logprobs, dtype=torch.float32)
+        response[0, offset:offset + n_resp] = True
+        offsets.append(offset)
+        at += len(seq)
+    ids = torch.tensor([tok for seq in seqs for tok in seq], dtype=torch.long)[None]
+    return MicroBatch(indices, ids.to(device), attention.to(device), 1, mask.to(device), sampled.to(device),
+                      rows=[0] * len(chosen), offsets=offsets, position_ids=positions.to(device),
+                      response=response.to(device))
+
+
+def pack_groups(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """`indices` cut in order into runs whose `lengths` (prompt + response tokens) add up to at most
+    `budget`; a trajectory longer than the budget alone is an error naming both numbers.
+
+    >>> pack_groups([0, 1, 2, 3], [5, 4, 6, 2], 10)
+    [[0, 1], [2, 3]]
+    """
+    groups: list[list[int]] = []
+    used = budget + 1
+    for i, n in zip(indices, lengths):
+        if n > budget:
+            raise ValueError(f"a trajectory of {n} tokens (prompt and response) is longer than train.pack_tokens "
+                             f"{budget}: raise train.pack_tokens to at least {n}, or set it to 0 (padded micro-batches)")
+        if used + n > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(i)
+        used += n
+    return groups
 
 
 def empty_micro_batch(pad_id: int, device: torch.device | str) -> MicroBatch:
@@ -85,7 +148,7 @@ def empty_micro_batch(pad_id: int, device: torch.device | str) -> MicroBatch:
     """
     ids = torch.full((1, 2), pad_id, dtype=torch.long, device=device)
     zeros = torch.zeros((1, 1), dtype=torch.float32, device=device)
-    return MicroBatch([], ids, torch.ones_like(ids), 1, zeros, zeros.clone())
+    return MicroBatch([], ids, torch.ones_like(ids), 1, zeros, zeros.clone(), rows=[], offsets=[])
 
 
 def question_order(trajectories: Sequence[Trajectory]) -> list[str]:

@@ -54,16 +54,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_r1.config.experiment import Config
-from prompt_r1.core.grpo import (decoupled_advantages, group_advantages, policy_loss, token_logprobs,
-                                 truncated_is_weights)
+from prompt_r1.core.grpo import (decoupled_advantages, group_advantages, packed_token_logprobs, policy_loss,
+                                 token_logprobs, truncated_is_weights)
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import pad_token_id, stop_token_ids, torch_dtype
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.turn_credit import token_advantages, turn_advantages
 from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
-from prompt_r1.learner.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids,
-                                        plan_mini_batches, question_order)
+from prompt_r1.learner.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids, pack,
+                                       pack_groups, plan_mini_batches, question_order)
 from prompt_r1.learner.collectives import Ranks, tied_aliases
 from prompt_r1.learner.devices import autocast_dtype, resolve_device
 from prompt_r1.learner.update_state import PreparedBatch, UpdateSums
@@ -179,8 +179,12 @@ class GRPOLearner:
         autocast = (torch.autocast(self.device.type, dtype=self.compute_dtype) if self.compute_dtype
                     else nullcontext())
         with autocast:
+            chunk = self.cfg.train.logits_chunk_tokens
+            if batch.packed:
+                return packed_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.position_ids,
+                                             batch.response, self.temperature, chunk_tokens=chunk)
             return token_logprobs(model, batch.input_ids, batch.attention_mask, batch.start, self.temperature,
-                                  share_prefix=self.share_prefix, chunk_tokens=self.cfg.train.logits_chunk_tokens)
+                                  share_prefix=self.share_prefix, chunk_tokens=chunk)
 
     @torch.no_grad()
     def _logprobs_no_grad(self, batch: MicroBatch, reference: bool) -> torch.Tensor:
@@ -193,7 +197,6 @@ class GRPOLearner:
         learner computes them for the ratio: comparable 1:1 with `Trajectory.logprobs`."""
         if reference and not self.use_lora and self.reference is None:
             raise ValueError("no reference policy: train.kl_coef is 0 under full fine-tuning")
-        prompt_lens = [len(t.prompt_ids) for t in trajectories]
         resp_lens = [len(t.token_ids) for t in trajectories]
         was_training = self.model.training
         self.model.eval()
@@ -201,7 +204,7 @@ class GRPOLearner:
         size = self.cfg.train.micro_batch_size
         for m in range(0, len(trajectories), size):
             batch = collate(trajectories, list(range(m, min(m + size, len(trajectories)))), self.pad_id, self.device)
-            for i, v in zip(batch.indices, batch.split(self._logprobs_no_grad(batch, reference), prompt_lens, resp_lens)):
+            for i, v in zip(batch.indices, batch.split(self._logprobs_no_grad(batch, reference), resp_lens)):
                 out[i] = v
         self.model.train(was_training)
         return out
@@ -285,14 +288,19 @@ class GRPOLearner:
         return advantages, self._token_advantages(trajectories, advantages)
 
     def _micro_batches(self, trajectories: list[Trajectory], plan: list[list[str]]) -> list[list[MicroBatch]]:
-        """Each planned mini-batch's trajectories in micro-batches of `train.micro_batch_size`."""
-        size = self.cfg.train.micro_batch_size
+        """Each planned mini-batch's trajectories in micro-batches of `train.micro_batch_size`, or
+        packed into sequences of at most `train.pack_tokens` tokens."""
+        size, budget = self.cfg.train.micro_batch_size, self.cfg.train.pack_tokens
         mini_batches: list[list[MicroBatch]] = []
         for questions in plan:
             chosen = set(questions)
             idx = [i for i, t in enumerate(trajectories) if t.question_id in chosen]
-            mini_batches.append([collate(trajectories, idx[m:m + size], self.pad_id, self.device)
-                                 for m in range(0, len(idx), size)])
+            if budget:
+                lengths = [len(trajectories[i].prompt_ids) + len(trajectories[i].token_ids) for i in idx]
+                mini_batches.append([pack(trajectories, run, self.device) for run in pack_groups(idx, lengths, budget)])
+            else:
+                mini_batches.append([collate(trajectories, idx[m:m + size], self.pad_id, self.device)
+                                     for m in range(0, len(idx), size)])
         if self.ranks.matched_forwards:  # FSDP: a forward pass is a collective, so all ranks run as many
             for mini, count in zip(mini_batches, self.ranks.max([len(mini) for mini in mini_batches])):
                 mini.extend(empty_micro_batch(self.pad_id, self.device) for _ in range(int(count) - len(mini)))
@@ -361,10 +369,9 @@ class GRPOLearner:
         if old_lp[micro.indices[0]] is None:  # lazy: first and only pass, weights untouched
             for i, v in zip(micro.indices, batch.split(micro, logprobs)):
                 old_lp[i] = v
-        old = micro.scatter(old_lp, batch.prompt_lens).to(self.device)
-        ref = micro.scatter(ref_lp, batch.prompt_lens).to(self.device) if train.kl_coef > 0 else None
-        adv = (batch.advantages[micro.indices] if batch.token_advantages is None
-               else micro.scatter(batch.token_advantages, batch.prompt_lens)).to(self.device)
+        old = micro.scatter(old_lp).to(self.device)
+        ref = micro.scatter(ref_lp).to(self.device) if train.kl_coef > 0 else None
+        adv = self._micro_advantages(batch, micro).to(self.device)
         # stale batches: each token weighted by how much likelier the old policy made it than the
         # sampler did, capped at train.tis_cap
         tis = (truncated_is_weights(old, micro.sampling_logprobs.to(self.device), train.tis_cap)
@@ -382,6 +389,16 @@ class GRPOLearner:
         sums.add_loss(stats)
         if first_epoch:  # the sampler against the old policy, once per token
             sums.add_sampling_gap(micro, old, tis, train.tis_cap)
+
+    @staticmethod
+    def _micro_advantages(batch: PreparedBatch, micro: MicroBatch) -> torch.Tensor:
+        """The micro-batch's advantages: one per row (a padded row is one trajectory), or per token
+        under turn credit or packing (a packed row holds several trajectories)."""
+        if batch.token_advantages is not None:
+            return micro.scatter(batch.token_advantages)
+        if micro.packed:
+            return micro.scatter({i: batch.advantages[i].expand(batch.resp_lens[i]) for i in micro.indices})
+        return batch.advantages[micro.indices]
 
     def metrics(self, batch: PreparedBatch, sums: UpdateSums, started: float) -> dict[str, float]:
         """The update's metrics from this rank's `sums`, summed over ranks in one collective (one

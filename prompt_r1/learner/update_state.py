@@ -33,7 +33,7 @@ class PreparedBatch:
 
     def split(self, micro: MicroBatch, values: torch.Tensor) -> list[torch.Tensor]:
         """`values` of the micro-batch's layout as one response vector per trajectory (`MicroBatch.split`)."""
-        return micro.split(values, self.prompt_lens, self.resp_lens)
+        return micro.split(values, self.resp_lens)
 
 
 # the statistics of `policy_loss` that the metrics average per loss token

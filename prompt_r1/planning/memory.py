@@ -19,21 +19,24 @@ bfloat16 autocast / FSDP mixed precision, else 4; d = bytes of `agent.dtype`):
   gathered (cR) with its float32 gradient (4R) through the backward, and the reference's stays
   gathered after its forward (dR); plus two decoder layers gathered (the one computing and the
   one prefetched, 2cL) and one layer's float32 gradient before its reduce-scatter (4L);
-- activations, an estimate: N = `micro_batch_size` x (prompt + `agent.max_response_tokens`)
-  tokens, each costing c bytes per element. One decoder layer
-  keeps A = 4h + 3q + 3kv + 4i elements per token for its backward (norm inputs and outputs;
+- activations, an estimate: N = `micro_batch_size` x (prompt + `agent.max_response_tokens`) tokens
+  (with `train.pack_tokens`, N is that budget), each costing c bytes per element. One decoder
+  layer keeps A = 4h + 3q + 3kv + 4i elements per token for its backward (norm inputs and outputs;
   q, k after RoPE, v and the attention output, with fused attention keeping no seq x seq scores;
   the MLP's gate, up, activation and product), for hidden h, q/kv widths q, kv, MLP width i.
   Without checkpointing: N x layers x A x c. With `train.gradient_checkpointing`: each layer's
-  input (N x layers x h x c) plus two layers' worth (one recomputed, and its gradients): N x 2A x c;
-- logits, at the response positions only (R = `agent.max_response_tokens`, V the vocabulary):
-  R x V x m x (c + 8) bytes for m = `micro_batch_size`: the logits in the compute dtype, the
-  float32 log-softmax `core.grpo.gather_logprobs` keeps, and its float32 gradient in the
-  backward; with `train.logits_chunk_tokens` N, N positions in place of R (one chunk's logits
-  exist at a time, forward or backward). Fitted on an H100 (BENCHMARKS.md, "GPU"): at m = 8 in
-  bfloat16 the three shapes of `benchmarks/gpu/gpu_learner.py` (vocabularies of 49k and 152k) peaked 79-81 bytes per response
-  position and vocabulary entry above the other parts, against 80 here. For a 4096-token response
-  and a 150k vocabulary this is the largest part of a rank (about 6 GiB per trajectory in bfloat16);
+  input (N x layers x h x c) plus two layers' worth (one recomputed, and its gradients): N x 2A x
+  c;
+- logits, at the response positions only (R = `agent.max_response_tokens`, V the vocabulary): R x
+  V x m x (c + 8) bytes for m = `micro_batch_size`: the logits in the compute dtype, the float32
+  log-softmax `core.grpo.gather_logprobs` keeps, and its float32 gradient in the backward; with
+  `train.logits_chunk_tokens` N, N positions in place of R (one chunk's logits exist at a time,
+  forward or backward); packed (`train.pack_tokens` P), one row (m = 1) of at most P - prompt
+  response positions. Fitted on an H100 (BENCHMARKS.md, "GPU"): at m = 8 in bfloat16 the three
+  shapes of `benchmarks/gpu/gpu_learner.py` (vocabularies of 49k and 152k) peaked 79-81 bytes per
+  response position and vocabulary entry above the other parts, against 80 here. For a 4096-token
+  response and a 150k vocabulary this is the largest part of a rank (about 6 GiB per trajectory in
+  bfloat16);
 - 1 GiB for the process (CUDA context, libraries).
 Between updates a rank keeps its weights, AdamW state, reference, FSDP's gathered units and
 runtime (`RESIDENT`); gradients, activations and logits exist only during the update.
@@ -212,9 +215,13 @@ def learner_parts(cfg: Config, arch: Architecture, prompt_tokens: int) -> dict[s
     p, t = arch.params, trainable_params(cfg, arch)
     c, d = compute_bytes(cfg), DTYPE_BYTES[cfg.agent.dtype]
     h, per_layer = arch.hidden, 4 * arch.hidden + 3 * arch.q_dim + 3 * arch.kv_dim + 4 * arch.intermediate
-    tokens = train.micro_batch_size * (prompt_tokens + cfg.agent.max_response_tokens)
+    response = cfg.agent.max_response_tokens
+    # a micro-batch: m padded rows of a prompt and a full response, or one packed row of N tokens
+    # whose response positions (those the output layer sees) are at most N less one prompt
+    packed = train.pack_tokens
+    tokens = packed or train.micro_batch_size * (prompt_tokens + response)
+    rows, response_positions = (1, max(1, packed - prompt_tokens)) if packed else (train.micro_batch_size, response)
     layers_kept = arch.layers * h + 2 * per_layer if train.gradient_checkpointing else arch.layers * per_layer
-    m = train.micro_batch_size
     split = f", fsdp: 1/{shard} per rank" if shard > 1 else ""
     reference = train.kl_coef > 0 and not lora
     parts = {
@@ -234,9 +241,9 @@ def learner_parts(cfg: Config, arch: Architecture, prompt_tokens: int) -> dict[s
     ckpt = "checkpointed" if train.gradient_checkpointing else "no checkpointing"
     parts[f"activations ({tokens} tokens, {ckpt})"] = _gib(tokens * layers_kept * c)
     chunk = train.logits_chunk_tokens
-    positions = min(chunk, cfg.agent.max_response_tokens) if chunk else cfg.agent.max_response_tokens
+    positions = min(chunk, response_positions) if chunk else response_positions
     where = f"{positions} response positions at a time" if chunk else "the response tokens"
-    parts[f"logits of {where}, and their gradients"] = _gib(positions * arch.vocab * m * (c + 8))
+    parts[f"logits of {where}, and their gradients"] = _gib(positions * arch.vocab * rows * (c + 8))
     parts["runtime (libraries, CUDA context on a GPU)"] = RUNTIME_GIB
     return parts
 

@@ -287,3 +287,16 @@ def test_logits_in_chunks_are_how_an_update_is_computed_not_which():
         parse_config({"train": {"logits_chunk_tokens": 256, "strategy": "fsdp", "world_size": 2}})
     with pytest.raises(ConfigError, match="logits_chunk_tokens"):
         parse_config({"train": {"logits_chunk_tokens": -1}})
+
+
+def test_packing_is_how_an_update_is_computed_and_must_hold_a_response():
+    """`train.pack_tokens` leaves the run's identity alone; a budget that cannot hold a full
+    response, or packing under Dr.GRPO's per-sequence sum, is refused naming the keys and numbers."""
+    from prompt_r1.config.experiment import parse_config
+
+    assert parse_config({"train": {"pack_tokens": 4096}}).hash() == parse_config({}).hash()
+    with pytest.raises(ConfigError, match=r"train\.pack_tokens 512 cannot hold one trajectory: "
+                                          r"agent\.max_response_tokens is 512"):
+        parse_config({"agent": {"max_response_tokens": 512}, "train": {"pack_tokens": 512}})
+    with pytest.raises(ConfigError, match=r"train\.pack_tokens 4096 needs train\.loss_agg token-mean"):
+        parse_config({"train": {"pack_tokens": 4096, "loss_agg": "seq-mean-token-sum-norm"}})

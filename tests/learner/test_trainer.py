@@ -188,21 +188,40 @@ def test_logits_in_chunks_give_the_same_update(tiny_model_path, lora, checkpoint
     is handed as with the whole logits tensor, with full weights or LoRA, with or without gradient
     checkpointing. (Gradients, not the weights after AdamW: its first step divides each gradient
     by its own size, so an element near zero turns float rounding into a visible difference.)"""
-    results = {}
-    for chunk in (0, 3):
-        cfg = make_config(lora=lora, kl_coef=0.05, lr=1e-2, gradient_checkpointing=checkpointing,
-                          logits_chunk_tokens=chunk)
-        learner = GRPOLearner(cfg, tiny_model_path)
-        handed: list[torch.Tensor] = []
-        learner.optimizer.register_step_pre_hook(  # what the optimiser is about to apply
-            lambda _opt, _args, _kwargs, params=learner.params, out=handed:
-            out.append(torch.cat([p.grad.flatten() for p in params]).clone()))
-        results[chunk] = (learner.step(hand_trajectories(learner.tokenizer)), handed)
+    results = {chunk: _update_and_gradients(make_config(lora=lora, kl_coef=0.05, lr=1e-2,
+                                                        gradient_checkpointing=checkpointing,
+                                                        logits_chunk_tokens=chunk), tiny_model_path)
+               for chunk in (0, 3)}
     (plain, plain_grads), (chunked, chunked_grads) = results[0], results[3]
     for key in ("pg_loss", "kl", "clip_fraction", "grad_norm"):
         assert chunked[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-7), key
     assert len(plain_grads) == len(chunked_grads) >= 1
     for a, b in zip(plain_grads, chunked_grads):
+        assert (a - b).norm() <= 1e-5 * a.norm() + 1e-8
+
+
+def _update_and_gradients(cfg, model_path):
+    """A learner's step on the hand trajectories: its metrics and each gradient handed to AdamW."""
+    learner = GRPOLearner(cfg, model_path)
+    handed: list[torch.Tensor] = []
+    learner.optimizer.register_step_pre_hook(  # what the optimiser is about to apply
+        lambda _opt, _args, _kwargs, params=learner.params, out=handed:
+        out.append(torch.cat([p.grad.flatten() for p in params]).clone()))
+    return learner.step(hand_trajectories(learner.tokenizer)), handed
+
+
+@pytest.mark.parametrize("lora,budget,chunk", [(False, 400, 0), (False, 120, 0), (True, 120, 0), (False, 120, 4)])
+def test_packed_micro_batches_give_the_same_update(tiny_model_path, lora, budget, chunk) -> None:
+    """`train.pack_tokens`: whole trajectories packed into sequences (all in one, or several packs
+    of a smaller budget; with LoRA; with the logits in chunks) against padded micro-batches: the
+    same loss terms and the same gradient handed to the optimiser, over two mini-batches."""
+    common = {"lora": lora, "kl_coef": 0.05, "lr": 1e-2, "mini_batch_questions": 1, "logits_chunk_tokens": chunk}
+    plain, plain_grads = _update_and_gradients(make_config(**common), tiny_model_path)
+    packed, packed_grads = _update_and_gradients(make_config(pack_tokens=budget, **common), tiny_model_path)
+    for key in ("pg_loss", "kl", "clip_fraction", "grad_norm", "logprob_diff"):
+        assert packed[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-7), key
+    assert len(plain_grads) == len(packed_grads) == 2
+    for a, b in zip(plain_grads, packed_grads):
         assert (a - b).norm() <= 1e-5 * a.norm() + 1e-8
 
 

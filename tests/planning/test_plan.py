@@ -624,3 +624,19 @@ def test_plan_names_logits_in_chunks_when_they_alone_make_a_rank_fit():
     assert sum(learner_parts(chunked, QWEN3_4B, 512).values()) <= limit
     fsdp = _paper(**{"train.strategy": "fsdp", "train.world_size": 1, "agent.lora.enabled": False})
     assert not any("logits_chunk" in f for f in learner_fixes(fsdp, QWEN3_4B, machine, 512, limit))
+
+
+def test_packing_counts_its_budget_of_tokens_and_one_row_of_logits():
+    """`train.pack_tokens` P: activations of P tokens where m padded rows counted m x (prompt +
+    response), and the logits of one row of at most P - prompt response positions."""
+    prompt = 512
+    cfg = _paper(**{"train.strategy": "ddp", "train.micro_batch_size": 4})
+    response = cfg.agent.max_response_tokens
+    budget = 2 * (prompt + response)
+    padded = learner_parts(cfg, QWEN3_4B, prompt)
+    packed = learner_parts(_paper(**{"train.strategy": "ddp", "train.micro_batch_size": 4,
+                                     "train.pack_tokens": budget}), QWEN3_4B, prompt)
+    act = lambda parts: sum(v for k, v in parts.items() if k.startswith("activations"))  # noqa: E731
+    logits = lambda parts: sum(v for k, v in parts.items() if k.startswith("logits"))  # noqa: E731
+    assert act(packed) == pytest.approx(act(padded) / 2)  # half the tokens of 4 padded rows
+    assert logits(packed) == pytest.approx(logits(padded) * (budget - prompt) / (4 * response))
