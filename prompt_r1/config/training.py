@@ -90,7 +90,7 @@ class TrainConfig(StrictModel):
         "(prompt and response), each attending only to itself with its positions counted from 0, so no compute "
         "goes to padding; the same log-probs, loss and gradients to float rounding. Must exceed "
         "`agent.max_response_tokens`; a trajectory longer than N stops the step naming both. Needs "
-        "`loss_agg: token-mean`. `prompt-r1 plan` counts N tokens a micro-batch.",
+        "`loss_agg: token-mean`; not with `strategy: fsdp`. `prompt-r1 plan` counts N tokens a micro-batch.",
     )
     logits_chunk_tokens: int = Field(
         0, ge=0,
@@ -143,11 +143,13 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check_chunks_and_packing(self) -> "TrainConfig":
-        """FSDP gathers the output layer inside the model's own forward, which the chunked path goes
-        around; a packed row is not one sequence, which Dr.GRPO's per-sequence sum assumes."""
-        if self.logits_chunk_tokens and self.strategy == "fsdp":
-            raise ValueError(f"train.logits_chunk_tokens {self.logits_chunk_tokens} does not work with "
-                             "train.strategy fsdp: set train.logits_chunk_tokens to 0 or use strategy ddp")
+        """FSDP gathers the embeddings and the output layer inside the model's own forward, which
+        the chunked and packed paths go around (they call the decoder and the output layer
+        apart); a packed row is not one sequence, which Dr.GRPO's per-sequence sum assumes."""
+        for key in ("logits_chunk_tokens", "pack_tokens"):
+            if getattr(self, key) and self.strategy == "fsdp":
+                raise ValueError(f"train.{key} {getattr(self, key)} does not work with train.strategy fsdp: "
+                                 f"set train.{key} to 0 or use strategy ddp")
         if self.pack_tokens and self.loss_agg != "token-mean":
             raise ValueError(f"train.pack_tokens {self.pack_tokens} needs train.loss_agg token-mean (a packed row "
                              f"holds several trajectories, and {self.loss_agg} sums each row as one): set "

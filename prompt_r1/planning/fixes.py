@@ -45,11 +45,14 @@ def learner_fixes(cfg: Config, arch: Architecture, machine: Machine, prompt_toke
         total, tp = machine.nodes * machine.gpus_per_node, tensor_parallel_size(cfg)
         engines_on_gpu = cfg.agent.backend == "vllm" and not colocated(cfg, machine)  # colocated: none of their own
         start = train.world_size + 1 if train.strategy == "fsdp" else max(2, train.world_size)
+        # FSDP runs neither packed micro-batches nor logits in chunks: a sharding fix turns them off
+        unshardable = {k: 0 for k in ("train.pack_tokens", "train.logits_chunk_tokens") if get_setting(cfg, k)}
         for ranks in range(start, total + 1):
-            if need({"train.strategy": "fsdp", "train.world_size": ranks}) > limit:
+            if need({**unshardable, "train.strategy": "fsdp", "train.world_size": ranks}) > limit:
                 continue
             fix = (f"train.world_size>={ranks}" if train.strategy == "fsdp"
                    else f"train.strategy=fsdp with train.world_size>={ranks}")
+            fix += "".join(f" and {k}=0" for k in unshardable)
             room = (total - ranks) // tp  # engines the GPUs left can still hold
             if engines_on_gpu and cfg.rollout.num_workers > room:
                 fix = f"{fix} and rollout.num_workers<={room}" if room >= 1 else ""

@@ -300,3 +300,5 @@ def test_packing_is_how_an_update_is_computed_and_must_hold_a_response():
         parse_config({"agent": {"max_response_tokens": 512}, "train": {"pack_tokens": 512}})
     with pytest.raises(ConfigError, match=r"train\.pack_tokens 4096 needs train\.loss_agg token-mean"):
         parse_config({"train": {"pack_tokens": 4096, "loss_agg": "seq-mean-token-sum-norm"}})
+    with pytest.raises(ConfigError, match=r"train\.pack_tokens 4096 does not work with train\.strategy fsdp"):
+        parse_config({"train": {"pack_tokens": 4096, "strategy": "fsdp", "world_size": 2}})

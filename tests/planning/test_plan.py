@@ -640,3 +640,18 @@ def test_packing_counts_its_budget_of_tokens_and_one_row_of_logits():
     logits = lambda parts: sum(v for k, v in parts.items() if k.startswith("logits"))  # noqa: E731
     assert act(packed) == pytest.approx(act(padded) / 2)  # half the tokens of 4 padded rows
     assert logits(packed) == pytest.approx(logits(padded) * (budget - prompt) / (4 * response))
+
+
+def test_a_sharding_fix_turns_packing_and_chunks_off():
+    """FSDP refuses packed micro-batches and logits in chunks, so `plan`'s FSDP fix for a config
+    with them says to turn them off (and was checked with them off) instead of failing."""
+    from prompt_r1.planning.fixes import learner_fixes
+
+    cfg = _paper(**{"train.strategy": "ddp", "train.world_size": 1, "agent.lora.enabled": False,
+                    "train.pack_tokens": 8192, "train.logits_chunk_tokens": 512})
+    sharded_cfg = _paper(**{"train.strategy": "fsdp", "train.world_size": 8, "agent.lora.enabled": False})
+    limit = sum(learner_parts(sharded_cfg, QWEN3_4B, 512).values()) + 0.1
+    assert sum(learner_parts(cfg, QWEN3_4B, 512).values()) > limit
+    fixes = learner_fixes(cfg, QWEN3_4B, Machine(nodes=1, gpus_per_node=16), 512, limit)  # room for engines too
+    sharded = [f for f in fixes if f.startswith("train.strategy=fsdp")]
+    assert sharded and sharded[0].endswith("and train.pack_tokens=0 and train.logits_chunk_tokens=0"), fixes
