@@ -103,3 +103,13 @@ def spy_policy_loss(monkeypatch) -> list[dict]:
 
     monkeypatch.setattr(learner_module, "policy_loss", spy)
     return calls
+
+
+def tiny_llama(seed: int) -> torch.nn.Module:
+    """A randomly initialised 2-layer Llama (vocabulary 97) in float32, for the log-prob paths."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(config).float()

@@ -252,11 +252,13 @@ def chunked_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch
     return torch.cat(parts, dim=1)
 
 
-def _has_plain_output_layer(model: torch.nn.Module) -> bool:
-    """Do the model's logits come from its output layer alone (no scaling or soft-capping after it)?"""
+def _check_plain_output_layer(model: torch.nn.Module) -> None:
+    """The paths that apply the output layer themselves need logits that come from it alone."""
     config = getattr(model, "config", None)
-    return not any(getattr(config, key, None) not in (None, 1.0)
-                   for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+    if any(getattr(config, key, None) not in (None, 1.0)
+           for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        raise ValueError("train.logits_chunk_tokens: this model scales or soft-caps its logits after the "
+                         "output layer, which the chunked path does not; set it to 0")
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -286,9 +288,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     n_keep = input_ids.shape[1] - response_start + 1
     # at most response_start - 1 shared columns: the logit predicting the first response token stays in the rest
     shared = shared_prefix_length(input_ids, attention_mask, response_start - 1) if share_prefix else 0
-    if chunk_tokens > 0 and not _has_plain_output_layer(model):
-        raise ValueError("train.logits_chunk_tokens: this model scales or soft-caps its logits after the "
-                         "output layer, which the chunked path does not; set it to 0")
+    if chunk_tokens > 0:
+        _check_plain_output_layer(model)
     targets = input_ids[:, response_start:]
     # the decoder alone returns hidden states; the whole model, the logits of the kept positions
     forward = model.get_decoder() if chunk_tokens > 0 else model
@@ -318,9 +319,8 @@ def packed_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, atten
     through the output layer (in `chunk_tokens` pieces when set), so the prompts cost no
     vocabulary projection, as `logits_to_keep` spares them in `token_logprobs`.
     """
-    if chunk_tokens > 0 and not _has_plain_output_layer(model):
-        raise ValueError("train.logits_chunk_tokens: this model scales or soft-caps its logits after the "
-                         "output layer, which the chunked path does not; set it to 0")
+    if chunk_tokens > 0:
+        _check_plain_output_layer(model)
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                  use_cache=False).last_hidden_state[:, :-1]
     picked = hidden[response][None]  # [1, n, h]: the positions that predict a response token

@@ -259,7 +259,7 @@ class GRPOLearner:
             plan = plan_mini_batches(trajectories, train.mini_batch_questions, train.drop_uniform_groups, with_turns)
         planned = {q for mini in plan for q in mini}
         return PreparedBatch(
-            trajectories, prompt_lens, resp_lens, advantages, token_advantages,
+            trajectories, resp_lens, advantages, token_advantages,
             max_len=max(self.cfg.agent.max_response_tokens, int(longest)),
             mini_batches=self._micro_batches(trajectories, plan) if plan else [],
             trained_tokens=sum(prompt_lens[i] + resp_lens[i]
@@ -371,7 +371,7 @@ class GRPOLearner:
                 old_lp[i] = v
         old = micro.scatter(old_lp).to(self.device)
         ref = micro.scatter(ref_lp).to(self.device) if train.kl_coef > 0 else None
-        adv = self._micro_advantages(batch, micro).to(self.device)
+        adv = batch.micro_advantages(micro).to(self.device)
         # stale batches: each token weighted by how much likelier the old policy made it than the
         # sampler did, capped at train.tis_cap
         tis = (truncated_is_weights(old, micro.sampling_logprobs.to(self.device), train.tis_cap)
@@ -389,16 +389,6 @@ class GRPOLearner:
         sums.add_loss(stats)
         if first_epoch:  # the sampler against the old policy, once per token
             sums.add_sampling_gap(micro, old, tis, train.tis_cap)
-
-    @staticmethod
-    def _micro_advantages(batch: PreparedBatch, micro: MicroBatch) -> torch.Tensor:
-        """The micro-batch's advantages: one per row (a padded row is one trajectory), or per token
-        under turn credit or packing (a packed row holds several trajectories)."""
-        if batch.token_advantages is not None:
-            return micro.scatter(batch.token_advantages)
-        if micro.packed:
-            return micro.scatter({i: batch.advantages[i].expand(batch.resp_lens[i]) for i in micro.indices})
-        return batch.advantages[micro.indices]
 
     def metrics(self, batch: PreparedBatch, sums: UpdateSums, started: float) -> dict[str, float]:
         """The update's metrics from this rank's `sums`, summed over ranks in one collective (one

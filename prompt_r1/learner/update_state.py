@@ -17,7 +17,6 @@ class PreparedBatch:
     """A rollout batch as one rank trains it (`GRPOLearner.prepare`); lists run over its trajectories."""
 
     trajectories: list[Trajectory]
-    prompt_lens: list[int]
     resp_lens: list[int]
     advantages: torch.Tensor  # each trajectory's outcome advantage within its GRPO group
     token_advantages: list[torch.Tensor] | None  # turn credit: each response token's; else None
@@ -34,6 +33,15 @@ class PreparedBatch:
     def split(self, micro: MicroBatch, values: torch.Tensor) -> list[torch.Tensor]:
         """`values` of the micro-batch's layout as one response vector per trajectory (`MicroBatch.split`)."""
         return micro.split(values, self.resp_lens)
+
+    def micro_advantages(self, micro: MicroBatch) -> torch.Tensor:
+        """The micro-batch's advantages: one per row (a padded row is one trajectory), or per token
+        under turn credit or packing (a packed row holds several trajectories)."""
+        if self.token_advantages is not None:
+            return micro.scatter(self.token_advantages)
+        if micro.packed:
+            return micro.scatter({i: self.advantages[i].expand(self.resp_lens[i]) for i in micro.indices})
+        return self.advantages[micro.indices]
 
 
 # the statistics of `policy_loss` that the metrics average per loss token

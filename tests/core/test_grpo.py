@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from grpo_helpers import tiny_llama
 from prompt_r1.core import grpo
 from prompt_r1.core.grpo import gather_logprobs, group_advantages, k3_kl, policy_loss
 
@@ -240,15 +241,6 @@ def test_clip_higher_matches_the_piecewise_rule_on_random_tokens(clip_high) -> N
         assert between > 5  # tokens the symmetric clip would stop and clip-higher lets rise
 
 
-def _tiny_llama(seed: int) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    return LlamaForCausalLM(config).float()
-
-
 def _random_batch(seed: int):
     """Random right-padded rows (prompts that share a start, or in some cases differ early), the
     response start and a sampling temperature."""
@@ -286,7 +278,7 @@ def _assert_same(plain, other, mask, start) -> None:
 def test_shared_prefix_log_probs_and_gradients_are_the_full_batch_ones(seed) -> None:
     """Running the rows' common prompt once (share_prefix) against the plain padded batch, on random
     prompts, response lengths, right padding and temperatures: the same log-probs and gradients."""
-    model = _tiny_llama(seed)
+    model = tiny_llama(seed)
     ids, mask, start, temperature, _ = _random_batch(seed)
     _assert_same(_logprobs_and_gradient(model, ids, mask, start, temperature),
                  _logprobs_and_gradient(model, ids, mask, start, temperature, share_prefix=True), mask, start)
@@ -297,7 +289,7 @@ def test_chunked_logits_give_the_full_logits_log_probs_and_gradients(seed) -> No
     """The output layer run a random number of response positions at a time (1 up to more than the
     response), with or without the shared prompt, against the plain path's whole logits tensor:
     the same log-probs and gradients."""
-    model = _tiny_llama(seed)
+    model = tiny_llama(seed)
     ids, mask, start, temperature, gen = _random_batch(seed)
     chunk = int(torch.randint(1, ids.shape[1] - start + 3, (1,), generator=gen))
     _assert_same(_logprobs_and_gradient(model, ids, mask, start, temperature),
@@ -308,7 +300,7 @@ def test_chunked_logits_give_the_full_logits_log_probs_and_gradients(seed) -> No
 def test_chunked_logits_hold_one_chunk_of_logits_at_a_time() -> None:
     """What the chunks are for: the graph the forward leaves for the backward holds no [B, T, V]
     tensor, only chunk-sized logits while one is computed (the saved tensors are counted)."""
-    model = _tiny_llama(0)
+    model = tiny_llama(0)
     ids = torch.randint(1, 97, (2, 40))
     mask = torch.ones_like(ids)
     saved: list[tuple[int, ...]] = []
@@ -329,7 +321,7 @@ def test_chunked_logits_hold_one_chunk_of_logits_at_a_time() -> None:
 
 
 def test_chunked_logits_refuse_a_model_that_caps_its_logits() -> None:
-    model = _tiny_llama(0)
+    model = tiny_llama(0)
     model.config.final_logit_softcapping = 30.0
     ids = torch.randint(1, 97, (1, 8))
     with pytest.raises(ValueError, match="logits_chunk_tokens"):

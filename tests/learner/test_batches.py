@@ -9,6 +9,7 @@ import torch
 
 from prompt_r1.core import grpo
 from prompt_r1.core.trajectory import Trajectory
+from grpo_helpers import tiny_llama
 from prompt_r1.learner.batches import collate, pack, pack_groups
 
 
@@ -63,15 +64,6 @@ def test_both_layouts_hold_each_response_where_split_finds_it(seed) -> None:
     assert int(packed.response.sum()) == sum(resp_lens[i] for i in indices)
 
 
-def _tiny_llama(seed: int) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    return LlamaForCausalLM(config).float()
-
-
 def _per_trajectory(model, micro, resp_lens, temperature, chunk=0):
     if micro.packed:
         lp = grpo.packed_token_logprobs(model, micro.input_ids, micro.attention_mask, micro.position_ids,
@@ -88,7 +80,7 @@ def _per_trajectory(model, micro, resp_lens, temperature, chunk=0):
 def test_a_packed_row_gives_each_trajectory_its_padded_log_probs_and_gradient(seed) -> None:
     """Random trajectories (different prompts, inserted spans) packed into one row against the same
     ones right-padded: every response token's log-prob and the summed gradient agree."""
-    model = _tiny_llama(seed)
+    model = tiny_llama(seed)
     trajectories = _random_trajectories(seed, 6)
     indices, resp_lens = list(range(6)), [len(t.token_ids) for t in trajectories]
     temperature = 0.7 + 0.1 * seed
