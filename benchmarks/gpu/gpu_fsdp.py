@@ -1,13 +1,22 @@
-"""One-process FSDP2 on a GPU, through torch's public API alone: the pieces the learner's FSDP path uses.
+"""FSDP2 on one GPU over NCCL: torch's pieces, then the learner's own sharded rank.
 
-Why it exists: the learner's `train.strategy: fsdp` path had never run on CUDA (CI and the
-development machine have no GPU), and the learner's own FSDP code is being reworked; this checks
-the torch pieces underneath on a CUDA GPU (torch 2.x with NCCL), independent of that code: a process group over
-NCCL (world size 1), `fully_shard` per decoder layer and the root with a `MixedPrecisionPolicy`
-(bfloat16 parameters, float32 gradient reduction), AdamW steps with `clip_grad_norm_` over the
-DTensor gradients, the full state dict gathered to CPU (what a weight sync sends), and a
-`torch.distributed.checkpoint` checkpoint written and read back into a fresh sharded model, the
-weights compared with what was saved. `--device cpu` (gloo) is the dry run.
+Why it exists: CI has no GPU, so the learner's `train.strategy: fsdp` code runs on CUDA first on a
+user's machine unless this runs it. In one process over NCCL (world size 1) it checks, in order:
+
+1. torch's pieces underneath, through torch's public API alone: `fully_shard` per decoder layer and
+   the root with a `MixedPrecisionPolicy` (bfloat16 parameters, float32 gradient reduction), AdamW
+   steps with `clip_grad_norm_` over the DTensor gradients, the full state dict gathered to CPU, and
+   a `torch.distributed.checkpoint` checkpoint written and read back into a fresh sharded model;
+2. the project's code (`project`): a `GRPOLearner` holding `ShardedRanks` (`learner.collectives`)
+   as a rank of a one-rank group: built on the meta device and filled from rank 0
+   (`broadcast_from_rank0`), FSDP's mixed-precision branch (no autocast), GRPO steps on a batch
+   shaped like multi-turn rollouts, its loss and gradient norm beside a plain one-GPU learner's on
+   the same batch (bfloat16 weights under FSDP against autocast: close, not equal), the weight
+   sync's full state gathered, and a checkpoint written by `save_checkpoint` (the optimiser
+   state sharded by DCP) and resumed by `load_checkpoint` into a fresh sharded learner, whose
+   weights and next step must match.
+
+`--device cpu` (gloo) is the dry run.
 
     python3 -m benchmarks.gpu.gpu_fsdp --model FOLDER --json out.json
 """
@@ -104,9 +113,81 @@ def run(model_dir: str, device_name: str, steps: int, tokens: int) -> dict:
         out["finite"] = all(map(lambda x: x == x and abs(x) != float("inf"), norms + [out["loss"]]))
         if cuda:
             out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        del model, fresh, opt, fresh_opt, full, reread, state
+        try:  # torch's pieces are recorded even if the project's code fails
+            out["project"] = project(model_dir, device, tokens)
+        except Exception as err:
+            out["project"] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
     finally:
         dist.destroy_process_group()
-    out["ok"] = bool(out.get("reloaded_equal") and out.get("finite"))
+    out["ok"] = bool(out.get("reloaded_equal") and out.get("finite") and out["project"].get("ok"))
+    return out
+
+
+def project(model_dir: str, device: torch.device, tokens: int) -> dict:
+    """The learner's own FSDP code as one rank over the process group `run` made (see the docstring)."""
+    from benchmarks.gpu.gpu_learner import learner_config, make_batch, parse_args
+    from prompt_r1.learner.checkpoint import load_checkpoint, save_checkpoint
+    from prompt_r1.learner.collectives import ShardedRanks
+    from prompt_r1.learner.grpo_learner import GRPOLearner
+
+    cuda = device.type == "cuda"
+    turn = str(max(4, tokens // 8))
+    args = parse_args(["--model", model_dir, "--device", device.type, "--questions", "2", "--group", "4",
+                       "--prompt-tokens", turn, turn, "--agent-turn-tokens", turn, turn, "--env-reply-tokens",
+                       turn, turn, "--env-calls", "1", "2", "--micro-batch", "4", "--lr", "1e-5"])
+    cfg = learner_config(args, device.type)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"strategy": "fsdp"})})
+    out: dict = {}
+
+    def sharded() -> GRPOLearner:
+        return GRPOLearner(cfg, model_dir, device=str(device), ranks=ShardedRanks(0, 1, device))
+
+    t0 = time.perf_counter()
+    learner = sharded()
+    out["build_s"] = time.perf_counter() - t0
+    out["mixed_precision"] = str(learner.mixed_precision)  # bfloat16 on a GPU: FSDP's policy, not autocast
+    batch = make_batch(learner.tokenizer, args)
+    plain = GRPOLearner(cfg, model_dir, device=str(device))  # the one-GPU learner (identity Ranks)
+    first_plain = plain.step(batch)
+    del plain
+    if cuda:
+        torch.cuda.empty_cache()
+    times, metrics = [], []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        metrics.append(learner.step(batch))
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    out["step_s"] = times
+    out["first_step"] = {k: metrics[0][k] for k in ("pg_loss", "grad_norm")}
+    out["first_step_plain"] = {k: first_plain[k] for k in ("pg_loss", "grad_norm")}
+    out["grad_norm_rel_diff"] = abs(metrics[0]["grad_norm"] - first_plain["grad_norm"]) / max(first_plain["grad_norm"], 1e-12)
+    t0 = time.perf_counter()
+    update = learner.weights_for_sync(2)
+    out["sync_build_s"] = time.perf_counter() - t0
+    out["sync_gib"] = update.nbytes / 2**30
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        folder = save_checkpoint(learner, Path(tmp), 2, {"epoch": 0, "index": 0}, cfg)
+        out["checkpoint_save_s"] = time.perf_counter() - t0
+        # cloned: on CPU the gathered tensors can be the model's own, which the next step changes
+        saved = {k: v.clone() for k, v in learner.ranks.full_state_dict(learner.model).items()}
+        after = learner.step(batch)
+        fresh = sharded()
+        t0 = time.perf_counter()
+        step, _ = load_checkpoint(fresh, folder)
+        out["checkpoint_load_s"] = time.perf_counter() - t0
+        reread = fresh.ranks.full_state_dict(fresh.model)
+        out["resumed_step"] = step
+        out["resumed_equal"] = saved.keys() == reread.keys() and all(torch.equal(saved[k], reread[k]) for k in saved)
+        again = fresh.step(batch)
+        out["next_step"] = [{k: m[k] for k in ("pg_loss", "grad_norm")} for m in (after, again)]
+        out["next_step_equal"] = all(abs(after[k] - again[k]) <= 1e-5 * max(1.0, abs(after[k]))
+                                     for k in ("pg_loss", "grad_norm"))
+    finite = all(m[k] == m[k] and abs(m[k]) != float("inf") for m in [*metrics, after] for k in ("pg_loss", "grad_norm"))
+    out["ok"] = bool(finite and out["resumed_equal"] and out["next_step_equal"] and step == 2)
     return out
 
 

@@ -141,7 +141,7 @@ def test_a_bad_cap_is_refused_before_anything_runs(tmp_path, cap):
 def test_dry_run_runs_every_part(tiny_model_path, tmp_path):
     """`scripts/gpu_check.sh --dry-run`: the same unstaging (a stage holding a tokenizer folder), the
     same driver and parts, on CPU at tiny shapes, in a venv that sees only the GPU machine's packages:
-    an import the machine lacks or a wrong path fails here, not during the 15 minutes of a GPU."""
+    an import the host lacks or a wrong path fails here, not on the GPU."""
     import json
     import tarfile
 
@@ -163,7 +163,9 @@ def test_dry_run_runs_every_part(tiny_model_path, tmp_path):
     results = json.loads((out / "gpu_check.json").read_text())
     failed = {k: v.get("error") for k, v in results.items() if isinstance(v, dict) and v.get("status") != "ok"}
     assert done.returncode == 0 and not failed, (failed, done.stdout[-3000:], done.stderr[-3000:])
-    assert results["dry_run"] is True and set("abcde") <= set(results)
+    assert results["dry_run"] is True and set("abcdef") <= set(results)
+    assert results["b"]["result"]["project"]["resumed_equal"]  # the learner's own ShardedRanks ran
+    assert set(results["f"]["result"]["arms"]) == {"trained", "control"}
     c = results["c"]["result"]
     assert c["resumed"] and c["finished"] and c["sampled_by_previous_version"]
     assert results["e"]["result"]["measured"][1]["bytes"] < results["e"]["result"]["measured"][0]["bytes"]
@@ -174,7 +176,7 @@ def test_a_parts_commands_share_its_deadline(tmp_path):
     """A part's cap bounds all its commands together (three shapes of part a cannot take three caps),
     and a command past it is killed and reported, not waited for."""
     from benchmarks.gpu import gpu_check
-    runner = gpu_check.Runner(tmp_path, dict(os.environ), budget_s=60, caps={"x": 2, "y": 30})
+    runner = gpu_check.Runner(tmp_path / "x.log", dict(os.environ), budget_s=60, caps={"x": 2, "y": 30})
     runner.start("x")
     assert runner.run(["sleep", "0.1"], runner.left("x")).returncode == 0
     with pytest.raises(TimeoutError):
@@ -182,3 +184,23 @@ def test_a_parts_commands_share_its_deadline(tmp_path):
     assert runner.left("x") == 0  # the next command of this part gets nothing
     runner.start("y")
     assert 25 < runner.left("y") <= 30
+
+
+def test_each_run_fits_about_ten_minutes_and_every_part_runs_once():
+    """The three runs cover every part once, part a's headline shape first, and each run's caps sum
+    to at most ten minutes (a run's deadline is that sum)."""
+    from benchmarks.gpu import gpu_check
+
+    parts = "".join(p for p, _ in gpu_check.RUNS.values())
+    assert sorted(parts.replace("f", "", 1)) == sorted(gpu_check.PARTS)  # f is split over two runs
+    for name, (run_parts, _) in gpu_check.RUNS.items():
+        assert gpu_check.CAPS["peak"] + sum(gpu_check.CAPS[p] for p in run_parts) <= 600, name
+    assert gpu_check.A_ROWS[0][1] == "qwen3-1.7b"
+    assert {arm for _, arms in gpu_check.RUNS.values() for arm in arms} == {"trained", "control"}
+
+
+def test_run_and_parts_are_exclusive(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--out", str(tmp_path / "out"),
+                           "--tokenizer", str(tmp_path), "--run", "learner", "--parts", "ab"],
+                          capture_output=True, text=True, env=_no_cuda_env(), timeout=300, cwd=ROOT)
+    assert done.returncode == 2 and "--run chooses the parts" in done.stderr

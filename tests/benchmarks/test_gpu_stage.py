@@ -1,10 +1,10 @@
-"""Staging for the GPU machine (scripts/gpu_stage.py), on small stand-in items: every byte arrives.
+"""The offline installer for a GPU host (scripts/gpu_stage.py), on small stand-in items: every byte arrives.
 
 The real stage (~150 MiB of wheels and weights) is built by `gpu_stage.py build`; these tests pack
-small items the same way and check what the GPU machine's side relies on: parts never exceed their
-size and pieces cover each item exactly (against an independent re-count), a transfer installs the
+small items the same way and check what the GPU host's side relies on: parts never exceed their
+size and pieces cover each item exactly (against an independent re-count), a part's arrival installs the
 items that have fully arrived, a part gone or a damaged piece stops it with exit 3 naming the part,
-installed packages import from the target, and the dry run's venv hides what the machine lacks.
+installed packages import from the target, and the dry run's venv hides what the host lacks.
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ def test_layout_covers_every_item_within_the_part_size(gpu_stage, tmp_path):
                 per_part[p["part"]] = per_part.get(p["part"], 0) + p["bytes"]
         assert max(per_part.values()) <= part
         assert sorted(per_part) == list(range(1, len(per_part) + 1))  # no part left empty in between
+        total = sum(f.stat().st_size for f in files)
+        assert len(per_part) == max(1, -(-total // part))  # as few parts as the bytes allow
 
 
 def test_transfers_install_what_arrived_and_the_packages_import(gpu_stage, items, tmp_path, monkeypatch):
@@ -87,7 +89,7 @@ def test_transfers_install_what_arrived_and_the_packages_import(gpu_stage, items
     assert len(parts) >= 3
     assert all(sum(f.stat().st_size for f in p.iterdir() if f.name != "manifest.json") <= 60_000 for p in parts)
 
-    assert gpu_stage.unstage(stage, target, 1, sys.executable) is False  # the first transfer: not all there yet
+    assert gpu_stage.unstage(stage, target, 1, sys.executable) is False  # part 1 alone: not all there yet
     assert (target / "stagesmall" / "__init__.py").exists() and not (target / "stagebig").exists()
 
     monkeypatch.setattr(gpu_stage, "CHECK_IMPORTS", ["stagesmall", "stagebig"])
@@ -105,13 +107,13 @@ def test_transfers_install_what_arrived_and_the_packages_import(gpu_stage, items
 def test_a_part_gone_stops_naming_it(gpu_stage, items, tmp_path):
     stage = tmp_path / "stage"
     parts = gpu_stage.pack(items, stage, 60_000)
-    for f in parts[1].iterdir():  # the machine was given back between transfers 2 and 3
+    for f in parts[1].iterdir():  # part 2 never arrived
         f.unlink()
     parts[1].rmdir()
     with pytest.raises(SystemExit) as err:
         gpu_stage.unstage(stage, tmp_path / "site", None, sys.executable)
     assert err.value.code == 3
-    assert "part2" in str(err.value) and "given back" in str(err.value) and "Nothing was measured" in str(err.value)
+    assert "part2" in str(err.value) and "has not arrived" in str(err.value) and "Nothing was measured" in str(err.value)
 
 
 def test_a_damaged_piece_is_found(gpu_stage, items, tmp_path):
