@@ -57,6 +57,8 @@ from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import rollout_stats
 from prompt_r1.data.compositional import follow_up, known_questions
 from prompt_r1.evaluation.stats import paired_comparison
+from prompt_r1.learner.checkpoint import latest_checkpoint
+from prompt_r1.models.adapter import export_adapter
 from prompt_r1.training.hooks import StepResult, TrainingHooks
 from prompt_r1.training.session import TrainingSession
 
@@ -149,8 +151,10 @@ class CurveHooks(TrainingHooks):
 def run_arm(cfg: Config, arm: str, home: Path, probe_dataset: str, probe_limit: int | None = None,
             train: bool = True, keep_agent: Path | None = None) -> dict:
     """One training run (arm `trained`, `trained-seedN` or `control`) in a fresh warehouse, probed
-    before and after (`train=False`: the untrained probe only); the exported agent is copied to
-    `keep_agent` (a folder `prompt-r1 evaluate --agent NAME=FOLDER` loads) and its path recorded."""
+    before and after (`train=False`: the untrained probe only); the trained agent is kept in
+    `keep_agent` (a folder `prompt-r1 evaluate --agent NAME=FOLDER` loads) and its path recorded:
+    the exported model, or under LoRA the adapter alone (a few MiB, small enough to commit; the
+    resolver merges it into its base on any machine)."""
     from prompt_r1.data.ingest import ingest
     from warehouse.store import Warehouse
 
@@ -180,7 +184,10 @@ def run_arm(cfg: Config, arm: str, home: Path, probe_dataset: str, probe_limit: 
         if keep_agent.exists():  # never overwrite a kept agent: it may be the one a result names
             raise SystemExit(f"{keep_agent} exists; move it away or pass another --agents folder")
         keep_agent.parent.mkdir(parents=True, exist_ok=True)
-        agent = str(shutil.copytree(outcome.agent, keep_agent))
+        if cfg.agent.lora.enabled:  # the final checkpoint's adapter, the one the export merged
+            agent = str(export_adapter(latest_checkpoint(session.ckpt_dir), keep_agent))
+        else:
+            agent = str(shutil.copytree(outcome.agent, keep_agent))
         log.info("%s: trained agent kept in %s", arm, agent)
     return {"arm": arm, "seed": cfg.seed, "train_questions": len(session.train_questions),
             "probe_questions": len(probes), "train_s": round(train_s, 1),
@@ -395,8 +402,9 @@ def main() -> None:
                         help="A pre-registered criterion file (JSON, e.g. benchmarks/criteria/*.json): the bar, and "
                              "the seeds of the trained arm; printed before training. Default: the built-in bar, one seed.")
     parser.add_argument("--agents", type=Path, metavar="DIR",
-                        help="Keep each arm's trained agent in DIR/ARM (default runs/learning-agents/<OUT's name>); "
-                             "the results record the path, for `prompt-r1 evaluate --agent trained=PATH`.")
+                        help="Keep each arm's trained agent in DIR/ARM (default runs/learning-agents/<OUT's name>): "
+                             "under LoRA the adapter alone (a few MiB); the results record the path, for "
+                             "`prompt-r1 evaluate --agent trained=PATH`.")
     args = parser.parse_args()
     setup_logging()
     json_path, png_path = args.out / "learning.json", args.out / "learning.png"

@@ -35,16 +35,21 @@ def export(
     out_dir: Path = typer.Argument(..., help="Folder for the plain HF model: new or empty, or an earlier export (with --overwrite)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT_DIR when it holds an earlier export. "
                                    "A non-empty folder that is not an export is always refused, never emptied."),
+    adapter_only: bool = typer.Option(False, "--adapter-only", help="Keep a LoRA checkpoint's adapter alone (a few "
+                                      "MiB) with its training config and its base named portably; `--agent` merges "
+                                      "it into that base on any machine."),
 ) -> None:
-    """Export a checkpoint as a plain HF model folder (LoRA merged, tokenizer included).
+    """Export a checkpoint as a plain HF model folder (LoRA merged, tokenizer included), or its LoRA
+    adapter alone (--adapter-only).
 
     The export is built beside OUT_DIR and renamed into place, and carries a small marker file
     (.prompt-r1-export.json) so that a later export may replace it; nothing else is ever deleted.
     """
     from prompt_r1.learner.checkpoint import export_checkpoint
+    from prompt_r1.models.adapter import export_adapter
 
     try:
-        folder = export_checkpoint(checkpoint, out_dir, overwrite=overwrite)
+        folder = (export_adapter if adapter_only else export_checkpoint)(checkpoint, out_dir, overwrite=overwrite)
     except (FileNotFoundError, FileExistsError, ValueError, OSError) as err:
         fail(f"cannot export {checkpoint}: {err}")
     console.print(f"exported {checkpoint} -> {folder}")

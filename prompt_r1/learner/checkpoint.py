@@ -57,7 +57,7 @@ import yaml
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.fsutil import atomic_dir, check_output_folder
-from prompt_r1.models.resolver import TRAINING_CONFIG
+from prompt_r1.models.resolver import ADAPTER_CONFIG, TRAINING_CONFIG, training_config_file
 
 if TYPE_CHECKING:
     from prompt_r1.learner.grpo_learner import GRPOLearner
@@ -68,7 +68,6 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_FILE = "trainer_state.pt"
 OPTIMIZER_DIR = "optimizer"  # torch.distributed.checkpoint's folder of the optimiser state
 MANIFEST = "manifest.json"  # size and CRC-32 of every other file of a checkpoint
-ADAPTER_CONFIG = "adapter_config.json"
 DISK_FULL_SLACK = 16 * 2**20  # free bytes below which a failed write counts as a full disk (`disk_full`)
 EXPORT_MARKER = ".prompt-r1-export.json"  # marks folders that export_checkpoint may replace
 
@@ -369,8 +368,9 @@ def _one_process_quiet():
         yield
 
 
-def load_merged_model(ckpt: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A plain HF model from a checkpoint (LoRA adapters merged into their base)."""
+def load_merged_model(ckpt: Path, dtype: torch.dtype = torch.float32, base: Path | str | None = None) -> torch.nn.Module:
+    """A plain HF model from a checkpoint (LoRA adapters merged into their base: `base`, else the
+    model the run trained from)."""
     from transformers import AutoModelForCausalLM
 
     ckpt = Path(ckpt)
@@ -378,7 +378,7 @@ def load_merged_model(ckpt: Path, dtype: torch.dtype = torch.float32) -> torch.n
         return AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype)
     from peft import PeftModel
 
-    base_path = _read_state(ckpt)["base_model_path"]
+    base_path = base if base is not None else _read_state(ckpt)["base_model_path"]
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
     return PeftModel.from_pretrained(base, ckpt).merge_and_unload()
 
@@ -396,30 +396,37 @@ def check_export_target(out_dir: Path, overwrite: bool) -> None:
     check_output_folder(out_dir, overwrite, EXPORT_MARKER, "export")
 
 
-def export_checkpoint(ckpt: Path, out_dir: Path, overwrite: bool = False) -> Path:
+def export_checkpoint(ckpt: Path, out_dir: Path, overwrite: bool = False, base: Path | str | None = None) -> Path:
     """Write a plain HF model folder (merged weights + tokenizer) that any tool can load.
 
-    The folder is built beside `out_dir` and renamed into place; an existing `out_dir` is
-    replaced only when empty or (with `overwrite`) an earlier export, see `check_export_target`.
+    `base`: the model a LoRA adapter is merged into, for an adapter folder without the trainer
+    state that names it (a kept adapter: `prompt_r1.models.adapter`); its tokenizer is the base's
+    when the folder holds none. The folder is built beside `out_dir` and renamed into place; an
+    existing `out_dir` is replaced only when empty or (with `overwrite`) an earlier export, see
+    `check_export_target`.
     """
     from transformers import AutoTokenizer
 
     ckpt, out_dir = Path(ckpt), Path(out_dir)
-    if not (ckpt / STATE_FILE).is_file() and not (ckpt / "config.json").is_file():
+    adapter_only = base is not None and (ckpt / ADAPTER_CONFIG).is_file()
+    if not (ckpt / STATE_FILE).is_file() and not (ckpt / "config.json").is_file() and not adapter_only:
         raise FileNotFoundError(f"{ckpt} is not a checkpoint folder (no {STATE_FILE} or config.json)")
     check_export_target(out_dir, overwrite)
     if (ckpt / STATE_FILE).is_file():
         verify_checkpoint(ckpt)  # a damaged checkpoint is named, never exported
     state = _read_state(ckpt) if (ckpt / STATE_FILE).is_file() else {}
-    dtype = torch.bfloat16 if _saved_dtype(ckpt, state) == "bfloat16" else torch.float32
-    model = load_merged_model(ckpt, dtype)
+    base = base if base is not None else state.get("base_model_path")
+    trained_with = training_config_file(ckpt)
+    dtype = torch.bfloat16 if _saved_dtype(trained_with) == "bfloat16" else torch.float32
+    model = load_merged_model(ckpt, dtype, base)
     with atomic_dir(out_dir, replace=True) as tmp:
         model.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(ckpt).save_pretrained(tmp)
-        if (ckpt / "config.yaml").is_file():  # the pool it was trained on travels with the agent
-            shutil.copy(ckpt / "config.yaml", tmp / TRAINING_CONFIG)
+        has_tokenizer = (ckpt / "tokenizer_config.json").is_file() or base is None
+        AutoTokenizer.from_pretrained(ckpt if has_tokenizer else base).save_pretrained(tmp)
+        if trained_with is not None:  # the pool it was trained on travels with the agent
+            shutil.copy(trained_with, tmp / TRAINING_CONFIG)
         for extra in ("generation_config.json",):
-            source = Path(state.get("base_model_path", ckpt)) / extra
+            source = Path(base if base is not None else ckpt) / extra
             if source.is_file() and not (tmp / extra).exists():
                 shutil.copy(source, tmp / extra)
         (tmp / EXPORT_MARKER).write_text(json.dumps({"checkpoint": str(ckpt.resolve())}) + "\n")
@@ -427,8 +434,7 @@ def export_checkpoint(ckpt: Path, out_dir: Path, overwrite: bool = False) -> Pat
     return out_dir
 
 
-def _saved_dtype(ckpt: Path, state: dict[str, Any]) -> str:
-    config_file = ckpt / "config.yaml"
-    if config_file.is_file():
+def _saved_dtype(config_file: Path | None) -> str:
+    if config_file is not None:
         return (yaml.safe_load(config_file.read_text()) or {}).get("agent", {}).get("dtype", "float32")
     return "float32"

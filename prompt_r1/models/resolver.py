@@ -6,11 +6,24 @@ A spec is, in this order:
   MLflow, so the tracking layer plugs it in (`tasks.tracking.registry.install_registry_resolver`, and the
   `prompt-r1` entry point in `flows.cli`); imports stay downward (flows -> tasks -> prompt_r1);
 - a bundled model name from `prompt_r1.models.bundled` (`tiny-protocol`, `smollm2-135m-protocol`, ...);
-- a folder: a HF model folder (config.json), or a training run folder (its exported `agent/`);
+- a folder: a HF model folder (config.json), a training run folder (its exported `agent/`), or a
+  LoRA adapter folder (`adapter_config.json` + `adapter_model.safetensors`, as `prompt-r1 export
+  --adapter-only` keeps one, or a LoRA checkpoint): merged into its base, see below;
 - a training run id: the run folder `runs_home()/<config>/<run_id>/`, then as above. The CLI
   and the flows name runs alike (32 hex digits, MLflow's run id shape), so one lookup finds both;
 - a Hugging Face hub id `org/name` that is none of the above (e.g. paper.yaml's `Qwen/Qwen3-4B`):
   returned as the string, for transformers/vLLM to download (needs the hub).
+
+An adapter is a few MiB, so an experiment keeps it (not the merged model) and any machine rebuilds
+the agent from it (`prompt_r1.models.adapter`). Its base is the `base_model_name_or_path` of its
+`adapter_config.json`, which a kept adapter writes portably: the bundled model's name when the run
+trained from a bundled model (its `agent.model`, or the path of a bundled model's folder), else what
+the run trained from as it was (a hub id stays a hub id; a folder path). Here the base resolves as
+`agent.model` would: a bundled name through `resolve_model` (built if needed), a folder only if it
+exists, a hub id as a hub id; a base found nowhere is an `AgentSpecError` naming the adapter folder,
+the base and how to point it elsewhere. The merged agent (base + adapter, the tokenizer, the
+training config the adapter carries) is cached under the models home, keyed by a hash of the
+adapter's files and the base's identity, built atomically and reused.
 
 `resolve_agent(None, default_model=...)` is the default agent: the registry's champion
 (`DEFAULT_REGISTRY_URI`) when a registry is installed and holds one, else `default_model`
@@ -44,6 +57,7 @@ RUN_MARKERS = ("run.json", "agent", "checkpoints")
 # The training config an exported agent carries (`export_checkpoint` copies its checkpoint's
 # `config.yaml` here), so it travels with the agent: to the registry, to another machine.
 TRAINING_CONFIG = "prompt-r1-training-config.yaml"
+ADAPTER_CONFIG = "adapter_config.json"  # PEFT's: marks a LoRA adapter folder (a checkpoint's, or a kept one)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 # scheme -> function(uri) returning the local agent folder, or None when the registry lacks it.
@@ -57,7 +71,7 @@ class AgentSpecError(UserError, ValueError):
 
 def accepted_forms() -> str:
     """The spec forms, for error messages."""
-    return (f"a bundled model ({', '.join(BUNDLED)}), a folder (HF model or training run), a training "
+    return (f"a bundled model ({', '.join(BUNDLED)}), a folder (HF model, LoRA adapter or training run), a training "
             f"run id (a folder {runs_home()}/<config>/<run id>), a registry URI ({DEFAULT_REGISTRY_URI}, "
             "models:/prompt-r1-agent/VERSION), or a Hugging Face hub id (org/name)")
 
@@ -114,18 +128,24 @@ def parse_labelled_specs(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _model_folder(folder: Path, spec: str) -> Path:
-    """The HF folder inside `folder`: itself, or a run folder's exported agent."""
+def _model_folder(folder: Path, spec: str, merge_adapter: bool = True) -> Path:
+    """The HF folder inside `folder`: itself, a run folder's exported agent, or an adapter folder
+    merged into its base (`merge_adapter=False`: the adapter folder itself, once its base is found)."""
     if (folder / "config.json").is_file():
         return folder.resolve()
+    if (folder / ADAPTER_CONFIG).is_file():
+        from prompt_r1.models import adapter  # torch only where an adapter is merged
+
+        return adapter.merged_agent(folder, spec) if merge_adapter else adapter.check_adapter(folder, spec)
     if (folder / "agent" / "config.json").is_file():
         return (folder / "agent").resolve()
     if (folder / "checkpoints").is_dir():
         raise AgentSpecError(
             f"agent {spec!r}: run folder {folder} has no exported agent (`agent/`); the run has not "
             f"finished. Export a checkpoint first: prompt-r1 export {folder}/checkpoints/step-N DIR")
-    raise AgentSpecError(f"agent {spec!r}: folder {folder} is neither a HF model folder (no config.json) "
-                         "nor a training run folder (no agent/ or checkpoints/)")
+    raise AgentSpecError(f"agent {spec!r}: folder {folder} is neither a HF model folder (no config.json), "
+                         f"a LoRA adapter folder (no {ADAPTER_CONFIG}) nor a training run folder (no agent/ or "
+                         "checkpoints/)")
 
 
 def find_run(run_id: str, config_name: str | None = None, home: Path | None = None) -> Path | None:
@@ -147,9 +167,11 @@ def find_run(run_id: str, config_name: str | None = None, home: Path | None = No
     return found[0] if found else None
 
 
-def resolve_agent(spec: str | None, default_model: str | None = None, config_name: str | None = None) -> Path | str:
+def resolve_agent(spec: str | None, default_model: str | None = None, config_name: str | None = None,
+                  merge_adapter: bool = True) -> Path | str:
     """The local HF folder of the agent `spec` names, or a hub id as given (see the module
-    docstring for the forms)."""
+    docstring for the forms). `merge_adapter=False` returns an adapter folder as it is, once its base
+    is found (a check: merging takes a while)."""
     if spec is None or spec == "":
         if "models" in _schemes:
             champion = _schemes["models"](DEFAULT_REGISTRY_URI)
@@ -157,7 +179,7 @@ def resolve_agent(spec: str | None, default_model: str | None = None, config_nam
                 return Path(champion)
         if default_model is None:
             raise AgentSpecError(f"no agent given and no champion registered: pass --agent SPEC, {accepted_forms()}")
-        return resolve_agent(default_model, config_name=config_name)
+        return resolve_agent(default_model, config_name=config_name, merge_adapter=merge_adapter)
     scheme = spec_scheme(spec)
     if scheme is not None:
         if scheme not in _schemes:
@@ -174,12 +196,12 @@ def resolve_agent(spec: str | None, default_model: str | None = None, config_nam
         return Path(resolve_model(spec))
     path = Path(spec).expanduser()
     if path.is_dir():
-        return _model_folder(path, spec)
+        return _model_folder(path, spec, merge_adapter)
     run = find_run(spec, config_name)
     if run is None and config_name is not None:
         run = find_run(spec)  # a run of another config is still a usable agent
     if run is not None:
-        return _model_folder(run, spec)
+        return _model_folder(run, spec, merge_adapter)
     if HUB_ID.match(spec):
         return spec
     raise AgentSpecError(f"agent {spec!r} is not {accepted_forms()}")
@@ -210,11 +232,11 @@ def training_config_file(agent: Path | str) -> Path | None:
 
 def check_agent_spec(spec: str, config_name: str | None = None) -> None:
     """Raise `AgentSpecError` when `spec` names no agent, or `ModelLoadError` when it is a hub id the
-    hub cannot serve now (offline), without building a bundled model (a check that takes a moment,
-    before a run starts anything: Ray, actors, learner ranks)."""
+    hub cannot serve now (offline), without building a bundled model or merging an adapter (a check
+    that takes a moment, before a run starts anything: Ray, actors, learner ranks)."""
     if spec in BUNDLED:
         return
-    found = resolve_agent(spec, config_name=config_name)
+    found = resolve_agent(spec, config_name=config_name, merge_adapter=False)
     if isinstance(found, str):  # taken as a hub id
         from prompt_r1.models.bundled import check_model_source
 
