@@ -47,6 +47,7 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Collection
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -66,6 +67,7 @@ from prompt_r1.learner.batches import (MicroBatch, collate, empty_micro_batch, i
                                        pack_groups, plan_mini_batches, question_order)
 from prompt_r1.learner.collectives import Ranks, tied_aliases
 from prompt_r1.learner.devices import autocast_dtype, resolve_device
+from prompt_r1.learner.host_copy import host_copy
 from prompt_r1.learner.update_state import PreparedBatch, UpdateSums
 
 log = logging.getLogger(__name__)
@@ -436,8 +438,7 @@ class GRPOLearner:
         ties them itself, as it does loading the model's own files). Checksummed here (see
         `core.weights`). Under FSDP every rank must call it; rank 0 gets the update, others None."""
         if not self.use_lora:
-            tied = tied_aliases(self.model)
-            full = {k: v for k, v in self.merged_state_dict().items() if k not in tied}
+            full = self.merged_state_dict(skip=tied_aliases(self.model))
             return WeightUpdate.make(version, "full", full) if full else None
         from peft import get_peft_model_state_dict
 
@@ -446,17 +447,18 @@ class GRPOLearner:
         return WeightUpdate.make(version, "adapter", adapter, peft_config_dict(self.model.peft_config["default"]))
 
     @torch.no_grad()
-    def merged_state_dict(self) -> dict[str, torch.Tensor]:
+    def merged_state_dict(self, skip: Collection[str] = ()) -> dict[str, torch.Tensor]:
         """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched), on
-        CPU in the rollout dtype (`agent.dtype`): the full-weight sync (`weights_for_sync`), and
-        under LoRA the merged model that engines running the adapter must match.
-        Under FSDP every rank must call it (the weights are gathered); rank 0 gets them, others `{}`."""
+        CPU in the rollout dtype (`agent.dtype`), without the names in `skip`: the full-weight sync
+        (`weights_for_sync`), and under LoRA the merged model that engines running the adapter must
+        match. Without LoRA the tensors are views of one host buffer (`host_copy`: pickle them as a
+        `WeightUpdate`, or clone them). Under FSDP every rank must call it (the weights are
+        gathered); rank 0 gets them, others `{}`."""
         dtype = torch_dtype(self.cfg.agent.dtype)
         if not self.use_lora:
             full = self.ranks.full_state_dict(self.model)  # gathered under FSDP (rank 0; others get {})
             weights = self.model.state_dict() if full is None else full
-            # the model's own tensors are copied; gathered ones are fresh already (no second copy)
-            return {k: v.detach().to("cpu", dtype, copy=full is None) for k, v in weights.items()}
+            return host_copy({k: v for k, v in weights.items() if k not in skip}, dtype)
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
@@ -467,9 +469,9 @@ class GRPOLearner:
                 deltas[f"{name}.weight"] = delta
         out: dict[str, torch.Tensor] = {}
         for key, value in base.state_dict().items():
-            if ".lora_" in key or "lora_embedding" in key:
-                continue
             clean = key.replace(".base_layer.", ".")
+            if ".lora_" in key or "lora_embedding" in key or clean in skip:
+                continue
             tensor = value.detach().float()
             if clean in deltas:
                 tensor = tensor + deltas[clean].float()
