@@ -19,6 +19,10 @@ weights, each the median of `--repeats`:
 - `driver`: a learner rank's update fetched into the driver and put back (`ray.get` + `ray.put`,
   before) vs its reference handed on (now: nothing to time);
 - `broadcast`: `RolloutPool.broadcast` of each (the actor's load and read-back);
+the full update's tensors built the old way (per tensor `.to("cpu", agent.dtype)`: pageable memory,
+and a blocking copy from a GPU casts on the CPU) against `host_copy` (cast on the weights' device,
+one flat host buffer, pinned on a GPU: issue 49), on the same weights, the first call of each and
+the median of `--repeats` after it (the first pays for the allocation the next ones reuse);
 and the same full sync with the tensors pickled by torch (`TorchPickledUpdate`: in band, through a
 byte string, as before `WeightUpdate` sent their bytes out of band), the baseline run in the same
 process; and projects the bytes to the paper's 4B agent (`Qwen/Qwen3-4B` from `architectures.json`:
@@ -102,7 +106,10 @@ def measure(learner, pool, version: int, repeats: int) -> dict[str, float]:
     row = {"kind": update.kind, "tensors": len(update.tensors), "bytes": update.nbytes, "build_s": build_s,
            "checksum_s": checksum_s, "sync_s": statistics.median(times)}
     if update.kind == "full":
-        baseline = torch_pickled_class()(update.version, update.kind, update.tensors, update.checksum)
+        # each tensor in its own storage: torch pickles a view with its whole storage, and the
+        # update's tensors are views of one buffer (`host_copy`)
+        own = {k: v.clone() for k, v in update.tensors.items()}
+        baseline = torch_pickled_class()(update.version, update.kind, own, update.checksum)
         row["torch_pickled_sync_s"] = median_s(lambda: pool.broadcast(baseline), repeats)
     return row
 
@@ -128,6 +135,36 @@ def median_s(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def host_copy_comparison(learner, repeats: int) -> dict:
+    """Seconds to build the full update's tensors (tied weights left out, as the sync does): per
+    tensor `.to("cpu", dtype)` against `host_copy`, each timed once cold, then the median of `repeats`."""
+    import torch
+
+    from prompt_r1.core.tokens import torch_dtype
+    from prompt_r1.learner.collectives import tied_aliases
+    from prompt_r1.learner.host_copy import host_copy
+
+    tied = tied_aliases(learner.model)
+    weights = {k: v for k, v in learner.model.state_dict().items() if k not in tied}
+    dtype = torch_dtype(learner.cfg.agent.dtype)
+    device = next(iter(weights.values())).device
+
+    def timed(build):
+        def call():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # nothing queued before it counts
+            build()
+        first = median_s(call, 1)
+        return first, median_s(call, repeats)
+
+    old_first, old = timed(lambda: {k: v.detach().to("cpu", dtype, copy=True) for k, v in weights.items()})
+    new_first, new = timed(lambda: host_copy(weights, dtype))
+    return {"per_tensor_s": old, "flat_pinned_s": new, "ratio": old / new if new > 0 else float("inf"),
+            "per_tensor_first_s": old_first, "flat_pinned_first_s": new_first, "device": str(device),
+            "dtype": str(dtype).removeprefix("torch."),
+            "bytes": sum(v.numel() for v in weights.values()) * dtype.itemsize}
 
 
 def before_after(learner, pool, repeats: int) -> dict:
@@ -179,6 +216,8 @@ def run(args: argparse.Namespace) -> dict:
     with RolloutPool(config(args, False), path, 1) as pool:
         progress("building the full-weight learner")
         learner = GRPOLearner(config(args, False), path)
+        progress(f"building the full update, per tensor and host_copy, x {args.repeats}")
+        host = host_copy_comparison(learner, args.repeats)
         progress(f"full-weight sync x {args.repeats}")
         rows.append(measure(learner, pool, 1, args.repeats))
         paths = None
@@ -193,7 +232,7 @@ def run(args: argparse.Namespace) -> dict:
     full, adapter = rows
     projected = projection(args, full["bytes"] / full["sync_s"], adapter["bytes"] / adapter["sync_s"])
     return {"model": args.model, "r": args.r, "targets": args.targets, "measured": rows,
-            "projected_qwen3_4b": projected, "before_after": paths}
+            "projected_qwen3_4b": projected, "before_after": paths, "host_copy": host}
 
 
 def report(out: dict) -> str:
@@ -208,6 +247,11 @@ def report(out: dict) -> str:
     if "torch_pickled_sync_s" in full:
         lines += [f"full sync with the tensors pickled by torch (the baseline): {full['torch_pickled_sync_s']:.3f} s; "
                   f"out of band (now) / baseline: {full['sync_s'] / full['torch_pickled_sync_s']:.3f}", ""]
+    host = out["host_copy"]
+    lines += [f"building the full update ({host['bytes'] / 1e6:.2f} MB, {host['dtype']}, weights on {host['device']}): "
+              f"per tensor {host['per_tensor_s']:.3f} s (first {host['per_tensor_first_s']:.3f}), host_copy "
+              f"{host['flat_pinned_s']:.3f} s (first {host['flat_pinned_first_s']:.3f}); "
+              f"per tensor / host_copy: {host['ratio']:.2f}", ""]
     lines += ["Projected for Qwen/Qwen3-4B (full in bfloat16, adapter in float32, at the throughput above):", "",
               "| sync | MB sent | sync s |", "|---|---|---|"]
     for r in out["projected_qwen3_4b"]:
