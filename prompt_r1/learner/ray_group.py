@@ -120,7 +120,9 @@ class LearnerRank:
 
     def merged_state_dict(self) -> dict[str, torch.Tensor] | None:
         state = self.learner.merged_state_dict()
-        return state if self.rank == 0 else None
+        # each its own storage: the tensors are views of one buffer, which torch's pickler (Ray's
+        # return path) would send whole with every one of them
+        return {k: v.clone() for k, v in state.items()} if self.rank == 0 else None
 
     def save_checkpoint(self, ckpt_dir: str, step: int, data_position: dict[str, Any]) -> str:
         from prompt_r1.learner.checkpoint import save_checkpoint
