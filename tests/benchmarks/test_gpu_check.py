@@ -164,6 +164,7 @@ def test_dry_run_runs_every_part(tiny_model_path, tmp_path):
     failed = {k: v.get("error") for k, v in results.items() if isinstance(v, dict) and v.get("status") != "ok"}
     assert done.returncode == 0 and not failed, (failed, done.stdout[-3000:], done.stderr[-3000:])
     assert results["dry_run"] is True and set("abcdef") <= set(results)
+    assert not [row for row in results["a"]["result"].values() if "error" in row]  # every row of part a ran
     assert results["b"]["result"]["project"]["resumed_equal"]  # the learner's own ShardedRanks ran
     assert set(results["f"]["result"]["arms"]) == {"trained", "control"}
     c = results["c"]["result"]
@@ -189,13 +190,13 @@ def test_a_parts_commands_share_its_deadline(tmp_path):
 def test_each_run_fits_about_ten_minutes_and_every_part_runs_once():
     """The three runs cover every part once, part a's headline shape first, and each run's caps sum
     to at most ten minutes (a run's deadline is that sum)."""
-    from benchmarks.gpu import gpu_check
+    from benchmarks.gpu import check_parts, gpu_check
 
     parts = "".join(p for p, _ in gpu_check.RUNS.values())
     assert sorted(parts.replace("f", "", 1)) == sorted(gpu_check.PARTS)  # f is split over two runs
     for name, (run_parts, _) in gpu_check.RUNS.items():
         assert gpu_check.CAPS["peak"] + sum(gpu_check.CAPS[p] for p in run_parts) <= 600, name
-    assert gpu_check.A_ROWS[0][1] == "qwen3-1.7b"
+    assert check_parts.A_ROWS[0][1] == "qwen3-1.7b"
     assert {arm for _, arms in gpu_check.RUNS.values() for arm in arms} == {"trained", "control"}
 
 
