@@ -24,7 +24,7 @@ of time is recorded with its error, and the next part runs):
   (`agent.device: cuda`, `rollout.colocate`), learner on the GPU: seconds per step, the rollout's and
   the update's seconds (MLflow), the share of each, and the reward per step (warehouse);
 - e: full-weight against LoRA sync at the Qwen3-1.7B shape (weight_sync.py): bytes and seconds,
-  and building the full update per tensor against one pinned copy (`learner.host_copy`);
+  and building the full update per tensor against one pinned copy (`learner.sync_copy.host_copy`);
 - f: the two-hop experiment at GPU scale (benchmarks/experiments/learning.py on
   `configs/learning-compositional-turn.yaml`, rollouts as in d, LoRA): the untrained probe, then
   the trained arm and the shuffled-reward control, 16 steps of 16 questions x 8 samples each, judged

@@ -144,7 +144,7 @@ def host_copy_comparison(learner, repeats: int) -> dict:
 
     from prompt_r1.core.tokens import torch_dtype
     from prompt_r1.learner.collectives import tied_aliases
-    from prompt_r1.learner.host_copy import host_copy
+    from prompt_r1.learner.sync_copy import host_copy
 
     tied = tied_aliases(learner.model)
     weights = {k: v for k, v in learner.model.state_dict().items() if k not in tied}

@@ -126,6 +126,15 @@ class Config(StrictModel):
         """The environments training draws from: `train.environments`, or the one `environment`."""
         return [entry.env() for entry in self.train.environments] or [self.environment]
 
+    def syncs_on_device(self, learner_device: str) -> bool:
+        """Whether the full-weight sync stays on the learner's GPU (handed over by CUDA IPC,
+        `core.device_share`): the engines are transformers policies on that same GPU
+        (`rollout.colocate`, `agent.device: cuda`), the learner (on `learner_device`, a device type)
+        holds every weight alone (world size 1), and the sync is full weights (LoRA's few MiB go
+        through the host). vLLM engines and learner groups take the host path."""
+        return (self.rollout.colocate and self.agent.backend == "transformers" and self.agent.device == "cuda"
+                and learner_device == "cuda" and self.train.world_size == 1 and not self.agent.lora.enabled)
+
     def training_weights(self) -> list[float]:
         """Sampling weights of `training_environments()`, in the same order."""
         return [entry.weight for entry in self.train.environments] or [1.0]

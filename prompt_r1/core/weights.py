@@ -23,7 +23,7 @@ network carry their own checks). It costs microseconds per large tensor whatever
 used to hash every byte: about 1 GB/s on one core, ~8 s per end for a 4B agent in bfloat16; see
 BENCHMARKS.md, "Weight sync").
 
-Imports: torch and numpy only (the library's core).
+Imports: torch, numpy and `core.device_share` (the library's core).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+
+from prompt_r1.core.device_share import SharedTensor, open_shared, share
 
 WeightKind = Literal["full", "adapter"]
 
@@ -110,19 +112,21 @@ class WeightUpdate:
     tensors: dict[str, torch.Tensor] = field(repr=False)
     checksum: str
     adapter_config: dict[str, Any] | None = None  # PEFT LoraConfig as a dict (sets as sorted lists); adapters only
+    on_device: bool = False  # handed over in the sender's device memory (`core.device_share`), not copied
 
     @classmethod
     def make(cls, version: int, kind: WeightKind, tensors: Mapping[str, torch.Tensor],
-             adapter_config: dict[str, Any] | None = None) -> "WeightUpdate":
-        """Detached CPU tensors and their checksum, computed here by the sender."""
+             adapter_config: dict[str, Any] | None = None, on_device: bool = False) -> "WeightUpdate":
+        """Detached CPU tensors and their checksum, computed here by the sender; `on_device`: the
+        tensors stay where they are and travel as handles to that memory (engines on the same GPU)."""
         if kind not in ("full", "adapter"):
             raise ValueError(f"a weight update is `full` or `adapter`, got {kind!r}")
         if (kind == "adapter") != (adapter_config is not None):
             raise ValueError("an adapter update needs its adapter_config, and only an adapter update has one")
         if version < 0:
             raise ValueError(f"policy versions count updates from 0, got {version}")
-        cpu = {name: t.detach().to("cpu") for name, t in tensors.items()}
-        return cls(version, kind, cpu, weights_checksum(cpu), adapter_config)
+        kept = {name: t.detach() if on_device else t.detach().to("cpu") for name, t in tensors.items()}
+        return cls(version, kind, kept, weights_checksum(kept), adapter_config, on_device)
 
     @property
     def nbytes(self) -> int:
@@ -142,7 +146,12 @@ class WeightUpdate:
         `ray.get` maps them without a copy. A torch tensor pickles through a byte string (about ten
         times slower; BENCHMARKS.md, "Weight sync"). The received tensors are views of the object
         store's shared memory that nothing may write (torch cannot mark a tensor read-only):
-        receivers copy them into their own weights (`load_weights`; tests/sync_helpers.py)."""
+        receivers copy them into their own weights (`load_weights`; tests/sync_helpers.py).
+        An `on_device` update pickles as one handle per tensor to the sender's memory (`share`),
+        which the receiver maps (`open_shared`) and copies from, never writes."""
+        if self.on_device:
+            handles = {name: share(t) for name, t in self.tensors.items()}
+            return _rebuild_shared_update, (self.version, self.kind, handles, self.checksum, self.adapter_config)
         raw = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape), _tensor_bytes(t))
                for name, t in self.tensors.items()}
         return _rebuild_update, (self.version, self.kind, raw, self.checksum, self.adapter_config)
@@ -160,6 +169,12 @@ def _rebuild_update(version: int, kind: WeightKind, raw: dict[str, tuple[str, tu
         tensors = {name: torch.from_numpy(data).view(getattr(torch, dtype)).reshape(shape)
                    for name, (dtype, shape, data) in raw.items()}
     return WeightUpdate(version, kind, tensors, checksum, adapter_config)
+
+
+def _rebuild_shared_update(version: int, kind: WeightKind, handles: dict[str, SharedTensor], checksum: str,
+                           adapter_config: dict[str, Any] | None) -> WeightUpdate:
+    tensors = {name: open_shared(handle) for name, handle in handles.items()}
+    return WeightUpdate(version, kind, tensors, checksum, adapter_config, on_device=True)
 
 
 def peft_config_dict(peft_config: Any) -> dict[str, Any]:

@@ -67,7 +67,7 @@ from prompt_r1.learner.batches import (MicroBatch, collate, empty_micro_batch, i
                                        pack_groups, plan_mini_batches, question_order)
 from prompt_r1.learner.collectives import Ranks, tied_aliases
 from prompt_r1.learner.devices import autocast_dtype, resolve_device
-from prompt_r1.learner.host_copy import host_copy
+from prompt_r1.learner.sync_copy import device_copy, host_copy
 from prompt_r1.learner.update_state import PreparedBatch, UpdateSums
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,8 @@ class GRPOLearner:
         # run seed so two runs learn alike (checkpoints save and restore its state for resumes)
         torch.manual_seed(derive_seed("learner", cfg.seed))
         self.use_lora = cfg.agent.lora.enabled
+        self.syncs_on_device = cfg.syncs_on_device(self.device.type)
+        self._handed_over: WeightUpdate | None = None  # the last on-device sync, kept until it is verified
         # FSDP on a GPU: weights gathered in bfloat16 by FSDP itself, instead of autocast's copies
         self.mixed_precision = self.compute_dtype if self.ranks.builds_on_meta and self.device.type == "cuda" else None
         if self.mixed_precision is not None:
@@ -226,6 +228,7 @@ class GRPOLearner:
         trains in each optimiser step of the whole batch, one list per step (possibly empty, and
         `trajectories` possibly none). Without it the learner plans the batch itself
         (`plan_mini_batches`). Counts that normalise the loss and the metrics are summed over ranks."""
+        self._handed_over = None  # verified by now (colocated runs sync before sampling): its memory is free
         started = time.perf_counter()
         batch = self.prepare(trajectories, plan)
         if batch.empty:
@@ -436,7 +439,15 @@ class GRPOLearner:
         LoRA the adapter alone (PEFT's `get_peft_model_state_dict`, float32, a few MB) with its
         LoraConfig, else the full weights of `merged_state_dict`, tied weights once (an engine
         ties them itself, as it does loading the model's own files). Checksummed here (see
-        `core.weights`). Under FSDP every rank must call it; rank 0 gets the update, others None."""
+        `core.weights`). Under FSDP every rank must call it; rank 0 gets the update, others None.
+        Where the engines share this learner's GPU (`Config.syncs_on_device`) the full weights stay on it:
+        one cast copy the engines map and copy from, kept until the next `step`."""
+        if self.syncs_on_device:  # handed over in this GPU's memory (`core.device_share`)
+            skip = tied_aliases(self.model)
+            state = {k: v for k, v in self.model.state_dict().items() if k not in skip}
+            full = device_copy(state, torch_dtype(self.cfg.agent.dtype), self.device)
+            self._handed_over = WeightUpdate.make(version, "full", full, on_device=True)
+            return self._handed_over
         if not self.use_lora:
             full = self.merged_state_dict(skip=tied_aliases(self.model))
             return WeightUpdate.make(version, "full", full) if full else None

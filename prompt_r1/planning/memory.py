@@ -326,11 +326,17 @@ def transformers_gpu_engine(cfg: Config, arch: Architecture, machine: Machine, n
              "KV cache": _gib(seqs * seq * arch.kv_bytes_per_token(db)),
              "logits (the last position, 4 float32 copies)": _gib(seqs * arch.vocab * (db + 16)),
              "runtime (CUDA context, workspace)": RUNTIME_GIB}
+    # the learner's last sync stays in this GPU's memory until its next update (`Config.syncs_on_device`)
+    handover = together and cfg.syncs_on_device("cuda")
+    if handover:
+        parts[f"the learner's sync, handed over on the GPU ({agent.dtype})"] = _gib(arch.params * db)
     share = "its learner ranks' GPU" if together else f"{cfg.rollout.gpus_per_worker:g} of a GPU"
     notes = [f"transformers on {share}: {seqs} rows of up to {seq} tokens generated at once"]
+    if handover:
+        notes.append("takes each full-weight sync from the learner's GPU memory (CUDA IPC), never through the host")
+    awake_only = parts["KV cache"] + sum(v for k, v in parts.items() if k.startswith("the learner's sync"))
     return Component(name, "engine", 1, parts, notes, shared=together or cfg.rollout.gpus_per_worker < 1,
-                     colocated=together,
-                     asleep=sum(parts.values()) - parts["KV cache"] if together else 0.0)
+                     colocated=together, asleep=sum(parts.values()) - awake_only if together else 0.0)
 
 
 def engine_kv_least(cfg: Config, arch: Architecture) -> float:

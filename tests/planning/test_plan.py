@@ -655,3 +655,19 @@ def test_a_sharding_fix_turns_packing_and_chunks_off():
     fixes = learner_fixes(cfg, QWEN3_4B, Machine(nodes=1, gpus_per_node=16), 512, limit)  # room for engines too
     sharded = [f for f in fixes if f.startswith("train.strategy=fsdp")]
     assert sharded and sharded[0].endswith("and train.pack_tokens=0 and train.logits_chunk_tokens=0"), fixes
+
+
+def test_a_colocated_transformers_engine_counts_the_sync_it_takes_on_the_gpu():
+    """Full fine-tuning with transformers engines on the learner's GPU: the last sync stays in the
+    learner's GPU memory until its next update (`Config.syncs_on_device`), beside the engine between
+    updates and gone during one; LoRA's sync goes through the host and adds nothing there."""
+    gpu = {"agent.backend": "transformers", "agent.device": "cuda", "agent.batch_invariant": False,
+           "agent.dtype": "bfloat16"}
+    full = make_plan(load_config(ONE_GPU, {**gpu, "agent.lora.enabled": False}), QWEN3_4B, Machine(1, 1, 80))
+    lora = make_plan(load_config(ONE_GPU, gpu), QWEN3_4B, Machine(1, 1, 80))
+    handed = [c for c in full.components if c.role == "engine"][0]
+    plain = [c for c in lora.components if c.role == "engine"][0]
+    [(name, gib)] = [(k, v) for k, v in handed.parts.items() if k.startswith("the learner's sync")]
+    assert gib == pytest.approx(QWEN3_4B.params * 2 / GIB)  # its weights once more, in bfloat16
+    assert not [k for k in plain.parts if k.startswith("the learner's sync")]
+    assert handed.gib - plain.gib == pytest.approx(gib) and handed.asleep == pytest.approx(plain.asleep)

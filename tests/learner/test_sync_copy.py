@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from prompt_r1.core.weights import WeightUpdate, weights_checksum
-from prompt_r1.learner.host_copy import ALIGN, host_copy
+from prompt_r1.learner.sync_copy import ALIGN, device_copy, host_copy
 
 SEED = 20261130
 N_CASES = 300
@@ -61,9 +61,9 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return sa.data_ptr() < sb.data_ptr() + sb.nbytes() and sb.data_ptr() < sa.data_ptr() + sa.nbytes()
 
 
-def _check(tensors: dict[str, torch.Tensor], bases: list[torch.Tensor], dtype: torch.dtype) -> None:
+def _check(tensors: dict[str, torch.Tensor], bases: list[torch.Tensor], dtype: torch.dtype, copy=host_copy) -> None:
     expected = {k: v.detach().to("cpu", dtype, copy=True) for k, v in tensors.items()}
-    out = host_copy(tensors, dtype)
+    out = copy(tensors, dtype)
     assert list(out) == list(tensors)
     spans = []
     for name, tensor in out.items():
@@ -84,10 +84,11 @@ def _check(tensors: dict[str, torch.Tensor], bases: list[torch.Tensor], dtype: t
 def test_host_copy_matches_the_per_tensor_copy_bit_for_bit() -> None:
     rng, gen = random.Random(SEED), torch.Generator().manual_seed(SEED)
     seen: set[str] = set()
-    for _ in range(N_CASES):
-        _check(*_case(rng, gen, seen))
+    for i in range(N_CASES):
+        # device_copy lays its buffer out as host_copy does (here on the CPU device)
+        _check(*_case(rng, gen, seen), copy=host_copy if i % 2 else lambda t, d: device_copy(t, d, "cpu"))
     assert seen == {"plain", "0-d", "empty", "transpose", "slice", "expand", "alias"}, seen
-    assert host_copy({}, torch.bfloat16) == {}
+    assert host_copy({}, torch.bfloat16) == {} == device_copy({}, torch.bfloat16, "cpu")
 
 
 def test_a_target_dtype_already_held_is_still_copied() -> None:
@@ -125,6 +126,56 @@ def test_the_learner_sends_a_copy_the_next_step_leaves_alone(tiny_model_path) ->
         for param in learner.model.parameters():
             param.add_(1.0)
     assert all(torch.equal(update.tensors[k], sent[k]) for k in sent)
+
+
+def test_colocated_engines_on_the_learners_gpu_take_the_sync_on_the_device() -> None:
+    """`Config.syncs_on_device` against its rule restated, over every combination of its inputs."""
+    import itertools
+
+    from prompt_r1.config.experiment import parse_config
+
+    answers = []
+    for colocate, backend, agent_device, learner, world, lora in itertools.product(
+            [True, False], ["transformers", "vllm"], ["cuda", "cpu"], ["cuda", "cpu"], [1, 2], [False, True]):
+        agent = {"model": "tiny", "backend": backend, "device": agent_device, "lora": {"enabled": lora}}
+        if backend == "transformers" and agent_device == "cuda":
+            agent["batch_invariant"] = False
+        if backend == "vllm" and agent_device == "cpu":
+            continue  # agent.device is the transformers backend's
+        try:
+            cfg = parse_config({"agent": agent, "rollout": {"colocate": colocate},
+                                "train": {"world_size": world, "strategy": "ddp"}})
+        except Exception:
+            continue  # a combination the config refuses
+        expected = colocate and backend == "transformers" and agent_device == "cuda" and learner == "cuda" \
+            and world == 1 and not lora
+        assert cfg.syncs_on_device(learner) == expected, (colocate, backend, agent_device, learner, world, lora)
+        answers.append(expected)
+    assert answers.count(True) == 1 and len(answers) > 20  # the one case, among many admitted ones
+
+
+def test_a_learner_hands_its_sync_over_in_its_device_memory(tiny_model_path) -> None:
+    """On the device (the CPU here) the update is one cast copy, sent as handles to it; the engine
+    loads the same weights as the host path (same checksum), and the copy lives until the next step."""
+    from grpo_helpers import hand_trajectories, make_config
+
+    from prompt_r1.learner.grpo_learner import GRPOLearner
+    from prompt_r1.policy.hf import TransformersPolicy
+
+    cfg = make_config()
+    learner = GRPOLearner(cfg, tiny_model_path)
+    assert not learner.syncs_on_device  # a CPU learner never does by itself
+    host = learner.weights_for_sync(1)
+    learner.syncs_on_device = True
+    update = learner.weights_for_sync(1)
+    assert update.on_device and update.checksum == host.checksum and set(update.tensors) == set(host.tensors)
+    assert len({t.untyped_storage().data_ptr() for t in update.tensors.values()}) == 1  # one buffer, one handle
+    received = pickle.loads(pickle.dumps(update))
+    policy = TransformersPolicy(tiny_model_path)
+    assert policy.apply_update(received) == update.checksum
+    assert learner._handed_over is update
+    learner.step(hand_trajectories(learner.tokenizer))
+    assert learner._handed_over is None  # freed before the update's own memory peak
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
