@@ -45,7 +45,7 @@ def export(
     The export is built beside OUT_DIR and renamed into place, and carries a small marker file
     (.prompt-r1-export.json) so that a later export may replace it; nothing else is ever deleted.
     """
-    from prompt_r1.learner.checkpoint import export_checkpoint
+    from prompt_r1.models.export import export_checkpoint
     from prompt_r1.models.adapter import export_adapter
 
     try:

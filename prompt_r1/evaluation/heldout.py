@@ -61,7 +61,7 @@ def environment_split(cfg: Config, agents: Mapping[str, Path | str],
     >>> split.held_out
     {'a': False, 'b': True}
     """
-    from prompt_r1.models.resolver import training_config_file
+    from prompt_r1.models.agent_files import training_config_file
 
     pool, source = cfg.training_environments(), "the evaluating config's training pool (no agent:trained)"
     if TRAINED_LABEL in agents:

@@ -7,7 +7,7 @@ adapter instead: its `adapter_config.json` and weights, the training config (eva
 training pool from it) and the export marker, with the base recorded so that another machine can
 find it (`portable_base`: a bundled model by its name, since its folder's path means nothing
 elsewhere). `merged_agent` is what the resolver does with such a folder (or a LoRA checkpoint):
-the base found by `adapter_base`, merged by the one export of `learner.checkpoint`, cached under
+the base found by `adapter_base`, merged by the one export of `models.export`, cached under
 the models home. The rule for the base is stated in `prompt_r1.models.resolver`'s docstring.
 """
 
@@ -26,8 +26,8 @@ from prompt_r1.core.failures import UserError
 from prompt_r1.core.fsutil import atomic_dir, file_lock
 from prompt_r1.models.bundled import (BUILD_LOCK_TIMEOUT_S, BUNDLED_NAMES, bundled_folder, check_model_source,
                                       models_dir, resolve_model)
-from prompt_r1.models.resolver import (ADAPTER_CONFIG, HUB_ID, TRAINING_CONFIG, AgentSpecError, accepted_forms,
-                                       training_config_file)
+from prompt_r1.models.agent_files import (ADAPTER_CONFIG, HUB_ID, TRAINING_CONFIG, AgentSpecError,
+                                          training_config_file)
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def export_adapter(ckpt: Path, out_dir: Path, overwrite: bool = False) -> Path:
     base rewritten by `portable_base`), the adapter weights, the training config as the export's
     `TRAINING_CONFIG`, and the export marker. `out_dir` follows `export_checkpoint`'s rule (new,
     empty, or an earlier export with `overwrite`) and is built beside it, then renamed into place."""
-    from prompt_r1.learner.checkpoint import EXPORT_MARKER, STATE_FILE, check_export_target, verify_checkpoint
+    from prompt_r1.models.export import EXPORT_MARKER, STATE_FILE, check_export_target, verify_checkpoint
 
     ckpt, out_dir = Path(ckpt), Path(out_dir)
     trained_from = recorded_base(ckpt)
@@ -159,7 +159,7 @@ def merged_agent(folder: Path, spec: str) -> Path:
     export marker, written last); anything else under its name is built again."""
     from safetensors import SafetensorError
 
-    from prompt_r1.learner.checkpoint import export_checkpoint, is_export
+    from prompt_r1.models.export import export_checkpoint, is_export
 
     folder = Path(folder).resolve()
     base = resolve_model(adapter_base(folder, spec))
@@ -182,4 +182,4 @@ def merged_agent(folder: Path, spec: str) -> Path:
             reason = " ".join(str(err).split())[:300]
             raise AgentSpecError(f"agent {spec!r}: adapter folder {folder} cannot be merged into its base {base}: "
                                  f"{type(err).__name__}: {reason}. Pass an intact adapter folder with the base it "
-                                 f"was trained on, or another agent: {accepted_forms()}") from err
+                                 f"was trained on, or another agent") from err

@@ -35,14 +35,13 @@ resolved agent was trained with (evaluation reads its training pool to mark held
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prompt_r1.config.experiment import runs_home
 from prompt_r1.config.base import SAFE_NAME
-from prompt_r1.core.failures import UserError
+from prompt_r1.models.agent_files import ADAPTER_CONFIG, HUB_ID, AgentSpecError
 from prompt_r1.models.bundled import BUNDLED_NAMES
 
 if TYPE_CHECKING:
@@ -54,19 +53,9 @@ DEFAULT_REGISTRY_URI = "models:/prompt-r1-agent@champion"
 BUNDLED = BUNDLED_NAMES
 # Files that mark a folder under the run home as a training run (not the model cache or registry).
 RUN_MARKERS = ("run.json", "agent", "checkpoints")
-# The training config an exported agent carries (`export_checkpoint` copies its checkpoint's
-# `config.yaml` here), so it travels with the agent: to the registry, to another machine.
-TRAINING_CONFIG = "prompt-r1-training-config.yaml"
-ADAPTER_CONFIG = "adapter_config.json"  # PEFT's: marks a LoRA adapter folder (a checkpoint's, or a kept one)
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
-
 # scheme -> function(uri) returning the local agent folder, or None when the registry lacks it.
 SchemeResolver = Callable[[str], "Path | None"]
 _schemes: dict[str, SchemeResolver] = {}
-
-
-class AgentSpecError(UserError, ValueError):
-    """A spec that names no usable agent; the message says what was tried and what to pass."""
 
 
 def accepted_forms() -> str:
@@ -205,29 +194,6 @@ def resolve_agent(spec: str | None, default_model: str | None = None, config_nam
     if HUB_ID.match(spec):
         return spec
     raise AgentSpecError(f"agent {spec!r} is not {accepted_forms()}")
-
-
-# files only a checkpoint of ours holds beside its `config.yaml` (`learner.checkpoint`: the manifest,
-# and the trainer state of checkpoints written before it); another tool's output folder may hold a
-# `config.yaml` of its own
-CHECKPOINT_MARKERS = ("manifest.json", "trainer_state.pt")
-
-
-def training_config_file(agent: Path | str) -> Path | None:
-    """The config the agent in folder `agent` was trained with: the `TRAINING_CONFIG` an export
-    carries, or a checkpoint folder's own `config.yaml`; None for a model no training run of this
-    project wrote (a bundled or hub model, an export made before exports carried their config, a
-    folder whose `config.yaml` some other tool wrote, as axolotl's outputs do).
-
-    >>> training_config_file("org/name") is None
-    True
-    """
-    folder = Path(agent)
-    if (folder / TRAINING_CONFIG).is_file():
-        return folder / TRAINING_CONFIG
-    if (folder / "config.yaml").is_file() and any((folder / marker).is_file() for marker in CHECKPOINT_MARKERS):
-        return folder / "config.yaml"
-    return None
 
 
 def check_agent_spec(spec: str, config_name: str | None = None) -> None:

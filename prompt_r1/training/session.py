@@ -375,7 +375,8 @@ class TrainingSession:
     def export_agent(self) -> Path | None:
         """The final checkpoint as a plain HF folder (`run_dir/agent`): merged under LoRA, no
         optimiser state; this is what evaluation loads and the registry stores."""
-        from prompt_r1.learner.checkpoint import export_checkpoint, latest_checkpoint
+        from prompt_r1.learner.checkpoint import latest_checkpoint
+        from prompt_r1.models.export import export_checkpoint
 
         final = latest_checkpoint(self.ckpt_dir)
         return export_checkpoint(final, self.run_dir / "agent", overwrite=True) if final else None

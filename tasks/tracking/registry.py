@@ -61,7 +61,7 @@ def register_agent(run_id: str, checkpoint: Path, val_score: float | None,
 def _run_config_text(agent_dir: Path) -> str:
     """The training config of an exported agent: the one it carries (`training_config_file`), or
     for an export made before exports carried it, the one beside it (`run/checkpoints/step-*/config.yaml`)."""
-    from prompt_r1.models.resolver import training_config_file
+    from prompt_r1.models.agent_files import training_config_file
 
     carried = training_config_file(agent_dir)
     found = [carried] if carried is not None else sorted(Path(agent_dir).parent.glob("checkpoints/step-*/config.yaml"))

@@ -149,7 +149,8 @@ def test_resume_passes_over_a_corrupted_newest_checkpoint_and_says_so(home):
     resume names that checkpoint, continues from step 1, and finishes the run."""
     from prompt_r1.config.experiment import load_config, run_dir
     from prompt_r1.models.resolver import resolve_agent
-    from prompt_r1.learner.checkpoint import MANIFEST, save_checkpoint
+    from prompt_r1.learner.checkpoint import save_checkpoint
+    from prompt_r1.models.export import MANIFEST
     from prompt_r1.learner.grpo_learner import GRPOLearner
     from prompt_r1.training.run_folder import open_run
     from prompt_r1.data.pool import TrainingPool

@@ -45,7 +45,7 @@ def test_an_environment_outside_the_trained_agents_pool_is_held_out(tmp_path):
     import yaml
 
     from prompt_r1.config.env import EnvConfig
-    from prompt_r1.models.resolver import TRAINING_CONFIG
+    from prompt_r1.models.agent_files import TRAINING_CONFIG
 
     a, b = {"name": "a", "model": "tiny", **ENV}, {"name": "b", "model": "tiny-smollm2", **ENV}
     agent = tmp_path / "agent"
@@ -73,7 +73,7 @@ def test_another_tools_config_yaml_is_not_taken_for_our_training_config(tmp_path
     """An axolotl output folder (or any folder) holds a `config.yaml` of its own: without a checkpoint's
     files beside it, it is no training config of ours, and held-out marking falls back to the
     evaluating config's pool, as for a hub model."""
-    from prompt_r1.models.resolver import CHECKPOINT_MARKERS, training_config_file
+    from prompt_r1.models.agent_files import CHECKPOINT_MARKERS, training_config_file
 
     a = {"name": "a", "model": "tiny", **ENV}
     evaluating = parse_config({"environment": a})
@@ -101,7 +101,7 @@ def test_a_training_config_that_cannot_be_read_stops_evaluate_before_any_work(ho
     from prompt_r1 import api
     from prompt_r1.config.base import ConfigError
     from prompt_r1.evaluation import evaluate as evaluate_module
-    from prompt_r1.models.resolver import TRAINING_CONFIG
+    from prompt_r1.models.agent_files import TRAINING_CONFIG
 
     monkeypatch.setattr(evaluate_module, "evaluate", lambda *a, **k: pytest.fail("the evaluation ran"))
     cfg = parse_config({"environment": {"name": "a", "model": "tiny", **ENV}})
@@ -119,7 +119,8 @@ def test_an_exported_agent_carries_the_pool_it_was_trained_on(tiny_model_path, t
     """From a real checkpoint through `export_checkpoint` to the split (grpo_helpers' learner)."""
     from grpo_helpers import make_config
 
-    from prompt_r1.learner.checkpoint import export_checkpoint, save_checkpoint
+    from prompt_r1.learner.checkpoint import save_checkpoint
+    from prompt_r1.models.export import export_checkpoint
     from prompt_r1.learner.grpo_learner import GRPOLearner
 
     cfg = make_config()
@@ -279,7 +280,7 @@ def test_the_evaluate_flow_marks_what_the_trained_agents_run_never_drew(home, tm
 
     from flows.evaluate import evaluate_flow
     from prompt_r1.models.bundled import resolve_model
-    from prompt_r1.models.resolver import TRAINING_CONFIG
+    from prompt_r1.models.agent_files import TRAINING_CONFIG
     from tests.flows.test_mlflow_ui import SMOKE_ENVS, _client
 
     trained = tmp_path / "trained"

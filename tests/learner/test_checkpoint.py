@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from prompt_r1.data import order as data_order
-from prompt_r1.learner.checkpoint import (export_checkpoint, latest_checkpoint, list_checkpoints, load_checkpoint,
-                                  save_checkpoint)
+from prompt_r1.learner.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from prompt_r1.models.export import export_checkpoint
 from prompt_r1.cli import app
 from prompt_r1.data.order import batches
 from prompt_r1.learner.grpo_learner import GRPOLearner
@@ -125,7 +125,7 @@ def test_export_refuses_a_folder_with_user_files_even_with_overwrite(tmp_path) -
 
 
 def test_export_replaces_only_an_earlier_export(tiny_model_path, tmp_path) -> None:
-    from prompt_r1.learner.checkpoint import EXPORT_MARKER
+    from prompt_r1.models.export import EXPORT_MARKER
 
     cfg = make_config()
     learner = GRPOLearner(cfg, tiny_model_path)
@@ -281,7 +281,8 @@ def test_a_damaged_checkpoint_is_named_and_resume_falls_back_to_the_newest_intac
         tiny_model_path, tmp_path, caplog) -> None:
     import logging
 
-    from prompt_r1.learner.checkpoint import MANIFEST, CheckpointError, resume_checkpoint, verify_checkpoint
+    from prompt_r1.learner.checkpoint import resume_checkpoint
+    from prompt_r1.models.export import MANIFEST, CheckpointError, verify_checkpoint
 
     cfg = make_config(keep_checkpoints=3)
     learner = GRPOLearner(cfg, tiny_model_path)
@@ -324,7 +325,7 @@ def test_a_damaged_checkpoint_is_named_and_resume_falls_back_to_the_newest_intac
 
 
 def test_a_checkpoint_without_a_manifest_is_checked_by_reading_it(tiny_model_path, tmp_path) -> None:
-    from prompt_r1.learner.checkpoint import MANIFEST, CheckpointError, verify_checkpoint
+    from prompt_r1.models.export import MANIFEST, CheckpointError, verify_checkpoint
 
     cfg = make_config()
     path = save_checkpoint(GRPOLearner(cfg, tiny_model_path), tmp_path, 1, {"position": 1}, cfg)
@@ -371,7 +372,8 @@ def test_a_full_disk_during_a_checkpoint_says_so_and_keeps_nothing_half_written(
     written: DiskFullError says the disk is full, names the folder and `--resume`; no step folder
     and no temp folder stay behind."""
     from prompt_r1.core.failures import UserError
-    from prompt_r1.learner.checkpoint import MANIFEST, STATE_FILE, DiskFullError
+    from prompt_r1.learner.checkpoint import DiskFullError
+    from prompt_r1.models.export import MANIFEST, STATE_FILE
 
     cfg = make_config()
     learner = GRPOLearner(cfg, tiny_model_path)
@@ -427,7 +429,8 @@ def test_a_checkpoint_with_the_whole_optimiser_state_in_one_file_still_resumes(t
     by parameter index, in trainer_state.pt: they load as before."""
     import shutil
 
-    from prompt_r1.learner.checkpoint import MANIFEST, OPTIMIZER_DIR, STATE_FILE
+    from prompt_r1.learner.checkpoint import OPTIMIZER_DIR
+    from prompt_r1.models.export import MANIFEST, STATE_FILE
 
     cfg = make_config(lr=5e-3)
     learner = GRPOLearner(cfg, tiny_model_path)

@@ -19,13 +19,14 @@ from grpo_helpers import make_config, prompt_ids
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from prompt_r1.learner import checkpoint
-from prompt_r1.learner.checkpoint import EXPORT_MARKER, is_export, save_checkpoint
+from prompt_r1.models import export
+from prompt_r1.learner.checkpoint import save_checkpoint
+from prompt_r1.models.export import EXPORT_MARKER, is_export
 from prompt_r1.learner.grpo_learner import GRPOLearner
 from prompt_r1.models.adapter import MERGED_DIR, export_adapter, merged_folder, portable_base
 from prompt_r1.models.bundled import bundled_folder, resolve_model
-from prompt_r1.models.resolver import (ADAPTER_CONFIG, TRAINING_CONFIG, AgentSpecError, check_agent_spec,
-                                       resolve_agent, training_config_file)
+from prompt_r1.models.agent_files import ADAPTER_CONFIG, TRAINING_CONFIG, training_config_file
+from prompt_r1.models.resolver import AgentSpecError, check_agent_spec, resolve_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ("tiny", "tiny-protocol")
@@ -123,7 +124,7 @@ def test_the_merged_agent_is_reused_and_a_half_written_one_is_not(kept, models_h
         raise AssertionError("merged again")
 
     with monkeypatch.context() as patched:
-        patched.setattr(checkpoint, "export_checkpoint", no_merge)
+        patched.setattr(export, "export_checkpoint", no_merge)
         assert resolve_agent(str(folder)) == merged
     assert (merged / "model.safetensors").stat().st_mtime_ns == stamp
 

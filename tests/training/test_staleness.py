@@ -159,7 +159,7 @@ def _synchronous_run(session, hooks) -> None:
 def _train(home, name: str, overrides: dict, synchronous: bool = False, resume: bool = False) -> dict:
     """Train configs/smoke.yaml with `overrides`; what every stage, step and checkpoint left."""
     from prompt_r1.data.ingest import ingest
-    from prompt_r1.learner.checkpoint import _read_state
+    from prompt_r1.models.export import read_state
     from prompt_r1.training.hooks import TrainingHooks
     from prompt_r1.training.session import TrainingSession
     from warehouse.store import Warehouse
@@ -182,7 +182,7 @@ def _train(home, name: str, overrides: dict, synchronous: bool = False, resume: 
             out["validation"].append((updates_done, metrics))
 
         def after_checkpoint(self, step, path):
-            out["positions"].append((step, _read_state(path)["data_position"]["position"]))
+            out["positions"].append((step, read_state(path)["data_position"]["position"]))
 
     cfg = load_config("configs/smoke.yaml", overrides)
     with Warehouse(home / "warehouse.duckdb") as wh:
