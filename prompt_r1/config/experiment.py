@@ -183,7 +183,7 @@ def _drop_unset_additions(data: dict[str, Any]) -> None:
     """Leave keys added after runs were recorded out of the hash while they hold their default
     (`agent.describe_environment` off, `agent.device` cpu, an environment's `device` cpu, an empty
     environment `description`, no
-    `eval.environment_suites`), so those runs keep
+    `eval.environment_suites`, no `rollout.scaffold`, no `reward.turn.indicators`), so those runs keep
     their hash and resume as the same run."""
     if not data["agent"].get("describe_environment"):
         data["agent"].pop("describe_environment", None)
@@ -191,6 +191,10 @@ def _drop_unset_additions(data: dict[str, Any]) -> None:
         data["agent"].pop("device", None)
     if not data["eval"].get("environment_suites"):
         data["eval"].pop("environment_suites", None)
+    if data["rollout"]["scaffold"]["fn"] is None:
+        data["rollout"].pop("scaffold")
+    if "turn" in data["reward"] and data["reward"]["turn"]["indicators"] is None:
+        data["reward"]["turn"].pop("indicators")
     optimizer = data["eval"].get("baselines", {}).get("optimizer")
     envs = [data["environment"], *data["train"].get("environments", []), *data["eval"]["environments"],
             *([optimizer] if optimizer else [])]

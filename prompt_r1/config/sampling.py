@@ -200,6 +200,37 @@ class AgentConfig(StrictModel):
         return self
 
 
+class ScaffoldConfig(StrictModel):
+    """Guided exploration (`prompt_r1.rollout.scaffold`): a task's function proposes the first agent turn
+    of some members of each training group; off while `fn` is unset."""
+
+    fn: str | None = Field(
+        None, pattern=SPEC_PATTERN,
+        description="Import path `package.module:function` (or `path/to/file.py:function`) called as "
+        "`fn(question)` with the `QuestionRow`; it returns the text of a whole first agent turn "
+        "(`<think>..</think><interaction_prompt>..</interaction_prompt>`). Training rollouts only: validation, "
+        "probes and evaluation never use it. Before training it is called once per training question, and a "
+        "turn that names a gold answer stops the run. The two-hop task's: "
+        "`prompt_r1.data.first_call:first_hop_scaffold` (asks the question's own first hop).",
+    )
+    members: int = Field(
+        0, ge=0,
+        description="How many of a group's `group_size` members start from the scaffold's turn (the last ones by "
+        "group index); the rest sample their first turn. Every member continues on-policy against the real "
+        "environment and is trained on the plain prompt.",
+    )
+    ce_coef: float = Field(
+        0.0, ge=0.0,
+        description="Cross-entropy weight on the agent tokens of scaffolded members whose reward reached "
+        "`verified_at` (a verified success), added to their token advantages: at the on-policy ratio of 1 its "
+        "gradient is that of `ce_coef` x the tokens' negative log-likelihood, and the PPO clip bounds it as any "
+        "other token's. 0 = the scaffold only explores.",
+    )
+    verified_at: float = Field(
+        0.99, description="The total reward at or above which a scaffolded member counts as a verified success.",
+    )
+
+
 class RolloutConfig(StrictModel):
     batch_questions: int = Field(4, ge=1, description="Questions per training step.")
     group_size: int = Field(5, ge=1, description="Trajectories sampled per question (GRPO group).")
@@ -263,6 +294,10 @@ class RolloutConfig(StrictModel):
         "(rollout, then update, then broadcast; bit-for-bit reproducible). k >= 1: the next k steps' batches "
         "roll out while the learner updates, and the loss corrects for the older sampler with truncated "
         "importance sampling (`train.tis_cap`); see docs/training.md, Staleness.")
+    scaffold: ScaffoldConfig = Field(
+        default_factory=ScaffoldConfig,
+        description="Guided exploration of the first call: a task's proposed first turn for some members of each "
+        "training group (off by default).")
 
 
     @model_validator(mode="after")
@@ -271,6 +306,17 @@ class RolloutConfig(StrictModel):
             raise ValueError(f"rollout.colocate with rollout.max_staleness={self.max_staleness}: colocated engines "
                              "sleep while the learner updates, so no batch can roll out meanwhile; set "
                              "rollout.max_staleness to 0 or rollout.colocate to false")
+        scaffold = self.scaffold
+        if scaffold.fn is not None and self.max_staleness:
+            raise ValueError(f"rollout.scaffold with rollout.max_staleness={self.max_staleness}: a scaffolded turn "
+                             "has no sampling log-probs, so a stale batch could not be importance-weighted; set "
+                             "rollout.max_staleness to 0 or unset rollout.scaffold.fn")
+        if scaffold.fn is not None and not 0 < scaffold.members < self.group_size:
+            raise ValueError(f"rollout.scaffold.members is {scaffold.members} for groups of {self.group_size}: "
+                             "scaffold at least 1 member and leave at least 1 sampling its own first turn")
+        if scaffold.fn is None and (scaffold.members or scaffold.ce_coef):
+            raise ValueError("rollout.scaffold.members / ce_coef are set but rollout.scaffold.fn is not: name the "
+                             "task's scaffold function, or leave the section out")
         return self
 
 
@@ -336,7 +382,16 @@ class TurnRewardConfig(StrictModel):
         "`scorer(question, trajectory)` and returning one value per agent turn: None (not judged) or a number "
         "in [0, 1]. Before training it is called once per training question with an empty trajectory (it must "
         "return []), so a question it does not define stops the run at once. The two-hop task's: "
-        "`prompt_r1.data.compositional:follow_up_turn_rewards`. Unset = no turn credit (the paper's GRPO).",
+        "`prompt_r1.data.compositional:follow_up_turn_rewards` (the follow-up call) or "
+        "`prompt_r1.data.first_call:two_hop_turn_rewards` (the first call too). Unset = no turn credit "
+        "(the paper's GRPO).",
+    )
+    indicators: str | None = Field(
+        None, pattern=SPEC_PATTERN,
+        description="Import path of the task's indicators, called as `indicators(question, trajectory)` and "
+        "returning a dict of name -> True / False / None (None: not defined for this trajectory). Evaluation's "
+        "turn table and each training step report each one's share. The two-hop task's: "
+        "`prompt_r1.data.first_call:two_hop_indicators` (the first call asks the first hop; two leaks).",
     )
     weight: float = Field(
         0.5, ge=0.0,

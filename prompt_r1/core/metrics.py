@@ -68,6 +68,18 @@ def exact_match(prediction: str, golds: Sequence[str]) -> float:
     return _best(prediction, golds, _em)
 
 
+def mentions(text: str, answers: Sequence[str]) -> bool:
+    """Some answer occurs in `text` as whole words (after SQuAD normalisation). Stricter than
+    `substring_match`, which would find the gold `US` in "because" and `won` in "wonderful";
+    short golds (currencies, country abbreviations) are common here.
+
+    >>> mentions("It is in the US.", ["US"]), mentions("Because it is.", ["US"])
+    (True, False)
+    """
+    padded = f" {normalize_answer(text)} "
+    return any(norm and f" {norm} " in padded for norm in (normalize_answer(a) for a in answers))
+
+
 def f1_score(prediction: str, golds: Sequence[str]) -> float:
     """Best token-level F1 against the gold answers (SQuAD).
 

@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from prompt_r1.core.metrics import normalize_answer
+from prompt_r1.core.metrics import mentions
 from prompt_r1.core.protocol import parse_turn
 from prompt_r1.core.seeding import derive_seed
 
@@ -177,18 +177,6 @@ class TwoHopQuestion:
 
 def _values(country: Country, relation: str) -> tuple[str, ...]:
     return country.capital if relation == "capital" else getattr(country, relation)
-
-
-def mentions(text: str, answers: Sequence[str]) -> bool:
-    """Some answer occurs in `text` as whole words (after SQuAD normalisation). Stricter than
-    `substring_match`, which would find the gold `US` in "because" and `won` in "wonderful";
-    short golds (currencies, country abbreviations) are common here.
-
-    >>> mentions("It is in the US.", ["US"]), mentions("Because it is.", ["US"])
-    (True, False)
-    """
-    padded = f" {normalize_answer(text)} "
-    return any(norm and f" {norm} " in padded for norm in (normalize_answer(a) for a in answers))
 
 
 def _leaks(question: str, answers: Sequence[str]) -> bool:

@@ -151,6 +151,7 @@ def eval_batch(cfg: Config) -> int:
 
 async def _agent_method(policy, env, questions, cfg: Config, label: str, seed: int) -> list[Prediction]:
     from prompt_r1.rollout.episode import rollout_batch
+    from prompt_r1.rollout.scaffold import assert_unscaffolded
 
     preds: list[Prediction] = []
     batch = eval_batch(cfg)
@@ -158,6 +159,7 @@ async def _agent_method(policy, env, questions, cfg: Config, label: str, seed: i
         chunk = questions[start : start + batch]
         trajs = await rollout_batch(policy, env, chunk, eval_agent(cfg), eval_rollout(cfg), cfg.reward,
                                     group_size=1, seed=seed)
+        assert_unscaffolded(trajs, f"evaluation of agent:{label}")
         by_id = {t.question_id: t for t in trajs}
         for q in chunk:
             t = by_id[q.question_id]

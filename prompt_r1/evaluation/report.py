@@ -287,7 +287,8 @@ def _turns_section(turns: Sequence[Mapping[str, Any]] | None) -> str:
         return ""
     return ("\n## What the agent did with the environment\n\nPer agent episode that no failure ended: environment "
             "calls, the share with a second call, and each turn the task's turn scorer judges (`reward.turn.scorer`): "
-            "mean reward, share with full credit (1) and with some (> 0).\n\n" + turn_table(turns) + "\n")
+            "mean reward, share with full credit (1) and with some (> 0); then the share of each of the task's "
+            "indicators (`reward.turn.indicators`) over the episodes it defines.\n\n" + turn_table(turns) + "\n")
 
 
 def check_report_folder(out_dir: Path, overwrite: bool) -> None:

@@ -7,7 +7,12 @@ it made (mean), the share that made a second call, and, where the config names a
 scorer (`reward.turn.scorer`, `prompt_r1.core.turn_credit`), each judged turn's reward: its mean,
 the share of episodes earning full credit (1) and some credit (> 0). On the two-hop task the second
 agent turn is judged, so full credit = the follow-up call named the bridge entity the first reply
-named, some credit = it reused a name the first reply said.
+named, some credit = it reused a name the first reply said; with
+`prompt_r1.data.first_call:two_hop_turn_rewards` turn 1 is judged too (its reply named the bridge).
+A task's indicators (`reward.turn.indicators`) stand beside as shares: the two-hop task's
+`first_hop` (the first call asks the first hop, not the whole question) and two leaks that must
+not rise with training (`bridge_before_reply`, `answer_unseen`). All of it goes through the one
+reward stage (`prompt_r1.rollout.reward_stage`).
 
 A dataset whose questions the scorer does not define (it raises for them, as it must: see
 `turn_credit`) gets the call counts alone: a turn reward is never invented as 0 for it.
@@ -23,65 +28,64 @@ from typing import Any
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.trajectory import Trajectory
-from prompt_r1.core.turn_credit import TurnRewardError, TurnScorer, load_turn_scorer, score_turns
-
-
-def _defined(scorer: TurnScorer, question: QuestionRow) -> bool:
-    """Does the scorer judge this question (its check with an empty trajectory passes)?"""
-    try:
-        score_turns(scorer, question, Trajectory(question.question_id, 0, []))
-    except TurnRewardError:
-        return False
-    return True
+from prompt_r1.rollout.reward_stage import RewardStage, indicator_shares
 
 
 def turn_rows(episodes: Sequence[Mapping[str, Any]], questions: Mapping[str, QuestionRow],
-              scorer: TurnScorer | None = None) -> list[dict[str, Any]]:
+              stage: RewardStage | None = None) -> list[dict[str, Any]]:
     """One row per (env_name, method, dataset) of the agent `episodes` (`episode_record`s with
-    `env_name`): `episodes` scored (no failure), `calls` (mean), `second_call` (share), and with a
-    `scorer` that defines the dataset's questions, per judged turn t (counted from 1):
-    `turn<t>_reward`, `turn<t>_full`, `turn<t>_some` (means over the episodes that reached turn t).
+    `env_name`): `episodes` scored (no failure), `calls` (mean), `second_call` (share), and where the
+    reward `stage`'s task defines the dataset's questions, per judged turn t (counted from 1):
+    `turn<t>_reward`, `turn<t>_full`, `turn<t>_some` (means over the episodes that reached turn t),
+    and each of its indicators' share (`reward.turn.indicators`) under its own name.
 
+    >>> from prompt_r1.config.sampling import RewardConfig
     >>> q = QuestionRow("q1", "d", "test", "Q?", ["a"], "qa", "f1")
     >>> ep = {"env_name": "e", "method": "agent:base", "dataset": "d", "question_id": "q1", "error": None,
     ...       "env_calls": [{}, {}], "trajectory": {"agent_turns": ["x", "y", "z"], "env_replies": ["r", "s"]}}
-    >>> turn_rows([ep], {"q1": q}, lambda question, t: [None, 1.0, None][: len(t.agent_turns)])
-    [{'env_name': 'e', 'method': 'agent:base', 'dataset': 'd', 'episodes': 1, 'calls': 2.0, 'second_call': 1.0, 'turn2_reward': 1.0, 'turn2_full': 1.0, 'turn2_some': 1.0}]
+    >>> turn_rows([ep], {"q1": q}, None)
+    [{'env_name': 'e', 'method': 'agent:base', 'dataset': 'd', 'episodes': 1, 'calls': 2.0, 'second_call': 1.0}]
     """
     cells: dict[tuple[str, str, str], list[Mapping[str, Any]]] = defaultdict(list)
     for e in episodes:
         if e.get("error") is None:
             cells[(e["env_name"], e["method"], e["dataset"])].append(e)
-    judged: dict[str, bool] = {}
     rows = []
     for (env, method, dataset), members in sorted(cells.items()):
         row: dict[str, Any] = {"env_name": env, "method": method, "dataset": dataset, "episodes": len(members),
                                "calls": statistics.fmean(len(e["env_calls"]) for e in members),
                                "second_call": statistics.fmean(len(e["env_calls"]) >= 2 for e in members)}
-        if scorer is not None:
+        if stage is not None:
             by_turn: dict[int, list[float]] = defaultdict(list)
+            indicators = []
             for e in members:
                 question = questions[e["question_id"]]
-                if judged.setdefault(question.question_id, _defined(scorer, question)):
-                    traj = e["trajectory"]
-                    trajectory = Trajectory(question.question_id, 0, [], agent_turns=list(traj["agent_turns"]),
-                                            env_replies=list(traj.get("env_replies", [])))
-                    for t, value in enumerate(score_turns(scorer, question, trajectory)):
-                        if value is not None:
-                            by_turn[t].append(value)
+                traj = e["trajectory"]
+                trajectory = Trajectory(question.question_id, 0, [], agent_turns=list(traj["agent_turns"]),
+                                        env_replies=list(traj.get("env_replies", [])), answer=traj.get("answer", ""))
+                for t, value in enumerate(stage.turn_rewards(question, trajectory) or []):
+                    if value is not None:
+                        by_turn[t].append(value)
+                indicators.append(stage.indicators(question, trajectory))
             for t, values in sorted(by_turn.items()):
                 row.update({f"turn{t + 1}_reward": statistics.fmean(values),
                             f"turn{t + 1}_full": statistics.fmean(v >= 1.0 for v in values),
                             f"turn{t + 1}_some": statistics.fmean(v > 0.0 for v in values)})
+            row.update(indicator_shares(indicators))
         rows.append(row)
     return rows
 
 
 def evaluation_turns(cfg: Config, episodes: Sequence[Mapping[str, Any]],
                      questions: Sequence[QuestionRow]) -> list[dict[str, Any]]:
-    """`turn_rows` of an evaluation's agent episodes, with the task's turn scorer when `reward.turn.scorer` names one."""
-    scorer = load_turn_scorer(cfg.reward.turn.scorer) if cfg.reward.turn.scorer else None
-    return turn_rows(episodes, {q.question_id: q for q in questions}, scorer)
+    """`turn_rows` of an evaluation's agent episodes, through the config's reward stage (lenient: a
+    dataset the task's turn scorer does not define gets the call counts alone) when
+    `reward.turn.scorer` names one."""
+    stage = RewardStage(cfg.reward, strict=False) if cfg.reward.turn.scorer else None
+    return turn_rows(episodes, {q.question_id: q for q in questions}, stage)
+
+
+BASE_KEYS = ("env_name", "method", "dataset", "episodes", "calls", "second_call")
 
 
 def turn_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -96,6 +100,8 @@ def turn_table(rows: Sequence[Mapping[str, Any]]) -> str:
     turns = sorted({int(k[4:].split("_")[0]) for r in rows for k in r if k.startswith("turn")})
     extra = [(f"turn{t}_{part}", f"turn {t} {label}") for t in turns
              for part, label in (("reward", "reward"), ("full", "full"), ("some", "some"))]
+    extra += [(k, k.replace("_", " ")) for k in dict.fromkeys(k for r in rows for k in r if k not in BASE_KEYS
+                                                                and not k.startswith("turn"))]
     head = ["environment", "method", "dataset", "episodes", "calls (mean)", "second call"] + [h for _, h in extra]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
     for r in rows:

@@ -60,7 +60,7 @@ from prompt_r1.core.grpo import (decoupled_advantages, group_advantages, packed_
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import pad_token_id, stop_token_ids, torch_dtype
 from prompt_r1.core.trajectory import Trajectory
-from prompt_r1.core.turn_credit import token_advantages, turn_advantages
+from prompt_r1.core.turn_credit import token_advantages, turn_advantages, turn_spans
 from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
 from prompt_r1.learner.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids, pack,
@@ -287,8 +287,9 @@ class GRPOLearner:
             advantages = decoupled_advantages(parts, groups, scale_by_std=train.scale_by_std)
         else:  # per group: a rank holds whole groups, so these are global
             advantages = group_advantages(rewards, groups, scale_by_std=train.scale_by_std)
-        # turn credit: one advantage per response token, the outcome's plus the turn's (core.turn_credit)
-        if not self.cfg.reward.turn_credit:
+        # turn credit: one advantage per response token, the outcome's plus the turn's (core.turn_credit);
+        # a scaffold's cross-entropy term also moves single tokens
+        if not self.cfg.reward.turn_credit and not self.cfg.rollout.scaffold.ce_coef:
             return advantages, None
         return advantages, self._token_advantages(trajectories, advantages)
 
@@ -392,8 +393,8 @@ class GRPOLearner:
             weight = len(micro.indices) / mini_seqs
         (loss * weight).backward()  # accumulated: the micro-batches' sum is the mini-batch's loss
         sums.add_loss(stats)
-        if first_epoch:  # the sampler against the old policy, once per token
-            sums.add_sampling_gap(micro, old, tis, train.tis_cap)
+        if first_epoch:  # the sampler against the old policy, once per sampled token (a scaffold's have no sampler)
+            sums.add_sampling_gap(micro, old, tis, train.tis_cap, micro.scatter(batch.sampled_masks(micro)))
 
     def metrics(self, batch: PreparedBatch, sums: UpdateSums, started: float) -> dict[str, float]:
         """The update's metrics from this rank's `sums`, summed over ranks in one collective (one
@@ -421,16 +422,29 @@ class GRPOLearner:
         return metrics
 
     def _token_advantages(self, trajectories: list[Trajectory], advantages: torch.Tensor) -> list[torch.Tensor]:
-        """Per trajectory, the advantage of each response token: its outcome advantage plus
-        `reward.turn.weight` times its turn's group-centred turn reward (`core.turn_credit`)."""
-        missing = [t.question_id for t in trajectories if not t.turn_rewards]
-        if missing:
-            raise ValueError(f"reward.turn.scorer is set but trajectories of question {missing[0]!r} carry no turn "
-                             "rewards: score them first (TrainingSession.score sets Trajectory.turn_rewards)")
-        turn_adv = turn_advantages([t.turn_rewards for t in trajectories], [t.question_id for t in trajectories])
+        """Per trajectory, the advantage of each response token: its outcome advantage, plus under turn
+        credit `reward.turn.weight` times its turn's group-centred turn reward (`core.turn_credit`),
+        plus `rollout.scaffold.ce_coef` on every agent token of a scaffolded member whose reward
+        reached `verified_at`: at the on-policy ratio of 1 that adds exactly the gradient of
+        ce_coef x the tokens' negative log-likelihood (a cross-entropy on the verified success,
+        normalised as the policy loss is), and the PPO clip bounds it as it bounds any token."""
+        if self.cfg.reward.turn_credit:
+            missing = [t.question_id for t in trajectories if not t.turn_rewards]
+            if missing:
+                raise ValueError(f"reward.turn.scorer is set but trajectories of question {missing[0]!r} carry no "
+                                 "turn rewards: score them first (TrainingSession.score sets Trajectory.turn_rewards)")
+            turn_adv = turn_advantages([t.turn_rewards for t in trajectories], [t.question_id for t in trajectories])
+        else:  # no turn credit: every turn carries the outcome's advantage alone
+            turn_adv = [[0.0] * len(turn_spans(t.loss_mask)) for t in trajectories]
         weight = self.cfg.reward.turn.weight
-        return [torch.tensor(token_advantages(float(a), ta, t.loss_mask, weight), dtype=torch.float32)
-                for t, a, ta in zip(trajectories, advantages.tolist(), turn_adv, strict=True)]
+        scaffold = self.cfg.rollout.scaffold
+        out = []
+        for t, a, ta in zip(trajectories, advantages.tolist(), turn_adv, strict=True):
+            verified = bool(t.scaffold_tokens) and t.reward is not None and t.reward.total >= scaffold.verified_at
+            bonus = scaffold.ce_coef if verified else 0.0
+            out.append(torch.tensor(token_advantages(float(a), ta, t.loss_mask, weight), dtype=torch.float32)
+                       + bonus * torch.tensor(t.loss_mask, dtype=torch.float32))
+        return out
 
     # -- weights out ---------------------------------------------------------------------------
     @torch.no_grad()

@@ -43,6 +43,16 @@ class PreparedBatch:
             return micro.scatter({i: self.advantages[i].expand(self.resp_lens[i]) for i in micro.indices})
         return self.advantages[micro.indices]
 
+    def sampled_masks(self, micro: MicroBatch) -> dict[int, torch.Tensor]:
+        """Per trajectory of the micro-batch, 1 on the response tokens the sampler drew (a scaffold's
+        leading tokens have no sampling log-prob, `Trajectory.scaffold_tokens`), for `micro.scatter`."""
+        out = {}
+        for i in micro.indices:
+            mask = torch.ones(self.resp_lens[i])
+            mask[: self.trajectories[i].scaffold_tokens] = 0.0
+            out[i] = mask
+        return out
+
 
 # the statistics of `policy_loss` that the metrics average per loss token
 LOSS_STATISTICS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "ratio_mean")
@@ -67,10 +77,12 @@ class UpdateSums:
             self.loss[key] += stats[key] * stats["tokens"]
         self.tokens += stats["tokens"]
 
-    def add_sampling_gap(self, micro: MicroBatch, old: torch.Tensor, tis: torch.Tensor | None, tis_cap: float) -> None:
-        """How far the sampler's log-probs are from the old policy's on the micro-batch's loss tokens,
-        and its importance weights (None: on-policy batches have none)."""
-        mask_cpu = micro.loss_mask.cpu()
+    def add_sampling_gap(self, micro: MicroBatch, old: torch.Tensor, tis: torch.Tensor | None, tis_cap: float,
+                         sampled: torch.Tensor | None = None) -> None:
+        """How far the sampler's log-probs are from the old policy's on the micro-batch's loss tokens
+        the sampler drew (`sampled`, the micro-batch's layout; None = all of them), and its importance
+        weights (None: on-policy batches have none)."""
+        mask_cpu = micro.loss_mask.cpu() * (sampled.cpu() if sampled is not None else 1.0)
         diff = (micro.sampling_logprobs.cpu() - old.cpu()).abs() * mask_cpu
         self.diff += diff.sum().item()
         self.diff_tokens += mask_cpu.sum().item()

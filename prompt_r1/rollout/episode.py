@@ -24,7 +24,10 @@ Environments: `env` is one environment or a training pool of them; each question
 `Trajectory.env_name`. Under `agent.describe_environment` the agent's prompt ends with that
 environment's one-line description (`EnvConfig.prompt_description`).
 The answer and the reward come from the agent's own turns only. Scoring is its own stage,
-`score_trajectories`, which a caller may run apart from the rollout (`score=False`).
+`reward_stage.RewardStage`, which a caller may run apart from the rollout (`score=False`).
+Training rollouts may start some members of each group from a task's scaffold turn
+(`scaffold`, `rollout.scaffold`): that first turn is written, not sampled, and the rest is sampled
+as always.
 
 Scheduling: every agent generation is one batched `policy.generate` call run in a worker thread,
 so environment calls (asyncio tasks, all in flight at once) progress while the policy computes.
@@ -37,11 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import logging
-import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,13 +51,12 @@ from prompt_r1.config.experiment import AgentConfig, RewardConfig, RolloutConfig
 from prompt_r1.env.base import error_text, short_reason
 from prompt_r1.policy.base import Policy, Sample
 from prompt_r1.core.protocol import env_messages, extract_answer, parse_turn, wrap_env_reply
-from prompt_r1.core.cost_reward import (CostWindow, Prices, bonus_reward, cheapness, penalty_reward,
-                                        trajectory_cost)
-from prompt_r1.core.reward import compute_reward
 from prompt_r1.core.seeding import NO_STEP, draw_environment, draw_seed
 from prompt_r1.core.tokens import agent_prompt_ids, text_ids
 from prompt_r1.core.trajectory import EnvCall, Trajectory
 from prompt_r1.core.questions import QuestionRow
+from prompt_r1.rollout.reward_stage import RewardStage
+from prompt_r1.rollout.scaffold import Scaffold, scaffold_turn, scaffolded_members
 
 if TYPE_CHECKING:
     from prompt_r1.env.base import Environment
@@ -131,6 +131,15 @@ class _Loop:
             traj.stop_reason = "invalid_turn"
         return None
 
+    def absorb_scaffold(self, episode: _Episode, text: str) -> list[dict[str, str]] | None:
+        """Append a scaffold's first turn as if sampled (no sampling log-prob: 0.0, counted in
+        `scaffold_tokens`); returns the environment messages to send, or None when finished."""
+        ids = text_ids(self.tokenizer, text)
+        now = time.time()
+        episode.trajectory.turn_times.append([now, now])
+        episode.trajectory.scaffold_tokens = len(ids)
+        return self.absorb_turn(episode, Sample(ids, [0.0] * len(ids), text, "stop"))
+
     def absorb_reply(self, episode: _Episode, text: str, call: EnvCall) -> bool:
         """Record an environment call and insert its reply; True when the agent can go on.
 
@@ -175,6 +184,7 @@ async def rollout_batch(
     step: int = NO_STEP,
     score: bool = True,
     env_weights: Sequence[float] | None = None,
+    scaffold: Scaffold | None = None,
 ) -> list[Trajectory]:
     """Sample `group_size` (default `rollout_cfg.group_size`) trajectories per question.
 
@@ -185,6 +195,8 @@ async def rollout_batch(
     (`step`: the training step, `NO_STEP` outside training), never by batch or arrival order.
     With a pool of environments (`env` a sequence; `env_weights` default to equal) each question
     draws its environment by `draw_environment(seed, step, question, env_weights)`.
+    With `scaffold` (training only) the last `rollout_cfg.scaffold.members` of each group start
+    from the scaffold's first turn (`rollout.scaffold`), its tokens counted in `scaffold_tokens`.
     """
     group = group_size or rollout_cfg.group_size
     envs = list(env) if isinstance(env, Sequence) else [env]
@@ -205,6 +217,14 @@ async def rollout_batch(
     ready: list[_Episode] = list(episodes)
     pending: dict[asyncio.Task, _Episode] = {}
     try:
+        if scaffold is not None:  # those members' first turns are written: their calls start at once
+            members = set(scaffolded_members(group, rollout_cfg.scaffold.members))
+            by_id = {q.question_id: q for q in questions}
+            for episode in [e for e in ready if e.trajectory.group_index in members]:
+                ready.remove(episode)
+                messages = loop.absorb_scaffold(episode, scaffold_turn(scaffold, by_id[episode.trajectory.question_id]))
+                if messages is not None:
+                    pending[asyncio.create_task(_call_env(episode.env, messages, 0))] = episode
         while ready or pending:
             if not ready:
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -241,57 +261,10 @@ async def rollout_batch(
         if traj.error is None:  # a failure is not an answer
             traj.answer = extract_answer(traj.agent_turns[-1]) if traj.agent_turns else ""
     if score:  # priced at this environment's prices (validation, evaluation); training scores apart
-        score_trajectories(trajectories, {q.question_id: q for q in questions}, reward_cfg,
-                           prices=env_prices([e.cfg for e in envs]) if reward_cfg.cost.mode != "off" else None)
+        stage = RewardStage(reward_cfg, env_prices([e.cfg for e in envs]) if reward_cfg.cost.mode != "off" else None,
+                            strict=False)
+        stage.score(trajectories, {q.question_id: q for q in questions})
     return trajectories
-
-
-def score_trajectories(trajectories: Sequence[Trajectory], questions_by_id: Mapping[str, QuestionRow],
-                       reward_cfg: RewardConfig, prices: Prices | None = None,
-                       cost_window: CostWindow | None = None) -> None:
-    """The reward stage: set each trajectory's `reward` from its agent turns and its question
-    (`compute_reward` with `reward_cfg`'s weights): the answer term is token F1 against the golds, or
-    the score of the dataset's own scorer when it names one (`data.scorers`; a scorer failure raises
-    `ScorerError`, never a 0). Trajectories ended by an environment failure (`error` set) are left
-    unscored: a failure is not an answer.
-
-    With `reward_cfg.cost.mode` other than `off`, the scored trajectories' costs (their successful
-    calls at `prices`, env name -> per-1k prices) then enter the reward (`core.cost_reward`):
-    `bonus` first adds every scored trajectory's sqrt(cost) to `cost_window` (the training
-    session's rolling window; None = a window of this batch alone), then scales each against
-    the window's percentiles; `penalty` needs no window."""
-    weights = reward_cfg.format_weights()
-    for traj in trajectories:
-        if traj.error is not None:
-            continue
-        if traj.question_id not in questions_by_id:
-            raise KeyError(f"no question {traj.question_id!r}: pass every question the trajectories answer")
-        question = questions_by_id[traj.question_id]
-        own = None if question.scorer is None else functools.partial(_own_score, question)
-        traj.reward = compute_reward(traj.agent_turns, question.golds, **weights, answer_score=own)
-    cost = reward_cfg.cost
-    if cost.mode == "off":
-        return
-    if prices is None:
-        raise ValueError(f"reward.cost.mode is {cost.mode!r} but no environment prices were passed to score_trajectories")
-    scored = [t for t in trajectories if t.reward is not None]
-    costs = [trajectory_cost(t.env_calls, prices) for t in scored]
-    cap = reward_cfg.format_cap
-    if cost.mode == "penalty":
-        for traj, usd in zip(scored, costs, strict=True):
-            traj.reward = penalty_reward(traj.reward, usd, cost.penalty_scale, cost.penalty_cap, cost.penalty_keep, cap)
-        return
-    window = cost_window if cost_window is not None else CostWindow(cost.window)
-    window.add(costs)  # the whole batch first: a group's members are scaled alike, whatever their order
-    low, high = window.bounds(cost.low_percentile, cost.high_percentile)
-    for traj, usd in zip(scored, costs, strict=True):
-        traj.reward = bonus_reward(traj.reward, cheapness(math.sqrt(usd), low, high), cost.alpha, cap, cost.correct_at)
-
-
-def _own_score(question: QuestionRow, answer: str) -> float:
-    from prompt_r1.data.scorers import score_question
-
-    return score_question(question, answer).score
 
 
 def run_rollout(*args: Any, **kwargs: Any) -> list[Trajectory]:

@@ -200,19 +200,19 @@ class RolloutPool:
         return self.engines.placements if self.engines is not None else []
 
     def rollout(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
-                group_size: int | None = None, score: bool = True) -> list[Trajectory]:
+                group_size: int | None = None, score: bool = True, scaffold: bool = False) -> list[Trajectory]:
         """Trajectories for `questions` in order (question, then group index), split over the actors;
-        scored unless `score=False` (then the caller runs
-        `prompt_r1.rollout.episode.score_trajectories`)."""
-        return self.collect(self.submit(questions, step, greedy, group_size, score))
+        scored unless `score=False` (then the caller runs `prompt_r1.rollout.reward_stage.RewardStage`);
+        `scaffold` (training rollouts only) starts some members from `rollout.scaffold.fn`'s turn."""
+        return self.collect(self.submit(questions, step, greedy, group_size, score, scaffold))
 
     def submit(self, questions: Sequence[QuestionRow], step: int, greedy: bool = False,
-               group_size: int | None = None, score: bool = True) -> PendingRollout:
+               group_size: int | None = None, score: bool = True, scaffold: bool = False) -> PendingRollout:
         """Queue a batch on the actors (as `rollout`) and return at once; `collect` waits for it.
         It runs after everything queued before it, weight loads included."""
         chunks = [chunk for chunk in split_evenly(list(questions), len(self.engines.actors)) if chunk]
         # empty chunks come last: actor i still gets chunk i
-        args = [(chunk, self.cfg.seed, step, greedy, group_size, score) for chunk in chunks]
+        args = [(chunk, self.cfg.seed, step, greedy, group_size, score, scaffold) for chunk in chunks]
         refs = self.engines.call_each("rollout", args)
         version = self._latest.update.version if self._latest is not None else 0
         pending = PendingRollout(refs, len(questions), self._loads, args, version)

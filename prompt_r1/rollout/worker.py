@@ -83,15 +83,22 @@ class RolloutWorker:
         return self._stack.enter_context(open_environment(env_cfg, warehouse=None, log_dir=None))
 
     def rollout(self, questions: list[QuestionRow], seed: int, step: int, greedy: bool = False,
-                group_size: int | None = None, score: bool = True) -> list[Trajectory]:
+                group_size: int | None = None, score: bool = True, scaffold: bool = False) -> list[Trajectory]:
         """Trajectories for these questions; draws are seeded by (run `seed`, `step`, question,
-        sample, turn), so which actor gets a question never matters."""
+        sample, turn), so which actor gets a question never matters. `scaffold` (training
+        rollouts only) starts some members from `rollout.scaffold.fn`'s first turn."""
         from prompt_r1.rollout.episode import rollout_batch
+        from prompt_r1.rollout.scaffold import load_scaffold
 
+        spec = self.cfg.rollout.scaffold.fn
+        if scaffold and (greedy or spec is None):
+            raise ValueError("a scaffolded rollout needs rollout.scaffold.fn and sampling (never greedy: validation "
+                             "and probes measure the policy alone)")
         with _temperature(self.policy, 0.0 if greedy else None):
             trajectories = self._loop.run_until_complete(rollout_batch(
                 self.policy, self.envs, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
-                group_size=group_size, seed=seed, step=step, score=score, env_weights=self.weights))
+                group_size=group_size, seed=seed, step=step, score=score, env_weights=self.weights,
+                scaffold=load_scaffold(spec) if scaffold else None))
         for trajectory in trajectories:  # the engine's own version, not the driver's idea of it
             trajectory.policy_version = self.version
         return trajectories

@@ -47,7 +47,8 @@ from prompt_r1.core.cost_reward import CostWindow
 from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.data.pool import TrainingPool
-from prompt_r1.data.scorers import check_scorers
+from prompt_r1.rollout.reward_stage import RewardStage, indicator_shares
+from prompt_r1.rollout.scaffold import assert_unscaffolded
 from prompt_r1.training.hooks import StepResult, TrainingHooks, TrainingOutcome
 from prompt_r1.training.run_ahead import InFlight, RunAhead
 
@@ -85,6 +86,20 @@ def policy_age(trajectories: list[Trajectory], version: int) -> dict[str, float]
     return {"policy_age_mean": sum(ages) / len(ages), "policy_age_max": float(max(ages))}
 
 
+def scaffold_stats(scaffolded: list[Trajectory], kept: int, verified_at: float) -> dict[str, float]:
+    """The scaffolded members' share of the trained batch, their mean reward and share of verified successes.
+
+    >>> from prompt_r1.core.reward import RewardBreakdown
+    >>> t = Trajectory("q", 7, [], scaffold_tokens=12, reward=RewardBreakdown(1.0, 1.0, 1.0))
+    >>> scaffold_stats([t], 4, 0.99)
+    {'scaffolded_share': 0.25, 'scaffolded_reward': 1.0, 'scaffolded_verified': 1.0}
+    """
+    rewards = [t.reward.total for t in scaffolded if t.reward is not None]
+    return {"scaffolded_share": len(scaffolded) / max(kept, 1),
+            "scaffolded_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+            "scaffolded_verified": sum(r >= verified_at for r in rewards) / len(rewards) if rewards else 0.0}
+
+
 def trajectory_rows(trajectories: list[Trajectory]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Warehouse rows (trajectories, env_calls) of one step: the one conversion at the warehouse edge."""
     return [t.to_record() for t in trajectories], env_call_records(trajectories)
@@ -108,7 +123,9 @@ class TrainingSession:
         self.ahead: RunAhead | None = None  # batches of the next steps in flight (max_staleness >= 1)
         # reward.cost `bonus`: sqrt(cost) of past trajectories, across steps; saved in checkpoints
         self.cost_window = CostWindow(cfg.reward.cost.window)
-        self.turn_scorer = None  # `reward.turn.scorer`, loaded and checked against the pool by `_start`
+        # the one reward stage of every training step (outcome, cost window, turn rewards, indicators)
+        self.reward_stage = RewardStage(cfg.reward, env_prices(cfg.training_environments()), self.cost_window)
+        self.step_indicators: dict[str, float] = {}  # the last scored batch's indicator shares (sampled members)
         self._restarts_reported = 0  # `pool.restarts` already in a `rollout_actor_restarts` (restarts_since_report)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -137,8 +154,11 @@ class TrainingSession:
         self.questions = self.questions or TrainingPool.load(self.warehouse, self.cfg)
         self.train_questions, self.val_questions = self.questions.train, self.questions.validation
         self.by_id = {q.question_id: q for q in self.train_questions}
-        self.turn_scorer = self._check_turn_scorer()  # a task scorer that cannot judge this pool stops here
-        check_scorers(self.train_questions + self.val_questions)  # and so does a dataset scorer that cannot load
+        # a dataset scorer that cannot load, a turn scorer that cannot judge this pool or a scaffold that
+        # names an answer stops here, before any model loads
+        self.reward_stage.check(self.train_questions)
+        RewardStage(self.cfg.reward, strict=False).check(self.val_questions)
+        self._check_scaffold()
         # Checked before any model loads, so a refused resume fails in a second.
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), self.questions.hash, self.resume, self.force,
                  config=self.cfg)
@@ -158,19 +178,15 @@ class TrainingSession:
         if latest is not None:
             self.broadcast()
 
-    def _check_turn_scorer(self):
-        """`reward.turn.scorer`, loaded and called once per training question with an empty trajectory,
-        so a scorer that cannot be imported, or that does not define some question, stops the run
-        before any model loads; None when no turn scorer is set."""
-        from prompt_r1.core.turn_credit import load_turn_scorer, score_turns
+    def _check_scaffold(self) -> None:
+        """`rollout.scaffold.fn`, loaded and called once per training question: one that cannot be
+        imported, fails, or names a gold answer stops the run before any model loads."""
+        from prompt_r1.rollout.scaffold import check_scaffold, load_scaffold
 
-        spec = self.cfg.reward.turn.scorer
-        if spec is None:
-            return None
-        scorer = load_turn_scorer(spec)
-        for question in self.train_questions:
-            score_turns(scorer, question, Trajectory(question.question_id, 0, []))
-        return scorer
+        spec = self.cfg.rollout.scaffold.fn
+        if spec is not None:
+            checked = check_scaffold(load_scaffold(spec), self.train_questions)
+            log.info("scaffold %s: %d training questions checked, none names a gold answer", spec, checked)
 
     def restore(self, checkpoint: Path) -> None:
         """Continue from `checkpoint`: the learner's state, the step, the data position and the cost
@@ -228,7 +244,7 @@ class TrainingSession:
 
     def rollout(self, questions: list[QuestionRow]) -> list[Trajectory]:
         """The group's multi-turn trajectories, not yet scored (`score` is its own stage)."""
-        return self.pool.rollout(questions, self.step, score=False)
+        return self.pool.rollout(questions, self.step, score=False, scaffold=self.cfg.rollout.scaffold.fn is not None)
 
     def submit_rollout(self, questions: list[QuestionRow]) -> InFlight:
         """Queue the batch of the next step not yet in flight on the actors; returns at once."""
@@ -246,19 +262,13 @@ class TrainingSession:
             hooks.stage("rollout-submit", self.submit_rollout, questions)
 
     def score(self, trajectories: list[Trajectory]) -> None:
-        """The dual-constrained reward of each trajectory no environment failure ended, and with
-        `reward.turn.scorer` its turn rewards."""
-        from prompt_r1.rollout.episode import score_trajectories
-
+        """The reward stage on the step's batch (`RewardStage`: outcome with cost, turn rewards), and
+        the task's indicator shares over the members the policy sampled from the start."""
         questions = {t.question_id: self.by_id[t.question_id] for t in trajectories}
-        score_trajectories(trajectories, questions, self.cfg.reward, prices=env_prices(self.cfg.training_environments()),
-                           cost_window=self.cost_window)
-        if self.turn_scorer is not None:  # the task's turn rewards, for the same trajectories (core.turn_credit)
-            from prompt_r1.core.turn_credit import score_turns
-
-            for t in trajectories:
-                if t.reward is not None:
-                    t.turn_rewards = score_turns(self.turn_scorer, self.by_id[t.question_id], t)
+        self.reward_stage.score(trajectories, questions)
+        sampled = [t for t in trajectories if t.reward is not None and not t.scaffold_tokens]
+        self.step_indicators = {f"indicator_{name}": share for name, share in indicator_shares(
+            [self.reward_stage.indicators(questions[t.question_id], t) for t in sampled]).items()}
 
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """The GRPO update on the trajectories no environment failure ended (see `usable_for_update`);
@@ -288,6 +298,10 @@ class TrainingSession:
         metrics.update({"env_error_rate": rate, "trajectories_used": float(len(kept)),
                         "env_error_trajectories": float(sum(1 for t in trajectories if t.error is not None))})
         metrics.update(policy_age(trajectories, self.step))
+        metrics.update(self.step_indicators)
+        if self.cfg.rollout.scaffold.fn is not None:  # how much of the batch the scaffold wrote, and how it did
+            scaffolded = [t for t in kept if t.scaffold_tokens]
+            metrics.update(scaffold_stats(scaffolded, len(kept), self.cfg.rollout.scaffold.verified_at))
         return metrics
 
     @contextmanager
@@ -341,12 +355,11 @@ class TrainingSession:
         if not self.val_questions:
             return {}
         questions = self.val_questions[: self.cfg.train.validation_questions]
-        from prompt_r1.rollout.episode import score_trajectories
-
         # scored here, in the driver, as training is: a dataset's own scorer need not import in the actors
         trajectories = self.pool.rollout(questions, self.step, greedy=True, group_size=1, score=False)
-        score_trajectories(trajectories, {q.question_id: q for q in questions}, self.cfg.reward,
-                           prices=env_prices(self.cfg.training_environments()))
+        assert_unscaffolded(trajectories, "validation")
+        RewardStage(self.cfg.reward, env_prices(self.cfg.training_environments()), strict=False).score(
+            trajectories, {q.question_id: q for q in questions})
         where = f"validation after {self.step} update(s)"
         rate = check_pool_error_rates(self.cfg.training_environments(), trajectories, where)
         scored = [t for t in trajectories if t.reward is not None]

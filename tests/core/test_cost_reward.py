@@ -23,7 +23,7 @@ from prompt_r1.core.grpo import decoupled_advantages, group_advantages
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.reward import RewardBreakdown, compute_reward
 from prompt_r1.core.trajectory import EnvCall, Trajectory
-from prompt_r1.rollout.episode import score_trajectories
+from prompt_r1.rollout.reward_stage import score_trajectories
 
 SEED = 20261126
 GOLDS = {"q0": ["paris"], "q1": ["blue whale"], "q2": ["1969", "nineteen sixty nine"]}

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.core.questions import QuestionRow
+from prompt_r1.config.sampling import RewardConfig
 from prompt_r1.evaluation.turns import turn_rows, turn_table
+from prompt_r1.rollout.reward_stage import RewardStage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,6 +27,15 @@ def _scorer(question, trajectory):
     if len(values) > 1:
         values[1] = min(1.0, len(trajectory.agent_turns[1]) / 4)
     return values
+
+
+def _indicators(question, trajectory):
+    """A yes/no per episode: its first turn is longer than 3 characters (None without turns)."""
+    return {"long_first": len(trajectory.agent_turns[0]) > 3 if trajectory.agent_turns else None}
+
+
+STAGE = RewardStage(RewardConfig(turn={"scorer": "tests.evaluation.test_eval_turns:_scorer",
+                                       "indicators": "tests.evaluation.test_eval_turns:_indicators"}), strict=False)
 
 
 def test_turn_rows_match_a_restatement_on_generated_episodes() -> None:
@@ -40,7 +51,7 @@ def test_turn_rows_match_a_restatement_on_generated_episodes() -> None:
                                  "question_id": qid, "error": rng.choice([None, None, None, "HTTP 500"]),
                                  "env_calls": [{}] * rng.randint(0, 2),
                                  "trajectory": {"agent_turns": turns, "env_replies": []}})
-        rows = turn_rows(episodes, questions, _scorer)
+        rows = turn_rows(episodes, questions, STAGE)
         cells = {(e["env_name"], e["method"], e["dataset"]) for e in episodes if e["error"] is None}
         assert [(r["env_name"], r["method"], r["dataset"]) for r in rows] == sorted(cells)
         for r in rows:
@@ -53,10 +64,13 @@ def test_turn_rows_match_a_restatement_on_generated_episodes() -> None:
                       if len(e["trajectory"]["agent_turns"]) > 1]
             if r["dataset"] != "judged" or not values:
                 assert "turn2_reward" not in r   # no turn reward is invented for what the scorer does not judge
+                assert r["dataset"] == "judged" or "long_first" not in r
                 continue
             assert r["turn2_reward"] == pytest.approx(statistics.fmean(values))
             assert r["turn2_full"] == pytest.approx(statistics.fmean(v == 1.0 for v in values))
             assert r["turn2_some"] == pytest.approx(statistics.fmean(v > 0 for v in values))
+            assert r["long_first"] == pytest.approx(statistics.fmean(len(e["trajectory"]["agent_turns"][0]) > 3
+                                                                     for e in kept))
         without = turn_rows(episodes, questions)
         assert all(not any(k.startswith("turn") for k in r) for r in without)
         assert turn_table(rows).count("\n") == len(rows) + 1

@@ -1,5 +1,5 @@
 """The reward with a dataset's own scorer: the paper's format gate, the scorer's score as the answer
-term, and a scorer failure that stops the run instead of scoring 0 (`rollout.episode.score_trajectories`)."""
+term, and a scorer failure that stops the run instead of scoring 0 (`rollout.reward_stage.score_trajectories`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from prompt_r1.core.metrics import f1_score
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.scorer import ScorerError
 from prompt_r1.core.trajectory import Trajectory
-from prompt_r1.rollout.episode import score_trajectories
+from prompt_r1.rollout.reward_stage import score_trajectories
 
 ASK = "<think>t</think><interaction_prompt>q</interaction_prompt>"
 SCORER = """

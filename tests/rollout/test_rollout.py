@@ -22,7 +22,8 @@ from prompt_r1.core.protocol import wrap_env_reply
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.reward import compute_reward
 from prompt_r1.core.tokens import agent_prompt_ids, text_ids
-from prompt_r1.rollout.episode import run_rollout, score_trajectories
+from prompt_r1.rollout.episode import run_rollout
+from prompt_r1.rollout.reward_stage import score_trajectories
 from prompt_r1.core.trajectory import EnvCall, Trajectory, env_call_records, rollout_stats
 
 ASK = "<think>plan {n}</think><interaction_prompt>Tell me about {q} (step {n})</interaction_prompt>"

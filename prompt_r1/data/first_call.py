@@ -1,0 +1,99 @@
+"""The two-hop task's first call: its scaffold, its turn-1 reward and the indicators that watch it.
+
+On a two-hop question ("On which continent is the country whose capital is Helsinki?") the agent's
+first environment call decides most of the score: the environment names the bridge country
+(Finland) for about half the questions asked whole, and for about 0.87 asked only the first hop
+(`benchmarks/results/compose-screen.json`). A warm-started agent passes the whole question on every
+time, so this module gives the task what guided exploration needs (`prompt_r1.rollout.scaffold`,
+`prompt_r1.core.turn_credit`):
+
+- `first_hop_scaffold`: a first agent turn that asks the question's own first hop, for
+  `rollout.scaffold.fn`. It never names the bridge or a gold answer (refused here and in
+  `rollout.scaffold.check_scaffold`).
+- `two_hop_turn_rewards`: turn 1 earns 1 when the first reply names the bridge, else 0; turn 2 is
+  `follow_up_turn_rewards`' (1 names the bridge, 0.5 reuses a name of the first reply, else 0).
+- `two_hop_indicators` (`reward.turn.indicators`): `first_hop` (the first call names the source
+  entity and not the second hop's relation word: it decomposes), and two leaks that must not rise
+  with training: `bridge_before_reply` (the first call names the bridge before any reply said it)
+  and `answer_unseen` (the answer names a gold that no reply contained).
+
+Every function takes a `QuestionRow` of a generated two-hop question (found by its text, seed 0
+as `data/compositional`) and raises for any other, as a turn scorer must.
+"""
+
+from __future__ import annotations
+
+from prompt_r1.core.metrics import mentions
+from prompt_r1.core.protocol import parse_turn
+from prompt_r1.data.compositional import TwoHopQuestion, follow_up_turn_rewards, known_questions
+
+# The first turn the scaffold writes: the think text is the strategy, the prompt the first hop.
+SCAFFOLD_TURN = "<think>I ask the first part first.</think><interaction_prompt>{hop1}</interaction_prompt>"
+# The word that says which second hop a question asks (in neither first-hop template of that chain).
+RELATION_WORDS = {"continent": "continent", "currency": "currency", "language": "language", "capital": "capital"}
+
+
+def _known(question) -> TwoHopQuestion:
+    known = known_questions().get(question.question)
+    if known is None:
+        raise ValueError("not a generated two-hop question (prompt_r1.data.first_call is defined only for "
+                         "those): train on data/compositional, or unset the setting that names this function")
+    return known
+
+
+def first_hop_scaffold(question) -> str:
+    """The scaffold turn of `question`: ask its first hop ("Which country has Helsinki as its capital?").
+
+    >>> from prompt_r1.core.questions import QuestionRow
+    >>> q = next(iter(known_questions().values()))
+    >>> first_hop_scaffold(QuestionRow("q", "d", "train", q.question, list(q.answers), "qa", "f1")) \\
+    ...     == SCAFFOLD_TURN.format(hop1=q.hops[0].question)
+    True
+    """
+    known = _known(question)
+    turn = SCAFFOLD_TURN.format(hop1=known.hops[0].question)
+    if mentions(turn, known.hops[0].answers) or mentions(turn, known.answers):
+        raise ValueError(f"the first hop of {question.question!r} names its bridge or answer; the generator drops "
+                         "such questions, so this one is not from data/compositional")
+    return turn
+
+
+def two_hop_turn_rewards(question, trajectory) -> list[float | None]:
+    """Turn rewards of both calls (`reward.turn.scorer: prompt_r1.data.first_call:two_hop_turn_rewards`):
+    turn 1 is 1.0 when the first reply names the bridge and 0.0 when it does not or no call was made;
+    turn 2 as `follow_up_turn_rewards`; later turns None (not judged)."""
+    known = _known(question)
+    rewards = follow_up_turn_rewards(question, trajectory)
+    if rewards:
+        replies = trajectory.env_replies
+        rewards[0] = 1.0 if replies and mentions(replies[0], known.hops[0].answers) else 0.0
+    return rewards
+
+
+def asks_first_hop(known: TwoHopQuestion, prompt: str) -> bool:
+    """Does this call decompose: it names the source entity and not the second hop's relation?
+
+    >>> q = next(q for q in known_questions().values() if q.chain == "capital>continent")
+    >>> asks_first_hop(q, q.hops[0].question), asks_first_hop(q, "Please answer this question briefly: " + q.question)
+    (True, False)
+    """
+    relation = RELATION_WORDS[known.chain.split(">")[1]]
+    return mentions(prompt, [known.source]) and not mentions(prompt, [relation])
+
+
+def two_hop_indicators(question, trajectory) -> dict[str, bool | None]:
+    """What the first call did (`reward.turn.indicators: prompt_r1.data.first_call:two_hop_indicators`):
+    `first_hop` (None without an interaction turn), `bridge_before_reply` (None likewise) and
+    `answer_unseen` (None without an answer)."""
+    known = _known(question)
+    turns = trajectory.agent_turns
+    first = parse_turn(turns[0]).interaction_prompt if turns else None
+    replies = trajectory.env_replies
+    answer = trajectory.answer if turns and parse_turn(turns[-1]).kind == "answer" else None
+    golds_named = [g for g in known.answers if answer is not None and mentions(answer, [g])]
+    return {
+        "first_hop": None if first is None else asks_first_hop(known, first),
+        "bridge_before_reply": None if first is None else mentions(first, known.hops[0].answers),
+        "answer_unseen": None if answer is None else any(not any(mentions(r, [g]) for r in replies)
+                                                          for g in golds_named),
+    }
