@@ -43,6 +43,9 @@ INSTRUCTION_MARKER = "First, provide a simple explanation"
 
 # Strings that end an agent turn during generation.
 STOP_STRINGS = ("</interaction_prompt>", "</answer>")
+# A first call that decomposes: ask the first part only. The mixed warm start teaches it and the
+# two-hop task's scaffold proposes it, in the same words.
+FIRST_PART_TURN = "<think>I ask the first part first.</think><interaction_prompt>{prompt}</interaction_prompt>"
 
 # The reference's exact turn grammar, applied with `re.search` and DOTALL: `^` anchors at the
 # start only, `$` also matches before one final newline, and no white space may lead a turn.

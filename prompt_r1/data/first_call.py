@@ -24,11 +24,9 @@ as `data/compositional`) and raises for any other, as a turn scorer must.
 from __future__ import annotations
 
 from prompt_r1.core.metrics import mentions
-from prompt_r1.core.protocol import parse_turn
+from prompt_r1.core.protocol import FIRST_PART_TURN, parse_turn
 from prompt_r1.data.compositional import TwoHopQuestion, follow_up_turn_rewards, known_questions
 
-# The first turn the scaffold writes: the think text is the strategy, the prompt the first hop.
-SCAFFOLD_TURN = "<think>I ask the first part first.</think><interaction_prompt>{hop1}</interaction_prompt>"
 # The word that says which second hop a question asks (in neither first-hop template of that chain).
 RELATION_WORDS = {"continent": "continent", "currency": "currency", "language": "language", "capital": "capital"}
 
@@ -47,15 +45,15 @@ def first_hop_scaffold(question) -> str:
     >>> from prompt_r1.core.questions import QuestionRow
     >>> q = next(iter(known_questions().values()))
     >>> first_hop_scaffold(QuestionRow("q", "d", "train", q.question, list(q.answers), "qa", "f1")) \\
-    ...     == SCAFFOLD_TURN.format(hop1=q.hops[0].question)
+    ...     == FIRST_PART_TURN.format(prompt=q.hops[0].question)
     True
     """
     known = _known(question)
-    turn = SCAFFOLD_TURN.format(hop1=known.hops[0].question)
-    if mentions(turn, known.hops[0].answers) or mentions(turn, known.answers):
+    prompt = known.hops[0].question
+    if mentions(prompt, known.hops[0].answers) or mentions(prompt, known.answers):
         raise ValueError(f"the first hop of {question.question!r} names its bridge or answer; the generator drops "
                          "such questions, so this one is not from data/compositional")
-    return turn
+    return FIRST_PART_TURN.format(prompt=prompt)
 
 
 def two_hop_turn_rewards(question, trajectory) -> list[float | None]:

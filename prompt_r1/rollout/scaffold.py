@@ -57,7 +57,7 @@ def load_scaffold(spec: str, setting: str = SETTING) -> Scaffold:
 
 def scaffold_turn(scaffold: Scaffold, question: QuestionRow, setting: str = SETTING) -> str:
     """The scaffold's first turn for `question`, checked: a string that parses as an interaction turn
-    and names none of the question's golds (`core.metrics.mentions`); else a `ScaffoldError` naming the setting and question."""
+    and names none of the question's golds in its think or prompt text (`core.metrics.mentions`); else a `ScaffoldError` naming the setting and question."""
     where = f"{setting} for question {question.question_id!r} (dataset {question.dataset})"
     try:
         text = scaffold(question)
@@ -65,10 +65,11 @@ def scaffold_turn(scaffold: Scaffold, question: QuestionRow, setting: str = SETT
         raise
     except Exception as err:  # the task's own code: its failure stops the run, never a silent fallback
         raise ScaffoldError(f"{where} raised {type(err).__name__}: {err}") from err
-    if not isinstance(text, str) or parse_turn(text).kind != "interaction":
+    turn = parse_turn(text) if isinstance(text, str) else None
+    if turn is None or turn.kind != "interaction":
         raise ScaffoldError(f"{where} returned {text!r}; return a whole first agent turn, "
                             "`<think>..</think><interaction_prompt>..</interaction_prompt>`")
-    if mentions(text, question.golds):
+    if any(mentions(part or "", question.golds) for part in (turn.think, turn.interaction_prompt)):
         raise ScaffoldError(f"{where} names a gold answer of the question in {text!r}; a scaffold may propose how "
                             "to ask, never the answer")
     return text

@@ -1,0 +1,85 @@
+"""The two-hop task's first call (`prompt_r1.data.first_call`): the scaffold never leaks, and the
+turn rewards and indicators agree with a restatement over generated trajectories."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from prompt_r1.core.metrics import normalize_answer
+from prompt_r1.core.questions import QuestionRow
+from prompt_r1.core.trajectory import Trajectory
+from prompt_r1.data.compositional import follow_up_turn_rewards, generate, known_questions
+from prompt_r1.data.first_call import asks_first_hop, first_hop_scaffold, two_hop_indicators, two_hop_turn_rewards
+from prompt_r1.rollout.scaffold import scaffold_turn
+
+
+def row(q) -> QuestionRow:
+    return QuestionRow("q", "compositional_train", "train", q.question, list(q.answers), "multihop_qa", "f1")
+
+
+def said(text: str, names) -> bool:
+    """Restated: a name occurs in the text as whole words, compared lower-case without punctuation or articles."""
+    words = " " + " ".join(normalize_answer(text).split()) + " "
+    return any(f" {normalize_answer(n)} " in words for n in names if normalize_answer(n))
+
+
+def test_the_scaffold_asks_the_first_hop_and_names_neither_bridge_nor_answer_on_every_question():
+    questions = generate(0)
+    assert len(questions) > 100
+    for q in questions:
+        turn = first_hop_scaffold(row(q))
+        assert q.hops[0].question in turn and q.source in turn
+        assert not said(turn, q.hops[0].answers) and not said(turn, q.answers)
+        assert scaffold_turn(first_hop_scaffold, row(q)) == turn   # the generic check passes it too
+        assert asks_first_hop(q, q.hops[0].question)
+        assert not asks_first_hop(q, "Please answer this question briefly: " + q.question)
+
+
+def test_questions_from_elsewhere_are_refused():
+    with pytest.raises(ValueError, match="not a generated two-hop question"):
+        first_hop_scaffold(QuestionRow("q", "nq", "train", "Who wrote Hamlet?", ["Shakespeare"], "qa", "f1"))
+
+
+def _trajectory(rng: random.Random, q) -> Trajectory:
+    """A random two-hop trajectory: first call whole or decomposed, replies that may name the bridge."""
+    bridge, gold = q.hops[0].answers[0], q.answers[0]
+    first = rng.choice([q.question, q.hops[0].question, f"Is it {bridge}?", "Hello"])
+    turns = [f"<think>t</think><interaction_prompt>{first}</interaction_prompt>"]
+    replies = []
+    for _ in range(rng.randint(0, 2)):
+        replies.append(rng.choice([f"It is {bridge}.", "I do not know.", f"Maybe {gold}.", "Nothing."]))
+        if len(turns) < 2 and rng.random() < 0.6:
+            turns.append(f"<think>t</think><interaction_prompt>{q.hops[1].question}</interaction_prompt>")
+    replies = replies[: len(turns)]
+    answered = rng.random() < 0.8
+    answer = rng.choice([gold, "Atlantis"])
+    if answered:
+        turns.append(f"<think>t</think><answer>{answer}</answer>")
+    if rng.random() < 0.1:
+        turns = [f"<think>t</think><answer>{answer}</answer>"]
+        replies = []
+    return Trajectory("q", 0, [], agent_turns=turns, env_replies=replies, answer=answer if answered else "")
+
+
+def test_turn_rewards_and_indicators_against_a_restatement():
+    rng = random.Random(0)
+    questions = list(known_questions().values())
+    for _ in range(400):
+        q = rng.choice(questions)
+        t = _trajectory(rng, q)
+        rewards = two_hop_turn_rewards(row(q), t)
+        assert len(rewards) == len(t.agent_turns)
+        first_is_call = "<interaction_prompt>" in t.agent_turns[0]
+        expected_r1 = 1.0 if t.env_replies and said(t.env_replies[0], q.hops[0].answers) else 0.0
+        assert rewards[0] == expected_r1
+        assert rewards[1:] == follow_up_turn_rewards(row(q), t)[1:]
+        ind = two_hop_indicators(row(q), t)
+        prompt = t.agent_turns[0].split("<interaction_prompt>")[1].split("</")[0] if first_is_call else None
+        relation = q.chain.split(">")[1]
+        assert ind["first_hop"] == (None if prompt is None else said(prompt, [q.source]) and not said(prompt, [relation]))
+        assert ind["bridge_before_reply"] == (None if prompt is None else said(prompt, q.hops[0].answers))
+        answered = "<answer>" in t.agent_turns[-1]
+        unseen = any(said(t.answer, [g]) and not any(said(r, [g]) for r in t.env_replies) for g in q.answers)
+        assert ind["answer_unseen"] == (unseen if answered else None)

@@ -1,0 +1,112 @@
+"""Guided exploration of the first call (`prompt_r1.rollout.scaffold`, `rollout.scaffold`): which
+members a scaffold writes, what their trajectories hold, the refusals, and that nothing but a
+training rollout is ever scaffolded."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from prompt_r1.config.experiment import AgentConfig, RewardConfig, RolloutConfig, parse_config
+from prompt_r1.core.questions import QuestionRow
+from prompt_r1.core.trajectory import Trajectory
+from prompt_r1.rollout.episode import run_rollout
+from prompt_r1.rollout.scaffold import (ScaffoldError, assert_unscaffolded, check_scaffold, load_scaffold,
+                                        scaffold_turn, scaffolded_members)
+from tests.rollout.test_rollout import ANSWER, ScriptedEnv, ScriptedPolicy, question
+
+ASK = "<think>a</think><interaction_prompt>Tell me about {q}</interaction_prompt>"
+PROPOSED = "<think>I ask the first part first.</think><interaction_prompt>Which part first?</interaction_prompt>"
+
+
+def proposing(q: QuestionRow) -> str:
+    return PROPOSED
+
+
+def leaking(q: QuestionRow) -> str:
+    return f"<think>x</think><interaction_prompt>Is it {q.golds[0]}?</interaction_prompt>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+def _rollout(tokenizer, group: int, members: int, scaffold, questions):
+    policy = ScriptedPolicy(tokenizer, lambda text, turn: ASK.format(q=turn) if turn == 0 else ANSWER)
+    rollout_cfg = RolloutConfig(group_size=group, max_turns=3,
+                                scaffold={"fn": "tests.rollout.test_scaffold:proposing", "members": members})
+    agent = AgentConfig(max_new_tokens=64, max_response_tokens=1024, max_env_reply_tokens=256)
+    return run_rollout(policy, ScriptedEnv(), questions, agent, rollout_cfg, RewardConfig(), seed=0,
+                       scaffold=scaffold), policy
+
+
+@pytest.mark.parametrize("group,members", [(2, 1), (4, 1), (5, 3), (8, 4)])
+def test_the_last_members_start_from_the_scaffold_and_go_on_sampling(tokenizer, group, members):
+    questions = [question(i) for i in range(3)]
+    trajs, policy = _rollout(tokenizer, group, members, proposing, questions)
+    proposed_ids = tokenizer.encode(PROPOSED, add_special_tokens=False)
+    for t in trajs:
+        scaffolded = t.group_index in scaffolded_members(group, members)
+        assert t.agent_turns[0] == (PROPOSED if scaffolded else ASK.format(q=0))
+        assert t.scaffold_tokens == (len(proposed_ids) if scaffolded else 0)
+        if scaffolded:  # written, not sampled: trained (mask 1), with no sampling log-prob
+            assert t.token_ids[: t.scaffold_tokens] == proposed_ids
+            assert t.loss_mask[: t.scaffold_tokens] == [1] * t.scaffold_tokens
+            assert t.logprobs[: t.scaffold_tokens] == [0.0] * t.scaffold_tokens
+        assert t.agent_turns[-1] == ANSWER and len(t.env_calls) == 1   # then on-policy against the environment
+        assert t.reward is not None
+    # the policy generated every first turn but the scaffold's
+    first_turns = sum(len(prompts) for prompts, _ in policy.calls[:1])
+    assert first_turns == len(questions) * (group - members)
+    unscaffolded, _ = _rollout(tokenizer, group, members, None, questions)
+    assert not any(t.scaffold_tokens for t in unscaffolded)
+    assert_unscaffolded(unscaffolded, "validation")
+    with pytest.raises(AssertionError, match="scaffolds run in training rollouts only"):
+        assert_unscaffolded(trajs, "validation")
+
+
+def test_a_scaffold_naming_a_gold_is_refused_for_any_gold():
+    rng = random.Random(0)
+    scaffold = load_scaffold("tests.rollout.test_scaffold:leaking")
+    for i in range(50):
+        gold = rng.choice(["Paris", "the Nile", "42", "New York City", "Ωmega"]) + rng.choice(["", " river"])
+        q = QuestionRow(f"q{i}", "d", "train", "Where?", [gold, "other"], "qa", "f1")
+        with pytest.raises(ScaffoldError, match="names a gold answer"):
+            scaffold_turn(scaffold, q)
+        # a gold that is only part of a word, or a longer word, is no leak
+        assert scaffold_turn(lambda _, g=gold: f"<think>x</think><interaction_prompt>Is it {g}s?</interaction_prompt>",
+                             QuestionRow(f"q{i}", "d", "train", "Where?", [gold], "qa", "f1")).startswith("<think>")
+    assert check_scaffold(load_scaffold("tests.rollout.test_scaffold:proposing"), [question(0), question(1)]) == 2
+
+
+def test_a_scaffold_that_writes_no_interaction_turn_or_fails_is_refused():
+    q = question(0)
+    with pytest.raises(ScaffoldError, match="whole first agent turn"):
+        scaffold_turn(lambda _: "just text", q)
+    with pytest.raises(ScaffoldError, match="raised ZeroDivisionError"):
+        scaffold_turn(lambda _: 1 / 0, q)
+    with pytest.raises(ScaffoldError, match="rollout.scaffold.fn"):
+        load_scaffold("no_such_module_for_scaffolds:f")
+
+
+@pytest.mark.parametrize("rollout,match", [
+    ({"max_staleness": 1, "scaffold": {"fn": "m:f", "members": 1}}, "max_staleness"),
+    ({"group_size": 4, "scaffold": {"fn": "m:f", "members": 4}}, "leave at least 1"),
+    ({"group_size": 4, "scaffold": {"fn": "m:f", "members": 0}}, "at least 1"),
+    ({"scaffold": {"members": 2}}, "fn is not"),
+])
+def test_settings_a_scaffold_cannot_work_with_are_refused(rollout, match):
+    with pytest.raises(Exception, match=match):
+        parse_config({"rollout": rollout})
+
+
+def test_an_unset_scaffold_keeps_the_run_hash():
+    plain = parse_config({})
+    assert plain.hash() == parse_config({"rollout": {"scaffold": {}}}).hash()
+    assert plain.hash() != parse_config({"rollout": {"group_size": 4, "scaffold": {"fn": "m:f", "members": 1}}}).hash()
+    assert Trajectory("q", 0, []).to_record().keys() == Trajectory("q", 0, [], scaffold_tokens=0).to_record().keys()
+    assert "scaffold_tokens" not in Trajectory("q", 0, []).to_record()
