@@ -56,6 +56,8 @@ from prompt_r1.core.reward import GATE_TOLERANCE
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import rollout_stats
 from prompt_r1.data.compositional import follow_up, known_questions
+from prompt_r1.data.first_call import two_hop_indicators
+from prompt_r1.rollout.scaffold import assert_unscaffolded
 from prompt_r1.evaluation.stats import paired_comparison
 from prompt_r1.learner.checkpoint import latest_checkpoint
 from prompt_r1.models.adapter import export_adapter
@@ -71,6 +73,10 @@ CRITERIA = {
     "max_format_drop": 0.05,       # format-valid share falls by at most 0.05
     "max_wall_minutes": 60.0,      # the trained run's wall time on this machine
 }
+# The two-hop task's first-call indicators (`prompt_r1.data.first_call.two_hop_indicators`): the share
+# that decomposes, and two leaks that must not rise with training.
+INDICATORS = ("first_hop", "bridge_before_reply", "answer_unseen")
+LEAKS = ("bridge_before_reply", "answer_unseen")
 MIN_PROBE = 32  # fewer probe questions cannot resolve the criterion's +0.15 (BENCHMARKS.md)
 
 
@@ -103,6 +109,7 @@ class ProbedSession(TrainingSession):
         """Greedy answers to `questions`, one row per question in order; a failed environment
         call stops the benchmark (it is not a score)."""
         trajectories = self.pool.rollout(questions, self.step, greedy=True, group_size=1)
+        assert_unscaffolded(trajectories, f"probe after {self.step} update(s)")
         failed = [t for t in trajectories if t.error]
         if failed:
             raise SystemExit(f"probe after {self.step} update(s): {len(failed)} environment call(s) failed "
@@ -126,7 +133,8 @@ def interaction(trajectory, question) -> dict:
            "relation": None, "uses_reply": None, "names_bridge": None}
     if known is not None:
         used = follow_up(known, sent, trajectory.env_replies)
-        row.update(relation=known.chain.split(">")[1], uses_reply=used.uses_reply, names_bridge=used.names_bridge)
+        row.update(relation=known.chain.split(">")[1], uses_reply=used.uses_reply, names_bridge=used.names_bridge,
+                   **two_hop_indicators(question, trajectory))
     return row
 
 
@@ -257,10 +265,17 @@ def judge(results: dict[str, dict], criteria: dict | None = None) -> dict:
         checks["beats_control"] = all(v["ci_low"] > criteria["beats_control"] for v in versus.values())
     else:
         checks["beats_control"] = None  # not run: the experiment cannot pass
-    verdict["checks"] = checks
-    verdict["passed"] = all(v is True for v in checks.values())
     verdict["mechanism"] = {arm: {"before": mechanism(r["probe_before"]), "after": mechanism(r["probe_after"])}
                             for arm, r in results.items()}
+    if "min_first_call_share" in criteria:  # every seed's probe first calls decompose after training
+        checks["first_call_share"] = all((verdict["mechanism"][arm]["after"]["first_hop"] or 0.0)
+                                         >= criteria["min_first_call_share"] for arm in arms)
+    if "max_leak_rise" in criteria:  # neither leak indicator rises past the bound in any seed
+        checks["no_leak_rise"] = all(
+            (verdict["mechanism"][arm]["after"][leak] or 0.0) - (verdict["mechanism"][arm]["before"][leak] or 0.0)
+            <= criteria["max_leak_rise"] for arm in arms for leak in LEAKS)
+    verdict["checks"] = checks
+    verdict["passed"] = all(v is True for v in checks.values())
     verdict["by_relation"] = by_relation(trained["probe_before"], trained["probe_after"])
     return verdict
 
@@ -274,7 +289,8 @@ def mechanism(rows: list[dict]) -> dict:
             "second_call": share([float(r.get("second_call", False)) for r in rows]),
             "uses_reply": share([float(r["uses_reply"]) for r in two_hop]),
             "names_bridge": share([float(r["names_bridge"]) for r in two_hop]),
-            "mean_calls": share([r.get("calls", 0) for r in rows])}
+            "mean_calls": share([r.get("calls", 0) for r in rows]),
+            **{name: share([float(r[name]) for r in two_hop if r.get(name) is not None]) for name in INDICATORS}}
 
 
 def best_constant(rows: list[dict], max_words: int = 3) -> dict:
@@ -330,10 +346,21 @@ def print_criteria(cfg: Config, arms: list[str], criteria: dict, source: Path | 
           + (" (every seed)\n" if several else "\n")
           + f"  3. format-valid share falls by at most {criteria['max_format_drop']}\n"
           f"  4. the trained run takes at most {criteria['max_wall_minutes']:.0f} minutes\n"
-          f"Budget per arm: {cfg.train.steps} steps x {cfg.rollout.batch_questions} questions x "
+          + (f"  5. after training, at least {criteria['min_first_call_share']} of the probe's first calls ask the "
+             "first hop (every seed)\n" if "min_first_call_share" in criteria else "")
+          + (f"  6. neither leak indicator ({', '.join(LEAKS)}) rises by more than {criteria['max_leak_rise']}\n"
+             if "max_leak_rise" in criteria else "")
+          + f"Budget per arm: {cfg.train.steps} steps x {cfg.rollout.batch_questions} questions x "
           f"{cfg.rollout.group_size} samples; turn credit: "
           f"{cfg.reward.turn.scorer + f' (weight {cfg.reward.turn.weight})' if cfg.reward.turn.scorer else 'off'}; "
-          f"arms: {', '.join(arms)}", flush=True)
+          f"scaffold: {_scaffold_text(cfg)}; arms: {', '.join(arms)}", flush=True)
+
+
+def _scaffold_text(cfg: Config) -> str:
+    scaffold = cfg.rollout.scaffold
+    if scaffold.fn is None:
+        return "off"
+    return f"{scaffold.fn} for {scaffold.members} of {cfg.rollout.group_size} members, CE {scaffold.ce_coef}"
 
 
 def report(verdict: dict) -> str:
@@ -352,7 +379,10 @@ def report(verdict: dict) -> str:
     for arm, m in verdict.get("mechanism", {}).items():
         lines.append(f"{arm}: second call {m['before']['second_call']} -> {m['after']['second_call']}; uses the first "
                      f"reply {m['before']['uses_reply']} -> {m['after']['uses_reply']}; names the bridge "
-                     f"{m['before']['names_bridge']} -> {m['after']['names_bridge']} (two-hop questions)")
+                     f"{m['before']['names_bridge']} -> {m['after']['names_bridge']}; first call asks the first hop "
+                     f"{m['before'].get('first_hop')} -> {m['after'].get('first_hop')}; leaks "
+                     + ", ".join(f"{k} {m['before'].get(k)} -> {m['after'].get(k)}" for k in LEAKS)
+                     + " (two-hop questions)")
     for relation, e in verdict.get("by_relation", {}).items():
         lines.append(f"  {relation}: n={e['n']} answer score {e['before']} -> {e.get('after')}; best constant "
                      f"{e['best_constant']['answer']!r} scores {e['best_constant']['score']}")

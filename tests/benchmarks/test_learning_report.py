@@ -31,22 +31,28 @@ def test_interaction_reads_the_calls_and_the_follow_up():
     q = next(q for q in CONTINENT if q.source == "Tokyo")
     question = SimpleNamespace(question=q.question, golds=list(q.answers))
     two = SimpleNamespace(agent_turns=_turns(q.question, "On which continent is Japan?"),
-                          env_replies=["The capital of Japan is Tokyo.", "Asia"])
+                          env_replies=["The capital of Japan is Tokyo.", "Asia"], answer="Asia")
     row = learning.interaction(two, question)
     assert (row["calls"], row["second_call"], row["uses_reply"], row["names_bridge"]) == (2, True, True, True)
     assert row["relation"] == "continent"
-    one = SimpleNamespace(agent_turns=_turns(q.question), env_replies=["The capital of Japan is Tokyo."])
+    # passed on whole, answered from a reply: no decomposition, no leak
+    assert (row["first_hop"], row["bridge_before_reply"], row["answer_unseen"]) == (False, False, False)
+    split = SimpleNamespace(agent_turns=_turns(q.hops[0].question, "On which continent is Japan?"),
+                            env_replies=["Japan.", "It is in Europe."], answer="Asia")
+    assert (lambda r: (r["first_hop"], r["answer_unseen"]))(learning.interaction(split, question)) == (True, True)
+    one = SimpleNamespace(agent_turns=_turns(q.question), env_replies=["The capital of Japan is Tokyo."], answer="Asia")
     assert learning.interaction(one, question)["second_call"] is False
     # a prompt in the last turn was never sent: it is no call
-    unsent = SimpleNamespace(agent_turns=_turns(q.question, "Japan?")[:2], env_replies=["Japan."])
+    unsent = SimpleNamespace(agent_turns=_turns(q.question, "Japan?")[:2], env_replies=["Japan."], answer="")
     assert learning.interaction(unsent, question)["calls"] == 1
     single_hop = SimpleNamespace(question="What is the capital of France?", golds=["Paris"])
     assert learning.interaction(one, single_hop)["uses_reply"] is None
 
 
-def _rows(scores, second, uses):
+def _rows(scores, second, uses, first_hop=False, leak=False):
     return [{"question_id": f"q{i}", "answer_score": s, "format_valid": 1.0, "second_call": c, "calls": 1 + c,
-             "uses_reply": u, "names_bridge": u, "relation": "continent", "golds": list(q.answers)}
+             "uses_reply": u, "names_bridge": u, "relation": "continent", "golds": list(q.answers),
+             "first_hop": first_hop, "bridge_before_reply": leak, "answer_unseen": False}
             for i, (q, s, c, u) in enumerate(zip(CONTINENT, scores, second, uses))]
 
 
@@ -93,10 +99,27 @@ def test_judge_reports_the_mechanism_and_the_constant():
     assert "second call 0.0 -> 1.0" in text and "best constant" in text
 
 
-def _arm(scores_before, scores_after, train_s=60.0):
+def _arm(scores_before, scores_after, train_s=60.0, first_hop=False, leak=False):
     n = len(scores_before)
     return {"probe_before": _rows(scores_before, [False] * n, [False] * n),
-            "probe_after": _rows(scores_after, [True] * n, [True] * n), "train_s": train_s}
+            "probe_after": _rows(scores_after, [True] * n, [True] * n, first_hop, leak), "train_s": train_s}
+
+
+def test_the_first_call_criteria_bind_only_when_registered():
+    n = len(CONTINENT)
+    zeros, strong = [0.0] * n, [1.0 if i % 2 == 0 else 0.0 for i in range(n)]
+    control = _arm(zeros, zeros)
+    criteria = {**learning.CRITERIA, "min_first_call_share": 0.5, "max_leak_rise": 0.05}
+    decomposes = {"trained": _arm(zeros, strong, first_hop=True), "trained-seed1": _arm(zeros, strong, first_hop=True),
+                  "control": control}
+    assert learning.judge(decomposes, criteria)["passed"]
+    passes_on = {**decomposes, "trained-seed1": _arm(zeros, strong)}
+    assert not learning.judge(passes_on, criteria)["checks"]["first_call_share"]
+    assert "first_call_share" not in learning.judge(passes_on)["checks"] and learning.judge(passes_on)["passed"]
+    leaking = {**decomposes, "trained": _arm(zeros, strong, first_hop=True, leak=True)}
+    verdict = learning.judge(leaking, criteria)
+    assert not verdict["checks"]["no_leak_rise"] and not verdict["passed"]
+    assert "first call asks the first hop 0.0 -> 1.0" in learning.report(verdict)
 
 
 def test_two_seeds_pass_only_when_each_is_above_zero_and_their_mean_reaches_the_bar():
