@@ -131,6 +131,77 @@ class _Loop:
             traj.stop_reason = "invalid_turn"
         return None
 
+    def episodes(self, envs: Sequence["Environment"], weights: Sequence[float], questions: Sequence[QuestionRow],
+                 group: int, seed: int, step: int) -> list[_Episode]:
+        """`group` new episodes per question, in order, each question's drawn environment (`draw_environment`)."""
+        episodes: list[_Episode] = []
+        for question in questions:
+            drawn = envs[draw_environment(seed, step, question.question_id, weights)]
+            described = _description(drawn) if self.agent_cfg.describe_environment else None
+            prompt_ids = agent_prompt_ids(self.tokenizer, question.question, described)
+            name = getattr(drawn, "name", "")
+            for index in range(group):
+                episodes.append(_Episode(Trajectory(question.question_id, index, list(prompt_ids), env_name=name),
+                                         drawn))
+        return episodes
+
+    async def drive(self, episodes: list[_Episode], questions: Sequence[QuestionRow], group: int, seed: int,
+                    step: int, gather_window_s: float, scaffold: Scaffold | None) -> None:
+        """Run every episode to its end: batched generations for those waiting on the policy, the
+        environment calls of the others in flight meanwhile (see the module docstring)."""
+        ready: list[_Episode] = list(episodes)
+        pending: dict[asyncio.Task, _Episode] = {}
+        try:
+            if scaffold is not None:  # those members' first turns are written: their calls start at once
+                members = set(scaffolded_members(group, self.rollout_cfg.scaffold.members))
+                by_id = {q.question_id: q for q in questions}
+                for episode in [e for e in ready if e.trajectory.group_index in members]:
+                    ready.remove(episode)
+                    self._send(pending, episode, self.absorb_scaffold(
+                        episode, scaffold_turn(scaffold, by_id[episode.trajectory.question_id])))
+            while ready or pending:
+                if not ready:
+                    ready = await self._replies(pending, gather_window_s)
+                    continue
+                batch, ready = ready, []
+                limits = [min(self.agent_cfg.max_new_tokens, self.room(e)) for e in batch]
+                seeds = [draw_seed(seed, step, e.trajectory.question_id, e.trajectory.group_index,
+                                   len(e.trajectory.agent_turns)) for e in batch]
+                began = time.time()
+                samples = await asyncio.to_thread(
+                    self.policy.generate, [e.trajectory.prompt_ids + e.trajectory.token_ids for e in batch], limits,
+                    seeds)
+                ended = time.time()
+                for episode, sample in zip(batch, samples, strict=True):
+                    episode.trajectory.turn_times.append([began, ended])
+                    self._send(pending, episode, self.absorb_turn(episode, sample))
+        finally:
+            for task in pending:
+                task.cancel()
+
+    @staticmethod
+    def _send(pending: dict[asyncio.Task, _Episode], episode: _Episode, messages: list[dict[str, str]] | None) -> None:
+        """Start the environment call of an agent turn that asked one (None: the episode ended)."""
+        if messages is not None:
+            turn = len(episode.env_prompts) - 1
+            pending[asyncio.create_task(_call_env(episode.env, messages, turn))] = episode
+
+    async def _replies(self, pending: dict[asyncio.Task, _Episode], gather_window_s: float) -> list[_Episode]:
+        """Wait for the first environment reply, then at most `gather_window_s` more for others;
+        returns the episodes that can go on."""
+        done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        waiting = set(pending) - done
+        if waiting and gather_window_s > 0:
+            more, _ = await asyncio.wait(waiting, timeout=gather_window_s)
+            done |= more
+        ready = []
+        for task in done:
+            episode = pending.pop(task)
+            text, call = task.result()
+            if self.absorb_reply(episode, text, call):
+                ready.append(episode)
+        return ready
+
     def absorb_scaffold(self, episode: _Episode, text: str) -> list[dict[str, str]] | None:
         """Append a scaffold's first turn as if sampled (no sampling log-prob: 0.0, counted in
         `scaffold_tokens`); returns the environment messages to send, or None when finished."""
@@ -205,57 +276,8 @@ async def rollout_batch(
         raise ValueError(f"rollout_batch needs one weight per environment: {len(envs)} environment(s), "
                          f"{len(weights)} weight(s)")
     loop = _Loop(policy, agent_cfg, rollout_cfg)
-    episodes: list[_Episode] = []
-    for question in questions:
-        drawn = envs[draw_environment(seed, step, question.question_id, weights)]
-        described = _description(drawn) if agent_cfg.describe_environment else None
-        prompt_ids = agent_prompt_ids(policy.tokenizer, question.question, described)
-        name = getattr(drawn, "name", "")
-        for index in range(group):
-            episodes.append(_Episode(Trajectory(question.question_id, index, list(prompt_ids), env_name=name), drawn))
-
-    ready: list[_Episode] = list(episodes)
-    pending: dict[asyncio.Task, _Episode] = {}
-    try:
-        if scaffold is not None:  # those members' first turns are written: their calls start at once
-            members = set(scaffolded_members(group, rollout_cfg.scaffold.members))
-            by_id = {q.question_id: q for q in questions}
-            for episode in [e for e in ready if e.trajectory.group_index in members]:
-                ready.remove(episode)
-                messages = loop.absorb_scaffold(episode, scaffold_turn(scaffold, by_id[episode.trajectory.question_id]))
-                if messages is not None:
-                    pending[asyncio.create_task(_call_env(episode.env, messages, 0))] = episode
-        while ready or pending:
-            if not ready:
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                waiting = set(pending) - done
-                if waiting and gather_window_s > 0:
-                    more, _ = await asyncio.wait(waiting, timeout=gather_window_s)
-                    done |= more
-                for task in done:
-                    episode = pending.pop(task)
-                    text, call = task.result()
-                    if loop.absorb_reply(episode, text, call):
-                        ready.append(episode)
-                continue
-            batch, ready = ready, []
-            limits = [min(agent_cfg.max_new_tokens, loop.room(e)) for e in batch]
-            seeds = [draw_seed(seed, step, e.trajectory.question_id, e.trajectory.group_index,
-                               len(e.trajectory.agent_turns)) for e in batch]
-            began = time.time()
-            samples = await asyncio.to_thread(
-                policy.generate, [e.trajectory.prompt_ids + e.trajectory.token_ids for e in batch], limits, seeds)
-            ended = time.time()
-            for episode, sample in zip(batch, samples, strict=True):
-                episode.trajectory.turn_times.append([began, ended])
-                messages = loop.absorb_turn(episode, sample)
-                if messages is not None:
-                    turn = len(episode.env_prompts) - 1
-                    pending[asyncio.create_task(_call_env(episode.env, messages, turn))] = episode
-    finally:
-        for task in pending:
-            task.cancel()
-
+    episodes = loop.episodes(envs, weights, questions, group, seed, step)
+    await loop.drive(episodes, questions, group, seed, step, gather_window_s, scaffold)
     trajectories = [e.trajectory for e in episodes]
     for traj in trajectories:
         if traj.error is None:  # a failure is not an answer
