@@ -76,7 +76,7 @@ def ask(
     agent, environment name), 3 when an environment call failed
     (the episode is still printed, with its `error`)."""
     from prompt_r1 import api
-    from prompt_r1.core.failures import EXIT_CODE, EnvironmentFailure
+    from prompt_r1.core.failures import EnvironmentFailure
     from prompt_r1.serving.service import check_question, pick_environment
 
     cfg = load(config, set_)
@@ -98,9 +98,19 @@ def ask(
         from prompt_r1.serving.observers import report_episode
 
         report_episode("ask", cfg, env_cfg, question, reply.trajectory)
-    report = reply.report(tokens=True)
     failure = (EnvironmentFailure(f"environment {env_cfg.name!r} failed: {reply.error}", env_cfg.name,
                                   reply.error, 1.0) if reply.error else None)
+    _print_reply(reply, failure, as_json)
+    if failure is not None:
+        fail_environment(failure, recorded=False)
+
+
+def _print_reply(reply, failure, as_json: bool) -> None:
+    """The episode on stdout: as the one JSON object (`--json`; a failure adds `exit_code` and exits
+    with it here), or the answer and a line of counts, tokens and cost."""
+    from prompt_r1.core.failures import EXIT_CODE
+
+    report = reply.report(tokens=True)
     if as_json:  # the episode, failed or not, is the one JSON object on stdout
         if failure is not None:
             report["exit_code"] = EXIT_CODE
@@ -109,16 +119,14 @@ def ask(
             err_console.print(f"[bold red]environment failure:[/] {escape_markup(str(failure))}",
                               soft_wrap=True, highlight=False)
             raise typer.Exit(EXIT_CODE)
-    else:
-        usage = report["usage"]
-        traj = reply.trajectory
-        console.print(f"[bold]answer:[/] {escape_markup(reply.answer)}", soft_wrap=True, highlight=False)
-        console.print(f"{len(traj.agent_turns)} agent turns, {len(traj.env_calls)} environment calls, stop "
-                      f"{traj.stop_reason}; tokens: agent {usage['agent_prompt_tokens']}+"
-                      f"{usage['agent_completion_tokens']}, environment {usage['env_prompt_tokens']}+"
-                      f"{usage['env_completion_tokens']}; cost ${report['cost_usd']:.6f}", highlight=False)
-    if failure is not None:
-        fail_environment(failure, recorded=False)
+        return
+    usage = report["usage"]
+    traj = reply.trajectory
+    console.print(f"[bold]answer:[/] {escape_markup(reply.answer)}", soft_wrap=True, highlight=False)
+    console.print(f"{len(traj.agent_turns)} agent turns, {len(traj.env_calls)} environment calls, stop "
+                  f"{traj.stop_reason}; tokens: agent {usage['agent_prompt_tokens']}+"
+                  f"{usage['agent_completion_tokens']}, environment {usage['env_prompt_tokens']}+"
+                  f"{usage['env_completion_tokens']}; cost ${report['cost_usd']:.6f}", highlight=False)
 
 
 @app.command()

@@ -213,8 +213,8 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     it did with the environment (results.md and turns.csv); with both agent checkpoints, what
     training changed (`training_effect`: results.md and training_effect.md). A folder the user named
     is checked first (`check_report_folder`)."""
-    from prompt_r1.evaluation.compare import comparison_table, paired_comparisons, plot_accuracy_vs_cost
-    from prompt_r1.evaluation.heldout import heldout_comparisons, heldout_table
+    from prompt_r1.evaluation.compare import paired_comparisons, plot_accuracy_vs_cost
+    from prompt_r1.evaluation.heldout import heldout_comparisons
 
     mark_report_folder(out_dir)
     files = {"markdown": out_dir / "results.md", "csv": out_dir / "results.csv",
@@ -223,15 +223,8 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     comparisons = paired_comparisons(predictions) if predictions else []
     held_out = split.held_out if split is not None else None
     heldout_rows = heldout_comparisons(predictions, split, suites) if split is not None and predictions else []
-    heldout_md = ("\n## Held-out environments (agent:trained − method, same questions)\n\n"
-                  "Differences x 100 over each suite's datasets; 95% bootstrap interval over questions (the worst "
-                  "environment's interval is that of the minimum).\n\n" + heldout_table(heldout_rows, split)
-                  ) if split is not None else ""
-    paired = ("\n## Paired comparisons (agent:trained − method, same questions)\n\n"
-              "Differences x 100; 95% bootstrap interval over questions; two-sided sign-flip p-value; "
-              "`answers differ`: of the `n` questions, how many got a different final answer; "
-              "`dropped`: questions left out because an environment call failed under either method.\n\n"
-              + comparison_table(comparisons)) if predictions is not None else ""
+    heldout_md = _heldout_section(heldout_rows, split) if split is not None else ""
+    paired = _paired_section(comparisons) if predictions is not None else ""
     effect = _effect_section(results, comparisons, turns)
     if effect:
         files["training_effect"] = out_dir / "training_effect.md"
@@ -247,11 +240,7 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
                                  + (f"\n## Time per stage\n{timing}\n" if timing else ""))
     for name, rows in (("comparisons", comparisons), ("heldout", heldout_rows), ("turns", list(turns or []))):
         if rows:
-            files[name] = out_dir / f"{name}.csv"
-            with files[name].open("w", newline="") as fh:
-                writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-                writer.writeheader()
-                writer.writerows(rows)
+            files[name] = _write_rows(out_dir / f"{name}.csv", rows)
     files["accuracy_vs_cost"] = plot_accuracy_vs_cost(results, out_dir, held_out)
     with files["csv"].open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=LONG_COLUMNS, extrasaction="ignore")
@@ -265,6 +254,33 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     for i, path in enumerate(plot_results(results, out_dir)):
         files[f"plot{i}"] = path
     return files
+
+
+def _heldout_section(rows: list[dict[str, Any]], split: EnvSplit) -> str:
+    from prompt_r1.evaluation.heldout import heldout_table
+
+    return ("\n## Held-out environments (agent:trained − method, same questions)\n\n"
+            "Differences x 100 over each suite's datasets; 95% bootstrap interval over questions (the worst "
+            "environment's interval is that of the minimum).\n\n" + heldout_table(rows, split))
+
+
+def _paired_section(comparisons: list[dict[str, Any]]) -> str:
+    from prompt_r1.evaluation.compare import comparison_table
+
+    return ("\n## Paired comparisons (agent:trained − method, same questions)\n\n"
+            "Differences x 100; 95% bootstrap interval over questions; two-sided sign-flip p-value; "
+            "`answers differ`: of the `n` questions, how many got a different final answer; "
+            "`dropped`: questions left out because an environment call failed under either method.\n\n"
+            + comparison_table(comparisons))
+
+
+def _write_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """`rows` as a CSV with every key any row has, in order of first appearance."""
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
 
 
 def _effect_section(results: list[dict[str, Any]], comparisons: list[dict[str, Any]],

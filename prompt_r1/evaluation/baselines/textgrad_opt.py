@@ -94,11 +94,18 @@ def step_calls(minibatch: int, questions: int) -> int:
     return 3 * minibatch + 1 + questions
 
 
-async def optimise(env, optimizer_env, questions, cfg: BaselinesConfig, budget: Budget) -> Optimised:
-    """Run TextGrad until the budget or `cfg.steps` runs out; returns the best scored instruction."""
+def _feedback(q, reply: str) -> str:
+    """TextGrad's loss text for one reply: its score under the question's rule, the extracted and the correct answer."""
     from prompt_r1.evaluation.answers import extract_cot_answer
     from prompt_r1.evaluation.scoring import primary_scores
 
+    pred = extract_cot_answer(reply)
+    score = primary_scores([pred], [q])[0]
+    return f"score {score:.2f} (1 = correct); extracted answer: {pred!r}; correct answer: {' | '.join(q.golds)}"
+
+
+async def optimise(env, optimizer_env, questions, cfg: BaselinesConfig, budget: Budget) -> Optimised:
+    """Run TextGrad until the budget or `cfg.steps` runs out; returns the best scored instruction."""
     tg = _import_textgrad()
     from textgrad.autograd import LLMCall, StringBasedFunction
 
@@ -108,13 +115,9 @@ async def optimise(env, optimizer_env, questions, cfg: BaselinesConfig, budget: 
     instruction = tg.Variable(SEED_INSTRUCTION, requires_grad=True, role_description=ROLE)
     optimizer = tg.TGD(parameters=[instruction], engine=backward)
 
-    def scorer(q):
-        def feedback(response, golds):
-            pred = extract_cot_answer(response.value)
-            score = primary_scores([pred], [q])[0]
-            return f"score {score:.2f} (1 = correct); extracted answer: {pred!r}; correct answer: {' | '.join(q.golds)}"
-        return StringBasedFunction(feedback, "scores the reply's final 'Answer:' line against the correct answer")
-
+    scorer = (lambda q: StringBasedFunction(
+        lambda response, golds: _feedback(q, response.value),
+        "scores the reply's final 'Answer:' line against the correct answer"))
     m = min(cfg.minibatch, len(questions))
 
     def step(k: int) -> None:
