@@ -138,12 +138,18 @@ def interaction(trajectory, question) -> dict:
     return row
 
 
-class CurveHooks(TrainingHooks):
-    """Per step: the true reward figures (see `ProbedSession.score`) and the learner's metrics."""
+class ArmStopped(Exception):
+    """The registered stop rule ended an arm early (`CurveHooks`)."""
 
-    def __init__(self, session: ProbedSession, total_steps: int):
+
+class CurveHooks(TrainingHooks):
+    """Per step: the true reward figures (see `ProbedSession.score`), the learner's metrics and the
+    task's indicator shares. With a registered `stop_rule` ({metric, first_step, last_step, below})
+    the arm stops after `last_step` when the metric's mean over those steps is below the bound."""
+
+    def __init__(self, session: ProbedSession, total_steps: int, stop_rule: dict | None = None):
         super().__init__(total_steps)
-        self.session, self.curve = session, []
+        self.session, self.curve, self.stop_rule = session, [], stop_rule
 
     def on_step(self, result: StepResult) -> None:
         super().on_step(result)
@@ -153,11 +159,20 @@ class CurveHooks(TrainingHooks):
             "format_valid": true["format_valid_rate"], "turns": true["turns"],
             **{k: result.metrics.get(k) for k in ("kl", "informative_share", "groups_informative", "pg_loss",
                                                    "clip_fraction", "step_time_s", "rollout_time_s")},
-            **{k: v for k, v in true.items() if k.startswith("turn_reward_")}})
+            **{k: v for k, v in true.items() if k.startswith("turn_reward_")},
+            **{k: v for k, v in result.metrics.items() if k.startswith(("indicator_", "scaffolded_"))}})
+        rule = self.stop_rule
+        if rule and result.step + 1 == rule["last_step"]:
+            values = [p.get(rule["metric"]) for p in self.curve if rule["first_step"] <= p["step"] <= rule["last_step"]]
+            values = [v for v in values if v is not None]
+            mean = statistics.fmean(values) if values else 0.0
+            if mean < rule["below"]:
+                raise ArmStopped(f"stop rule: {rule['metric']} averaged {mean:.3f} over steps {rule['first_step']}-"
+                                 f"{rule['last_step']}, below {rule['below']}")
 
 
 def run_arm(cfg: Config, arm: str, home: Path, probe_dataset: str, probe_limit: int | None = None,
-            train: bool = True, keep_agent: Path | None = None) -> dict:
+            train: bool = True, keep_agent: Path | None = None, stop_rule: dict | None = None) -> dict:
     """One training run (arm `trained`, `trained-seedN` or `control`) in a fresh warehouse, probed
     before and after (`train=False`: the untrained probe only); the trained agent is kept in
     `keep_agent` (a folder `prompt-r1 evaluate --agent NAME=FOLDER` loads) and its path recorded:
@@ -181,14 +196,19 @@ def run_arm(cfg: Config, arm: str, home: Path, probe_dataset: str, probe_limit: 
             if not train:
                 return {"arm": arm, "probe_questions": len(probes), "wall_s": round(time.perf_counter() - started, 1),
                         "probe_before": before}
-            hooks = CurveHooks(session, cfg.train.steps)
+            hooks = CurveHooks(session, cfg.train.steps, stop_rule if arm != "control" else None)
             train_started = time.perf_counter()
-            outcome = session.run(hooks)
+            stopped = None
+            try:
+                outcome = session.run(hooks)
+            except ArmStopped as stop:  # reported with the agent as it is at that step, never kept
+                stopped, outcome = str(stop), None
+                log.warning("%s: %s", arm, stop)
             train_s = time.perf_counter() - train_started
             log.info("%s: probing the trained agent", arm)
             after = session.probe(probes)
     agent = None
-    if keep_agent is not None and outcome.agent is not None:
+    if keep_agent is not None and outcome is not None and outcome.agent is not None:
         if keep_agent.exists():  # never overwrite a kept agent: it may be the one a result names
             raise SystemExit(f"{keep_agent} exists; move it away or pass another --agents folder")
         keep_agent.parent.mkdir(parents=True, exist_ok=True)
@@ -199,7 +219,7 @@ def run_arm(cfg: Config, arm: str, home: Path, probe_dataset: str, probe_limit: 
         log.info("%s: trained agent kept in %s", arm, agent)
     return {"arm": arm, "seed": cfg.seed, "train_questions": len(session.train_questions),
             "probe_questions": len(probes), "train_s": round(train_s, 1),
-            "wall_s": round(time.perf_counter() - started, 1), "agent": agent,
+            "wall_s": round(time.perf_counter() - started, 1), "agent": agent, "stopped": stopped,
             "curve": hooks.curve, "probe_before": before, "probe_after": after}
 
 
@@ -256,6 +276,8 @@ def judge(results: dict[str, dict], criteria: dict | None = None) -> dict:
     verdict["format_valid"], verdict["format_valid_by_seed"] = fmt[arms[0]], fmt
     checks["format_kept"] = all(f["after"] >= f["before"] - criteria["max_format_drop"] for f in fmt.values())
     checks["wall_time"] = all(results[arm]["train_s"] <= criteria["max_wall_minutes"] * 60 for arm in arms)
+    if any(results[arm].get("stopped") for arm in arms):  # a stopped arm never passes
+        checks["not_stopped"] = False
     if "control" in results:
         control = results["control"]
         verdict["control_gain"] = compare(control["probe_after"], control["probe_before"], "answer_score", "ctl")
@@ -465,7 +487,7 @@ def main() -> None:
         arm_cfg = cfg.model_copy(update={"seed": seed})
         with tempfile.TemporaryDirectory(prefix=f"learning-{arm}-") as home:
             results[arm] = run_arm(arm_cfg, arm, Path(home), args.probe_dataset, args.probe_limit,
-                                   keep_agent=agents / arm)
+                                   keep_agent=agents / arm, stop_rule=criteria.get("stop_rule"))
         print(f"{arm}: trained {cfg.train.steps} steps in {results[arm]['train_s'] / 60:.1f} min; reward per step "
               + " ".join(f"{p['reward_mean']:+.2f}" for p in results[arm]["curve"]), flush=True)
         # Written after every arm: a long experiment keeps what it finished.

@@ -179,3 +179,19 @@ def test_arms_probed_under_other_question_ids_are_paired_by_their_untrained_prob
     other = dict(control, probe_before=[{**r, "golds": ["elsewhere"]} for r in control["probe_before"]])
     with pytest.raises(ValueError, match="different probe questions"):
         learning.judge({"trained": trained, "control": other})
+
+
+def test_the_stop_rule_stops_an_arm_whose_first_calls_never_decompose():
+    from prompt_r1.training.hooks import StepResult
+
+    rule = {"metric": "indicator_first_hop", "first_step": 2, "last_step": 3, "below": 0.10}
+    true = {"reward_mean": 0.0, "answer_score": 0.0, "format_valid_rate": 1.0, "turns": 2.0}
+    for shares, stops in (([0.0, 0.05, 0.1], True), ([0.0, 0.1, 0.1], False), ([0.5, None, None], True)):
+        hooks = learning.CurveHooks(SimpleNamespace(true_stats=true), 5, rule)
+        raised = False
+        try:
+            for step, share in enumerate(shares):
+                hooks.on_step(StepResult(step, {} if share is None else {"indicator_first_hop": share}, []))
+        except learning.ArmStopped as stop:
+            raised = "below 0.1" in str(stop)
+        assert raised == stops and hooks.curve[-1].get("indicator_first_hop") == shares[-1]
