@@ -195,7 +195,7 @@ def _drop_unset_additions(data: dict[str, Any]) -> None:
     """Leave keys added after runs were recorded out of the hash while they hold their default
     (`agent.describe_environment` off, `agent.device` cpu, an environment's `device` cpu, an empty
     environment `description`, no
-    `eval.environment_suites`), so those runs keep
+    `eval.environment_suites`, a `data.sources` entry's unset `config` / `hf_split`), so those runs keep
     their hash and resume as the same run."""
     if not data["agent"].get("describe_environment"):
         data["agent"].pop("describe_environment", None)
@@ -203,6 +203,11 @@ def _drop_unset_additions(data: dict[str, Any]) -> None:
         data["agent"].pop("device", None)
     if not data["eval"].get("environment_suites"):
         data["eval"].pop("environment_suites", None)
+    for source in data["data"]["sources"]:  # a mapped file's entry: the `hf:` keys, unset
+        if isinstance(source, dict):
+            for key in ("config", "hf_split"):
+                if source.get(key) is None:
+                    source.pop(key, None)
     optimizer = data["eval"].get("baselines", {}).get("optimizer")
     envs = [data["environment"], *data["train"].get("environments", []), *data["eval"]["environments"],
             *([optimizer] if optimizer else [])]
