@@ -144,6 +144,8 @@ def registry_agent_path(uri: str, tracking: str | None = None) -> Path | None:
         version = (client.get_model_version_by_alias(name, alias) if alias
                    else client.get_model_version(name, version_ref))
     except mlflow.exceptions.MlflowException:
+        if alias == CHAMPION and name != LEGACY_MODEL_NAME:
+            _legacy_hint(client, name)
         return None
     # a server's versions are cached apart from the local registry's (the same name and number differ)
     server = [] if is_local(where) else [hashlib.sha256(scrub_uri(where).encode()).hexdigest()[:12]]
@@ -163,6 +165,18 @@ def registry_agent_path(uri: str, tracking: str | None = None) -> Path | None:
             agent.rename(tmp / "agent")
             shutil.rmtree(tmp / "download", ignore_errors=True)
     return target / "agent"
+
+
+def _legacy_hint(client: MlflowClient, name: str) -> None:
+    """Say so when a config has no champion but the registry holds one of `prompt-r1-agent`, the
+    model every config registered into before one model a config: its agent is not taken silently."""
+    try:
+        client.get_model_version_by_alias(LEGACY_MODEL_NAME, CHAMPION)
+    except mlflow.exceptions.MlflowException:
+        return
+    log.warning("no champion of %s yet; this registry holds %s@%s, registered by an earlier prompt-r1 for every "
+                "config: pass --agent models:/%s@%s, or copy it into %s (docs/using-an-agent.md, \"Migrating\")",
+                name, LEGACY_MODEL_NAME, CHAMPION, LEGACY_MODEL_NAME, CHAMPION, name)
 
 
 def _agent_artifact(model_dir: Path) -> Path:

@@ -179,3 +179,23 @@ def test_a_configs_tracking_uri_registers_and_serves_its_champion(server, home, 
     assert folder.parent.name == "v2" and (folder / "model.safetensors").read_bytes() == \
         (agent / "model.safetensors").read_bytes()
     assert not (home / "mlflow.db").exists()  # the download cache only: no local store
+
+
+def test_a_home_holding_the_old_shared_model_is_told_how_to_migrate(home, tmp_path, caplog):
+    """A registry with `prompt-r1-agent@champion` (every config's model before one model a config) and
+    no champion of the config's own: the config's default agent is not the old one, and a warning
+    says how to take it."""
+    from mlflow import MlflowClient
+
+    from tasks.tracking.registry import LEGACY_MODEL_NAME, registry_agent_path
+    from tasks.tracking.runs import setup_mlflow
+
+    setup_mlflow("smoke")
+    client = MlflowClient()
+    client.create_registered_model(LEGACY_MODEL_NAME)
+    version = client.create_model_version(LEGACY_MODEL_NAME, source=str(tmp_path))
+    client.set_registered_model_alias(LEGACY_MODEL_NAME, "champion", version.version)
+    with caplog.at_level(logging.WARNING, logger="tasks.tracking.registry"):
+        assert registry_agent_path("models:/prompt-r1-smoke@champion") is None
+    assert "no champion of prompt-r1-smoke" in caplog.text and "models:/prompt-r1-agent@champion" in caplog.text
+    assert "Migrating" in caplog.text
