@@ -100,23 +100,28 @@ def rerun(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline, t
 def rerun_mlflow_run(run_id: str) -> dict:
     """Re-execute the flow of an MLflow run from its logged resolved config and agents."""
     from prompt_r1.config.experiment import runs_home
+    from prompt_r1.config.tracking import scrub_uri
+    from tasks.tracking.runs import is_local, setup_mlflow, tracking_uri
 
-    if not (runs_home() / "mlflow.db").is_file():  # looking a run up must not create an empty store
+    where = tracking_uri()  # MLFLOW_TRACKING_URI, else the run home's store
+    if is_local(where) and not (runs_home() / "mlflow.db").is_file():  # a look-up must not create an empty store
         fail(f"no MLflow run {run_id}: nothing has been tracked under {runs_home()} (no mlflow.db; "
-              "PROMPT_R1_HOME points elsewhere?). Runs are tracked by `prompt-r1 pipeline` and `run-flow`")
+              "PROMPT_R1_HOME points elsewhere, or the run is on a tracking server: set MLFLOW_TRACKING_URI). "
+              "Runs are tracked by `prompt-r1 pipeline` and `run-flow`")
     import mlflow
     from mlflow import MlflowClient
 
     from flows.evaluate import evaluate_flow
     from flows.pipeline import pipeline_flow
     from flows.train import train_flow
-    from tasks.tracking.runs import setup_mlflow, tracking_uri
 
-    mlflow.set_tracking_uri(tracking_uri())
+    mlflow.set_tracking_uri(where)
     try:
         run = MlflowClient().get_run(run_id)
     except Exception:
-        fail(f"no MLflow run {run_id} in {tracking_uri()} (see `mlflow ui --backend-store-uri {tracking_uri()}`)")
+        shown = scrub_uri(where)
+        fail(f"no MLflow run {run_id} in {shown}" + (f" (see `mlflow ui --backend-store-uri {shown}`)"
+                                                      if is_local(where) else ""))
     flow_name = run.data.tags.get("flow")
     tmp = Path(tempfile.mkdtemp(prefix="rerun-"))
     local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="config/resolved_config.yaml",

@@ -44,7 +44,7 @@ def evaluate_flow(config: str = "configs/smoke.yaml", agents: dict[str, str] | N
     `ingest=False`: the caller has ingested `data.sources` already (the pipeline, once per run).
     """
     cfg = load_config(config, overrides)
-    setup_mlflow(cfg.name)
+    setup_mlflow(cfg.name, cfg.tracking.uri)
     db = str(default_db_path())
     if ingest:
         ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)

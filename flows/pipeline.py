@@ -29,7 +29,7 @@ def pipeline_flow(config: str = "configs/demo.yaml", data: str | None = None,
                   overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the whole job for one config; `data` adds a folder (e.g. path/to/prompt-r1-data)."""
     cfg = load_config(config, overrides)
-    setup_mlflow(cfg.name)
+    setup_mlflow(cfg.name, cfg.tracking.uri)
     db = str(default_db_path())
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()

@@ -67,7 +67,7 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
     """Train the agent with GRPO; returns the MLflow run id, final checkpoint and validation.
     `ingest=False`: the caller has ingested `data.sources` already (the pipeline, once per run)."""
     cfg = load_config(config, overrides)
-    exp_id = setup_mlflow(cfg.name)
+    exp_id = setup_mlflow(cfg.name, cfg.tracking.uri)
     db = str(default_db_path())
     if ingest:
         ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)
@@ -114,8 +114,10 @@ def _train(cfg: Config, config: str, wh: Warehouse, run_id: str, questions: Trai
         publish_training_metrics(hooks.history)
     # never registered (or promoted) on a score computed from failures
     final = outcome.agent
-    version, champion = (register_agent(run_id, final, registration_score(outcome.validation, bool(questions.validation)))
+    version, champion = (register_agent(run_id, final, registration_score(outcome.validation, bool(questions.validation)),
+                                        model_name=cfg.registered_model())
                          if final else (None, False))
-    mlflow.set_tags({"registered_version": str(version), "champion": str(champion)})
+    mlflow.set_tags({"registered_model": cfg.registered_model(), "registered_version": str(version),
+                     "champion": str(champion)})
     session.mark_finished()
     return outcome, version, champion

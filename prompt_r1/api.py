@@ -244,8 +244,8 @@ class Agent:
 
 def load_agent(spec: str | None, cfg: Config) -> Agent:
     """The agent `spec` names (bundled name, folder, run id, `models:/` URI when a registry scheme
-    is installed, hub id; None: the registered champion, else `agent.model`). Raises
+    is installed, hub id; None: the config's registered champion, else `agent.model`). Raises
     `AgentSpecError` naming the forms it accepts."""
     from prompt_r1.models.resolver import resolve_agent
 
-    return Agent(resolve_agent(spec, default_model=cfg.agent.model, config_name=cfg.name), cfg)
+    return Agent(resolve_agent(spec, default_model=cfg.agent.model, cfg=cfg), cfg)

@@ -101,15 +101,19 @@ def main() -> int:
     print("Stage timings (s): " + json.dumps({"models": round(model_s, 1),
           **{k: round(v, 1) for k, v in result["seconds"].items()}, "total": round(total, 1)}))
     print(f"Plots and tables: {report.parent}")
-    print(f"Registered agent: prompt-r1-agent version {result['train']['model_version']}"
+    print(f"Registered agent: {base.registered_model()} version {result['train']['model_version']}"
           f" (champion: {result['train']['champion']})")
     from mlflow import MlflowClient
-    from tasks.tracking.runs import compare_url, tracking_uri
+    from prompt_r1.config.tracking import scrub_uri
+    from tasks.tracking.runs import compare_url, is_local, tracking_uri
 
-    experiment = MlflowClient(tracking_uri()).get_experiment_by_name(base.name)
+    where = tracking_uri(base.tracking.uri)
+    experiment = MlflowClient(where).get_experiment_by_name(base.name)
+    shown = scrub_uri(where)  # a server's URI from the environment may hold a password
+    ui = (f"  .venv/bin/mlflow ui --backend-store-uri {where} --port 5000\n  then open {compare_url(experiment.experiment_id)}"
+          if is_local(where) else f"  open {compare_url(experiment.experiment_id, shown.rstrip('/'))}")
     print("Look at the runs:\n"
-          f"  .venv/bin/mlflow ui --backend-store-uri {tracking_uri()} --port 5000\n"
-          f"  then open {compare_url(experiment.experiment_id)}\n"
+          f"{ui}\n"
           "  (the environment LLMs side by side: evaluation runs grouped by environment and method, headline charts)\n"
           "  .venv/bin/prefect server start   # then http://127.0.0.1:4200 (see docs/deployments.md)")
     return 0

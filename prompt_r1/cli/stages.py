@@ -23,11 +23,14 @@ def ingest(
     sources: list[str] = typer.Argument(..., help="Files/folders (Parquet, JSONL), hf:NAME, or verifiers:ENV_ID "
                                         "(an installed verifiers environment; its rubric scores the dataset)."),
     db: Optional[Path] = DbOpt,
-    question_col: str = typer.Option("question", help="hf: column with the question."),
-    answers_col: str = typer.Option("answers", help="hf: column with the gold answer(s)."),
+    question_col: str = typer.Option("question", help="hf: column with the question (a dotted path walks into a "
+                                     "struct column)."),
+    answers_col: str = typer.Option("answers", help="hf: column with the gold answer(s), e.g. answers.text."),
     task_family: str = typer.Option("standard_qa", help="hf: task family of the dataset."),
-    split: str = typer.Option("test", help="hf: split to record (train / test / ood)."),
+    split: Optional[str] = typer.Option(None, help="hf: split to file the questions under (train / test / ood); "
+                                        "default: train for the train split, test for any other."),
     hf_split: str = typer.Option("train", help="hf: split of the HF dataset to load."),
+    hf_config: Optional[str] = typer.Option(None, "--hf-config", help="hf: the dataset's configuration (gsm8k's main)."),
     max_question_chars: int = typer.Option(
         DataConfig.model_fields["max_question_chars"].default, min=1,
         help="Longest question accepted (characters); a longer row is an error naming it."),
@@ -35,17 +38,24 @@ def ingest(
 ) -> None:
     """Ingest datasets into the warehouse: one question per source row. Re-ingesting an unchanged
     source is a no-op; a changed one updates its questions in place and says how many."""
-    from prompt_r1.data.ingest import ingest as ingest_paths, ingest_hf
+    from pydantic import ValidationError
+
+    from prompt_r1.config.sampling import DataSource
+    from prompt_r1.data.ingest import ingest as ingest_paths, ingest_hf_source
     from prompt_r1.data.rows import IngestError
 
     with _open_db(db, wait_s=lock_wait) as wh:
         reports = []
         try:
             for source in sources:
-                if source.startswith("hf:"):
-                    reports.append(ingest_hf(wh, source[3:], max_question_chars, question_col=question_col,
-                                             answers_col=answers_col, task_family=task_family,
-                                             split=split, hf_split=hf_split))
+                if source.startswith("hf:"):  # the same entry a config's data.sources takes
+                    try:
+                        entry = DataSource(path=source, config=hf_config, hf_split=hf_split, split=split,
+                                           task_family=task_family,
+                                           columns={"question": question_col, "answers": answers_col})
+                    except ValidationError as err:
+                        fail(f"{source}: {'; '.join(e['msg'] for e in err.errors())}")
+                    reports.append(ingest_hf_source(wh, entry, source, max_question_chars))
                 else:
                     reports.extend(ingest_paths(wh, [source], max_question_chars))
         except IngestError as err:

@@ -19,8 +19,8 @@ from prompt_r1.cli.common import (
 from prompt_r1.config.experiment import logs_dir
 
 AgentSpecOpt = typer.Option(None, "--agent", help="Agent: a bundled model name, a folder, a training run id, or "
-                             "models:/prompt-r1-agent@champion (default: the registry's champion when there is "
-                             "one, else the config's agent.model).")
+                             "models:/NAME@champion (default: this config's champion, models:/prompt-r1-<config name>@champion or "
+                             "tracking.registered_model's, when there is one, else the config's agent.model).")
 
 
 def escape_markup(text: str) -> str:

@@ -25,11 +25,12 @@ from prompt_r1.config.base import SAFE_NAME, ConfigError, SafeName, StrictModel
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.config.evaluation import BaselinesConfig, EvalConfig
 from prompt_r1.config.sampling import AgentConfig, DataConfig, LoraConfig, RewardConfig, RolloutConfig
+from prompt_r1.config.tracking import TrackingConfig, default_registered_model, scrub_uri
 from prompt_r1.config.training import LAYOUT_KEYS, TrainConfig
 
 # the sections, importable from here as before the split
 __all__ = ["AgentConfig", "BaselinesConfig", "Config", "ConfigError", "DataConfig", "EnvConfig", "EvalConfig",
-           "LAYOUT_KEYS", "LoraConfig", "RewardConfig", "RolloutConfig", "TrainConfig", "default_db_path", "flatten",
+           "LAYOUT_KEYS", "LoraConfig", "RewardConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "default_db_path", "flatten",
            "load_config", "logs_dir", "new_run_id", "parse_config", "parse_overrides", "run_dir", "runs_home"]
 
 
@@ -64,6 +65,11 @@ class Config(StrictModel):
     eval: EvalConfig = Field(
         default_factory=EvalConfig,
         description="Evaluation: methods x datasets x environment LLMs, the agents compared and their decoding.",
+    )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig,
+        description="Where runs are tracked (MLflow tracking and registry URI) and the registered model of the "
+        "trained agents; never part of the run's identity.",
     )
 
     @model_validator(mode="after")
@@ -109,9 +115,15 @@ class Config(StrictModel):
         data["eval"].pop("agent_placement")  # where evaluation's engines run, not what they answer
         data["rollout"].pop("actor_restarts")  # whether a step survives a dead actor, not what it computes
         data["rollout"].pop("gpus_per_worker")  # how much of a GPU an actor reserves, not what it samples
+        data.pop("tracking")  # where a run is recorded and registered, not what it computes
         _drop_unset_additions(data)
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def registered_model(self) -> str:
+        """The registered model this config's agents join (`tracking.registered_model`, else
+        `prompt-r1-<name>`): its versions alone compete for its `champion` alias."""
+        return self.tracking.registered_model or default_registered_model(self.name)
 
     def flat(self) -> dict[str, Any]:
         """Dotted-key view for MLflow params."""
@@ -183,7 +195,8 @@ def _drop_unset_additions(data: dict[str, Any]) -> None:
     """Leave keys added after runs were recorded out of the hash while they hold their default
     (`agent.describe_environment` off, `agent.device` cpu, an environment's `device` cpu, an empty
     environment `description`, no
-    `eval.environment_suites`, no `rollout.scaffold`, no `reward.turn.indicators`), so those runs keep
+    `eval.environment_suites`, no `rollout.scaffold`, no `reward.turn.indicators`, a `data.sources`
+    entry's unset `config` / `hf_split`), so those runs keep
     their hash and resume as the same run."""
     if not data["agent"].get("describe_environment"):
         data["agent"].pop("describe_environment", None)
@@ -195,6 +208,11 @@ def _drop_unset_additions(data: dict[str, Any]) -> None:
         data["rollout"].pop("scaffold")
     if "turn" in data["reward"] and data["reward"]["turn"]["indicators"] is None:
         data["reward"]["turn"].pop("indicators")
+    for source in data["data"]["sources"]:  # a mapped file's entry: the `hf:` keys, unset
+        if isinstance(source, dict):
+            for key in ("config", "hf_split"):
+                if source.get(key) is None:
+                    source.pop(key, None)
     optimizer = data["eval"].get("baselines", {}).get("optimizer")
     envs = [data["environment"], *data["train"].get("environments", []), *data["eval"]["environments"],
             *([optimizer] if optimizer else [])]
@@ -230,7 +248,8 @@ def _format_errors(err: ValidationError, source: str) -> str:
         if e["type"] == "extra_forbidden":
             lines.append(f"  unknown key `{key}` (check the spelling; see configs/smoke.yaml)")
         else:
-            lines.append(f"  `{key}`: {e['msg']} (got {e.get('input')!r})")
+            given = e.get("input")  # a URI's password is never echoed
+            lines.append(f"  `{key}`: {e['msg']} (got {(scrub_uri(given) if isinstance(given, str) else given)!r})")
     return "\n".join(lines)
 
 

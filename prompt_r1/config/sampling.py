@@ -28,10 +28,21 @@ class SourceColumns(StrictModel):
         description="Columns handed to the dataset's scorer as the row's metadata (a dict, column -> value).")
 
 
-class DataSource(StrictModel):
-    """A user's own Parquet, JSONL or CSV file and how its columns map to questions (docs/tasks.md)."""
+HF_PREFIX = "hf:"
 
-    path: str = Field(..., min_length=1, description="The file (.parquet, .jsonl or .csv), relative to the working directory.")
+
+class DataSource(StrictModel):
+    """A user's own Parquet, JSONL or CSV file, or a Hugging Face dataset (`hf:`), and how its
+    columns map to questions (docs/tasks.md)."""
+
+    path: str = Field(..., min_length=1, description="The file (.parquet, .jsonl or .csv), relative to the working "
+                      "directory, or `hf:NAME` (a hub dataset) / `hf:FOLDER` (a dataset saved with `save_to_disk`). "
+                      "An `hf:` source's columns may be dotted paths into struct columns (`answers.text`).")
+    config: str | None = Field(None, min_length=1, description="hf: the dataset's configuration (gsm8k's `main`); "
+                               "None = its default.")
+    hf_split: str | None = Field(None, min_length=1, description="hf: the split of the dataset to load (`train`, "
+                                 "`validation`, `test`); None = `train`. Its questions are filed under `split`, which "
+                                 "defaults to `train` for a `train` split and `test` for any other.")
     dataset: SafeName | None = Field(None, description="Dataset name of its questions; None = the file's stem.")
     split: Literal["train", "test", "ood"] | None = Field(
         None, description="Split of every row (unless `columns.split` names a column); None = `train` under a "
@@ -52,6 +63,16 @@ class DataSource(StrictModel):
         None, description="Built-in metric that scores its questions when no `scorer` is set; None = f1.")
 
     @model_validator(mode="after")
+    def _hf_keys_for_hf_sources(self) -> "DataSource":
+        if not self.path.startswith(HF_PREFIX):
+            for key in ("config", "hf_split"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"`{key}` is for Hugging Face sources (`path: hf:NAME`), not the file {self.path}")
+        elif self.path == HF_PREFIX:
+            raise ValueError("`path: hf:` names no dataset: write hf:NAME or hf:path/to/saved_dataset")
+        return self
+
+    @model_validator(mode="after")
     def _one_scoring_rule(self) -> "DataSource":
         if self.scorer and self.primary_metric:
             raise ValueError(f"`scorer` ({self.scorer}) and `primary_metric` ({self.primary_metric}) both set: a "
@@ -63,9 +84,11 @@ class DataConfig(StrictModel):
     sources: list[str | DataSource] = Field(
         default_factory=lambda: ["data/sample"],
         description="What to ingest: files or folders (Prompt-R1 Parquet layout, JSONL with question/answers/"
-        "task_family fields), `hf:NAME`, `verifiers:ENV_ID` (an installed verifiers environment; the `verifiers` "
-        "extra), or a mapping for your own Parquet / JSONL / CSV file: `path`, `dataset`, `split`, `columns` "
-        "(`question`, `answers`, `id`, `split`, `metadata`), `answers_separator`, `scorer` (docs/tasks.md).",
+        "task_family fields), `hf:NAME` (a Hugging Face dataset's train split with `question`/`answers` columns), "
+        "`verifiers:ENV_ID` (an installed verifiers environment; the `verifiers` extra), or a mapping for your own "
+        "Parquet / JSONL / CSV file or an `hf:` dataset: `path`, `dataset`, `split`, `columns` (`question`, `answers`, "
+        "`id`, `split`, `metadata`), `answers_separator`, `scorer`, and for `hf:` `config` and `hf_split` "
+        "(docs/tasks.md).",
     )
     train_datasets: list[str] = Field(
         default_factory=list,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from prompt_r1.config.sampling import DataSource
+from prompt_r1.config.sampling import HF_PREFIX, DataSource
 from prompt_r1.core.scorer import resolved_spec
 from prompt_r1.data.files import READERS
 from prompt_r1.data.mapped import mapping_text, read_mapped, source_path
@@ -113,7 +113,11 @@ def ingest(wh: Warehouse, sources: Iterable[str | Path | DataSource],
     with its column mapping (`DataSource`); each file is its own transaction, so earlier ones stay."""
     reports = []
     for i, source in enumerate(sources):
-        if isinstance(source, DataSource):
+        if str(source).startswith(HF_PREFIX):  # a bare `hf:NAME`: the entry's defaults
+            source = DataSource(path=str(source))
+        if isinstance(source, DataSource) and source.path.startswith(HF_PREFIX):
+            reports.append(ingest_hf_source(wh, source, f"data.sources[{i}]", max_question_chars))
+        elif isinstance(source, DataSource):
             reports.append(ingest_mapped(wh, source, f"data.sources[{i}]", max_question_chars))
         elif str(source).startswith(VERIFIERS):
             reports.extend(ingest_verifiers(wh, str(source)[len(VERIFIERS):], max_question_chars))
@@ -163,5 +167,25 @@ def ingest_hf(wh: Warehouse, name: str, max_question_chars: int = MAX_QUESTION_C
               **mapping: str) -> IngestReport:
     label, content_hash, table = read_hf(name, max_question_chars=max_question_chars, **mapping)
     if wh.source_ingested(content_hash):
+        return IngestReport(label, table.column("dataset")[0].as_py(), 0, True)
+    return _store(wh, label, content_hash, table)
+
+
+def ingest_hf_source(wh: Warehouse, source: DataSource, setting: str = "data.sources[]",
+                     max_question_chars: int = MAX_QUESTION_CHARS) -> IngestReport:
+    """An `hf:` entry of `data.sources` or of `prompt-r1 ingest` (`prompt_r1.data.hf`); its scorer
+    is loaded first, so one that cannot be imported is named before anything is written."""
+    from prompt_r1.core.scorer import ScorerError
+    from prompt_r1.data.hf import read_hf_source
+    from prompt_r1.data.scorers import answer_scorer
+
+    if source.scorer:
+        try:
+            answer_scorer(resolved_spec(source.scorer))
+        except ScorerError as err:
+            raise IngestError(f"{setting}.scorer: {err}") from None
+    label, content_hash, table = read_hf_source(source, setting, max_question_chars)
+    if wh.source_ingested(content_hash):
+        log.info("already ingested, skipping: %s", label)
         return IngestReport(label, table.column("dataset")[0].as_py(), 0, True)
     return _store(wh, label, content_hash, table)

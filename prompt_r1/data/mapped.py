@@ -34,6 +34,9 @@ def mapping_text(source: DataSource) -> str:
     resolved, so the same entry run from another folder is another source only when it means
     another file)."""
     data = source.model_dump(mode="json")
+    for key in ("config", "hf_split"):  # the `hf:` keys, unset: a file's hash as before they existed
+        if data[key] is None:
+            del data[key]
     if source.scorer:
         data["scorer"] = resolved_spec(source.scorer)
     return json.dumps(data, sort_keys=True)

@@ -25,9 +25,12 @@ the base and how to point it elsewhere. The merged agent (base + adapter, the to
 training config the adapter carries) is cached under the models home, keyed by a hash of the
 adapter's files and the base's identity, built atomically and reused.
 
-`resolve_agent(None, default_model=...)` is the default agent: the registry's champion
-(`DEFAULT_REGISTRY_URI`) when a registry is installed and holds one, else `default_model`
-(usually the config's `agent.model`). `resolve_agents` applies it to evaluation's labelled
+`resolve_agent(None, default_model=..., cfg=...)` is the default agent: the config's champion
+(`models:/<registered model>@champion`, the config's `Config.registered_model()`, by default
+`prompt-r1-<config name>`; one registered model a config, so one task's agent never answers for
+another) when a registry is installed and holds one, else `default_model` (usually the config's
+`agent.model`). A config's `tracking.uri` is handed to the registry's resolver as its second
+argument, so the champion is looked up where that config registers. `resolve_agents` applies it to evaluation's labelled
 agents (`eval.agent_checkpoints`, `--agent LABEL=SPEC`). `training_config_file` finds the config a
 resolved agent was trained with (evaluation reads its training pool to mark held-out environments).
 """
@@ -41,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from prompt_r1.config.experiment import runs_home
 from prompt_r1.config.base import SAFE_NAME
+from prompt_r1.config.tracking import champion_uri, default_registered_model
 from prompt_r1.models.agent_files import ADAPTER_CONFIG, HUB_ID, AgentSpecError
 from prompt_r1.models.bundled import BUNDLED_NAMES
 
@@ -49,25 +53,41 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REGISTRY_URI = "models:/prompt-r1-agent@champion"
 BUNDLED = BUNDLED_NAMES
 # Files that mark a folder under the run home as a training run (not the model cache or registry).
 RUN_MARKERS = ("run.json", "agent", "checkpoints")
-# scheme -> function(uri) returning the local agent folder, or None when the registry lacks it.
-SchemeResolver = Callable[[str], "Path | None"]
+# scheme -> function(uri[, tracking uri]) returning the local agent folder, or None when the
+# registry lacks it; the second argument comes only from a config that sets `tracking.uri`.
+SchemeResolver = Callable[..., "Path | None"]
 _schemes: dict[str, SchemeResolver] = {}
 
 
 def accepted_forms() -> str:
     """The spec forms, for error messages."""
     return (f"a bundled model ({', '.join(BUNDLED)}), a folder (HF model, LoRA adapter or training run), a training "
-            f"run id (a folder {runs_home()}/<config>/<run id>), a registry URI ({DEFAULT_REGISTRY_URI}, "
-            "models:/prompt-r1-agent/VERSION), or a Hugging Face hub id (org/name)")
+            f"run id (a folder {runs_home()}/<config>/<run id>), a registry URI (models:/prompt-r1-<config>@champion, "
+            "models:/prompt-r1-<config>/VERSION), or a Hugging Face hub id (org/name)")
 
 
 def register_scheme(scheme: str, resolver: SchemeResolver) -> None:
     """Let `scheme:/...` specs resolve through `resolver` (installed by a higher layer)."""
     _schemes[scheme] = resolver
+
+
+def _lookup(scheme: str, spec: str, tracking: str | None) -> "Path | None":
+    return _schemes[scheme](spec, tracking) if tracking else _schemes[scheme](spec)
+
+
+def config_champion(cfg: "Config | None" = None, config_name: str | None = None) -> str | None:
+    """The champion URI a config's default agent is: `cfg`'s registered model, else the default
+    registered model of `config_name`; None without either.
+
+    >>> config_champion(config_name="demo")
+    'models:/prompt-r1-demo@champion'
+    """
+    if cfg is not None:
+        return champion_uri(cfg.registered_model())
+    return champion_uri(default_registered_model(config_name)) if config_name else None
 
 
 def spec_scheme(spec: str) -> str | None:
@@ -157,24 +177,29 @@ def find_run(run_id: str, config_name: str | None = None, home: Path | None = No
 
 
 def resolve_agent(spec: str | None, default_model: str | None = None, config_name: str | None = None,
-                  merge_adapter: bool = True) -> Path | str:
+                  merge_adapter: bool = True, cfg: "Config | None" = None) -> Path | str:
     """The local HF folder of the agent `spec` names, or a hub id as given (see the module
     docstring for the forms). `merge_adapter=False` returns an adapter folder as it is, once its base
-    is found (a check: merging takes a while)."""
+    is found (a check: merging takes a while). `cfg` (or `config_name`) picks the champion taken when
+    `spec` is empty and the registry `models:/` specs are looked up in."""
+    config_name = config_name or (cfg.name if cfg is not None else None)
+    tracking = cfg.tracking.uri if cfg is not None else None
     if spec is None or spec == "":
-        if "models" in _schemes:
-            champion = _schemes["models"](DEFAULT_REGISTRY_URI)
+        champion_spec = config_champion(cfg, config_name)
+        if "models" in _schemes and champion_spec is not None:
+            champion = _lookup("models", champion_spec, tracking)
             if champion is not None:
                 return Path(champion)
         if default_model is None:
-            raise AgentSpecError(f"no agent given and no champion registered: pass --agent SPEC, {accepted_forms()}")
+            raise AgentSpecError(f"no agent given and no champion registered ({champion_spec or 'no config'}): "
+                                 f"pass --agent SPEC, {accepted_forms()}")
         return resolve_agent(default_model, config_name=config_name, merge_adapter=merge_adapter)
     scheme = spec_scheme(spec)
     if scheme is not None:
         if scheme not in _schemes:
             raise AgentSpecError(f"agent {spec!r}: no resolver for `{scheme}:/` URIs here; use the `prompt-r1` "
                                  "command (it installs the MLflow registry) or pass a folder or run id")
-        found = _schemes[scheme](spec)
+        found = _lookup(scheme, spec, tracking)
         if found is None:
             raise AgentSpecError(f"agent {spec!r}: not in the registry (no such model, version or alias); "
                                  "agents are registered by the `train` and `pipeline` flows")
@@ -196,13 +221,13 @@ def resolve_agent(spec: str | None, default_model: str | None = None, config_nam
     raise AgentSpecError(f"agent {spec!r} is not {accepted_forms()}")
 
 
-def check_agent_spec(spec: str, config_name: str | None = None) -> None:
+def check_agent_spec(spec: str, config_name: str | None = None, cfg: "Config | None" = None) -> None:
     """Raise `AgentSpecError` when `spec` names no agent, or `ModelLoadError` when it is a hub id the
     hub cannot serve now (offline), without building a bundled model or merging an adapter (a check
     that takes a moment, before a run starts anything: Ray, actors, learner ranks)."""
     if spec in BUNDLED:
         return
-    found = resolve_agent(spec, config_name=config_name, merge_adapter=False)
+    found = resolve_agent(spec, config_name=config_name, merge_adapter=False, cfg=cfg)
     if isinstance(found, str):  # taken as a hub id
         from prompt_r1.models.bundled import check_model_source
 
@@ -215,7 +240,7 @@ def resolve_agents(cfg: Config, given: Mapping[str, str] | None = None,
     then each remaining label of `given` (label -> spec, e.g. from `--agent LABEL=SPEC`).
 
     A label resolves to its spec in `given` when there is one, else: `base` -> the config's
-    `agent.model`; `champion` -> the registry's champion; `trained` -> skipped with a warning
+    `agent.model`; `champion` -> the config's champion (`config_champion`); `trained` -> skipped with a warning
     (only a training run has one); anything else is itself a spec, labelled by `spec_label`.
     """
     given = dict(given or {})
@@ -226,7 +251,7 @@ def resolve_agents(cfg: Config, given: Mapping[str, str] | None = None,
         elif label == "base":
             specs[label] = cfg.agent.model
         elif label == "champion":
-            specs[label] = DEFAULT_REGISTRY_URI
+            specs[label] = config_champion(cfg)
         elif label == "trained":
             log.warning("no trained agent given; skipping agent `trained` (pass --agent trained=SPEC)")
         else:
@@ -234,5 +259,5 @@ def resolve_agents(cfg: Config, given: Mapping[str, str] | None = None,
     for label, spec in given.items():
         specs.setdefault(label, spec)
     for spec in specs.values():  # every spec checked before any bundled model is built (minutes)
-        check_agent_spec(spec, cfg.name)
-    return {label: str(resolve_agent(spec, config_name=cfg.name)) for label, spec in specs.items()}
+        check_agent_spec(spec, cfg.name, cfg=cfg)
+    return {label: str(resolve_agent(spec, config_name=cfg.name, cfg=cfg)) for label, spec in specs.items()}

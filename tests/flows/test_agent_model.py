@@ -1,6 +1,7 @@
-"""The registered `prompt-r1-agent` is a real MLflow model: logged as pyfunc with the agent folder,
-loaded back from `models:/prompt-r1-agent@champion`, answering like the library does; the
-`champion` alias still marks the best validation score; `mlflow models serve` serves it."""
+"""A config's registered agent (`prompt-r1-smoke` for configs/smoke.yaml) is a real MLflow model:
+logged as pyfunc with the agent folder, loaded back from `models:/prompt-r1-smoke@champion`,
+answering like the library does; the `champion` alias still marks the best validation score;
+`mlflow models serve` serves it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 from prompt_r1.config.experiment import load_config
 
-CHAMPION = "models:/prompt-r1-agent@champion"
+CHAMPION = "models:/prompt-r1-smoke@champion"
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def registry(home, monkeypatch):
     for score in (0.5, 0.2, 0.7):  # the middle one must not take the alias
         with mlflow.start_run() as run:
             versions.append(register_agent(run.info.run_id, agent, score, cfg))
-        registered = mlflow.MlflowClient().get_model_version("prompt-r1-agent", versions[-1][0])
+        registered = mlflow.MlflowClient().get_model_version("prompt-r1-smoke", versions[-1][0])
         assert registered.run_id == run.info.run_id  # the version stays linked to its training run
     monkeypatch.setattr(agent_resolver, "_schemes", {})
     return cfg, agent, versions
@@ -97,12 +98,12 @@ def test_champion_is_a_pyfunc_model_that_answers(registry):
     shutil.rmtree(folder)                                                 # a download cut short earlier
     (folder.parent / "partial.bin").write_text("x")
     assert resolve_agent(CHAMPION) == folder and [p.name for p in folder.parent.iterdir()] == ["agent"]
-    assert resolve_agent(None, default_model="tiny") == folder            # default: the champion
-    assert resolve_agent("models:/prompt-r1-agent/2").parent.name == "v2"
+    assert resolve_agent(None, default_model="tiny", cfg=cfg) == folder   # default: the config's champion
+    assert resolve_agent("models:/prompt-r1-smoke/2").parent.name == "v2"
     from prompt_r1.models.resolver import AgentSpecError
 
     with pytest.raises(AgentSpecError, match="not in the registry"):
-        resolve_agent("models:/prompt-r1-agent@nobody")
+        resolve_agent("models:/prompt-r1-smoke@nobody")
 
 
 @pytest.mark.slow

@@ -85,7 +85,7 @@ def test_pipeline_flow_end_to_end_and_rerun(prefect_api, home, monkeypatch):
     assert {r.data.tags["env_model"] for r in env_runs} == {"tiny"}
     method_runs = [r for r in runs if r.data.tags.get("mlflow.parentRunId") in {e.info.run_id for e in env_runs}]
     assert {r.data.tags["method"] for r in method_runs} >= {"direct", "cot", "agent:base", "agent:trained"}
-    version = client.get_model_version_by_alias("prompt-r1-agent", "champion")
+    version = client.get_model_version_by_alias("prompt-r1-smoke", "champion")  # the config's own model
     assert version.run_id == train_run.info.run_id
     assert "eval-tiny-env" in by_name
 

@@ -17,12 +17,13 @@ import pytest
 from typer.testing import CliRunner
 
 from prompt_r1.models import bundled as models, resolver as agent_resolver
-from prompt_r1.models.resolver import (BUNDLED, DEFAULT_REGISTRY_URI, AgentSpecError, parse_labelled_specs,
-                                      resolve_agent, resolve_agents, spec_label)
+from prompt_r1.models.resolver import (BUNDLED, AgentSpecError, parse_labelled_specs, resolve_agent,
+                                      resolve_agents, spec_label)
 from prompt_r1.config.experiment import load_config, new_run_id
 from prompt_r1.training.run_folder import find_resumable, open_run
 
 ROOT = Path(__file__).resolve().parents[2]
+SMOKE_CHAMPION = "models:/prompt-r1-smoke@champion"  # configs/smoke.yaml's registered model's champion
 
 
 def _hf(path: Path) -> Path:
@@ -67,8 +68,8 @@ def _random_home(rng: random.Random, home: Path, tmp: Path, registry: dict[str, 
         folder = _hf(tmp / "registry" / f"v{version}" / "agent")
         registry[f"models:/prompt-r1-agent/{version}"] = folder
         cases.append((f"models:/prompt-r1-agent/{version}", None, folder))
-    registry[DEFAULT_REGISTRY_URI] = registry[f"models:/prompt-r1-agent/{version}"]
-    cases.append((DEFAULT_REGISTRY_URI, None, registry[DEFAULT_REGISTRY_URI]))
+    registry["models:/prompt-r1-cfg0@champion"] = registry[f"models:/prompt-r1-agent/{version}"]
+    cases.append(("models:/prompt-r1-cfg0@champion", None, registry["models:/prompt-r1-cfg0@champion"]))
     _hf(home / "models" / "tiny-bytes")  # the model cache under the run home is no run
     return cases
 
@@ -84,10 +85,13 @@ def test_every_accepted_form_resolves_to_the_folder_it_names(home, tmp_path, reg
     for name in BUNDLED:  # a bundled name always goes to the bundled builder
         assert resolve_agent(name) == Path(f"/bundled/{name}")
     assert built == list(BUNDLED)
-    # No spec: the champion while the registry holds one, else the default model.
-    assert resolve_agent(None, default_model="tiny") == entries[DEFAULT_REGISTRY_URI]
-    del entries[DEFAULT_REGISTRY_URI]
+    # No spec: the config's champion while the registry holds one, else the default model; another
+    # config's champion is never taken, nor one without a config.
+    assert resolve_agent(None, default_model="tiny", config_name="cfg0") == entries["models:/prompt-r1-cfg0@champion"]
+    assert resolve_agent(None, default_model="tiny", config_name="cfg1") == Path("/bundled/tiny")
     assert resolve_agent(None, default_model="tiny") == Path("/bundled/tiny")
+    del entries["models:/prompt-r1-cfg0@champion"]
+    assert resolve_agent(None, default_model="tiny", config_name="cfg0") == Path("/bundled/tiny")
 
 
 def _bad_cases(home: Path, tmp_path: Path) -> list[tuple[str, str]]:
@@ -120,17 +124,19 @@ def test_every_bad_form_names_the_spec_and_what_to_pass(home, tmp_path, registry
             resolve_agent(spec)
         assert repr(spec) in str(err.value), spec
     agent_resolver._schemes.clear()  # library use, no registry installed
-    with pytest.raises(AgentSpecError, match=r"'models:/prompt-r1-agent@champion': no resolver for `models:/`"):
-        resolve_agent(DEFAULT_REGISTRY_URI)
-    with pytest.raises(AgentSpecError, match="no agent given and no champion registered: pass --agent SPEC"):
+    with pytest.raises(AgentSpecError, match=r"'models:/prompt-r1-smoke@champion': no resolver for `models:/`"):
+        resolve_agent(SMOKE_CHAMPION)
+    with pytest.raises(AgentSpecError, match=r"no agent given and no champion registered \(no config\): pass --agent SPEC"):
         resolve_agent(None)
+    with pytest.raises(AgentSpecError, match=r"no champion registered \(models:/prompt-r1-smoke@champion\)"):
+        resolve_agent(None, config_name="smoke")
     with pytest.raises(AgentSpecError, match="--agent 'trained=': no spec.*bundled model"):
         parse_labelled_specs(["trained="])
 
 
 def test_labelled_specs_round_trip(tmp_path):
     rng = random.Random(0)
-    specs = ["tiny", "runs/smoke/abc", DEFAULT_REGISTRY_URI, "models:/prompt-r1-agent/4", "/a/b=c/agent",
+    specs = ["tiny", "runs/smoke/abc", SMOKE_CHAMPION, "models:/prompt-r1-agent/4", "/a/b=c/agent",
              new_run_id()]
     for _ in range(200):
         chosen = {f"l{i}": rng.choice(specs) for i in range(rng.randint(1, 4))}
@@ -143,7 +149,7 @@ def test_labelled_specs_round_trip(tmp_path):
 def test_evaluation_agents_resolve_through_the_same_rule(home, tmp_path, registry):
     entries, _ = registry
     champion = _hf(tmp_path / "champion")
-    entries[DEFAULT_REGISTRY_URI] = champion
+    entries[SMOKE_CHAMPION] = champion
     run_id = new_run_id()
     trained = _hf(home / "smoke" / run_id / "agent")
     plain = _hf(tmp_path / "plain")
@@ -151,13 +157,34 @@ def test_evaluation_agents_resolve_through_the_same_rule(home, tmp_path, registr
                       {"eval.agent_checkpoints": ["base", "trained", "champion", str(plain)]})
     assert resolve_agents(cfg) == {"base": f"/bundled/{cfg.agent.model}", "champion": str(champion),
                                    "plain": str(plain)}                      # trained: skipped
-    assert resolve_agents(cfg, {"trained": run_id, "extra": "models:/prompt-r1-agent@champion"}) == {
+    assert resolve_agents(cfg, {"trained": run_id, "extra": SMOKE_CHAMPION}) == {
         "base": f"/bundled/{cfg.agent.model}", "trained": str(trained), "champion": str(champion),
         "plain": str(plain), "extra": str(champion)}
     assert resolve_agents(cfg, {"base": str(plain)}, labels=["base"]) == {"base": str(plain)}
-    del entries[DEFAULT_REGISTRY_URI]
-    with pytest.raises(AgentSpecError, match="'models:/prompt-r1-agent@champion': not in the registry"):
+    # `tracking.registered_model` names the model whose champion the config takes
+    entries["models:/team-qa@champion"] = other = _hf(tmp_path / "team-champion")
+    named = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"registered_model": "team-qa"})})
+    assert resolve_agents(named, labels=["champion"]) == {"champion": str(other)}
+    del entries[SMOKE_CHAMPION]
+    with pytest.raises(AgentSpecError, match="'models:/prompt-r1-smoke@champion': not in the registry"):
         resolve_agents(cfg, labels=["champion"])
+
+
+def test_a_configs_tracking_uri_and_registered_model_reach_the_registry(registry):
+    """The default agent of a config with `tracking.uri` is looked up on that server: the registry's
+    resolver gets the URI as its second argument (and only then: a one-argument resolver still works)."""
+    seen = []
+
+    def lookup(uri: str, tracking: str | None = None) -> Path:
+        seen.append((uri, tracking))
+        return Path("/registry/champion")
+
+    agent_resolver.register_scheme("models", lookup)
+    cfg = load_config(ROOT / "configs" / "smoke.yaml", {"tracking.uri": "http://127.0.0.1:5999",
+                                                        "tracking.registered_model": "team-qa"})
+    assert resolve_agent(None, default_model="tiny", cfg=cfg) == Path("/registry/champion")
+    assert resolve_agent("models:/team-qa/3", cfg=cfg) == Path("/registry/champion")
+    assert seen == [("models:/team-qa@champion", "http://127.0.0.1:5999"), ("models:/team-qa/3", "http://127.0.0.1:5999")]
 
 
 def test_run_ids_have_mlflow_shape_and_resume_picks_the_newest_run(home):
@@ -179,7 +206,7 @@ def test_cli_refuses_a_bad_agent_spec_before_running(home, registry):
         result = CliRunner().invoke(app, args)
         text = " ".join(result.output.split())
         assert result.exit_code == 2, (args, result.output)
-        assert "'no-such-run' is not a bundled model" in text and "models:/prompt-r1-agent@champion" in text
+        assert "'no-such-run' is not a bundled model" in text and "models:/prompt-r1-<config>@champion" in text
 
 
 def test_the_split_cli_lists_every_command():

@@ -60,12 +60,13 @@ def test_resolver_default_is_the_champion_when_the_registry_has_one(home, no_sch
     base = _hf_folder(tmp_path / "base")
     registry: dict[str, Path] = {}
     agent_resolver.register_scheme("models", lambda uri: registry.get(uri))
-    assert resolve_agent(None, default_model=str(base)) == base.resolve()            # empty registry
-    registry["models:/prompt-r1-agent@champion"] = champion
-    assert resolve_agent(None, default_model=str(base)) == champion
-    assert resolve_agent("models:/prompt-r1-agent@champion") == champion
+    assert resolve_agent(None, default_model=str(base), config_name="smoke") == base.resolve()  # empty registry
+    registry["models:/prompt-r1-smoke@champion"] = champion                                      # the config's own
+    assert resolve_agent(None, default_model=str(base), config_name="smoke") == champion
+    assert resolve_agent(None, default_model=str(base), config_name="demo") == base.resolve()  # another task's: not
+    assert resolve_agent("models:/prompt-r1-smoke@champion") == champion
     with pytest.raises(AgentSpecError, match="not in the registry"):
-        resolve_agent("models:/prompt-r1-agent/7")
+        resolve_agent("models:/prompt-r1-smoke/7")
 
 
 # -- shared generation batches -----------------------------------------------------------------

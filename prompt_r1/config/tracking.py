@@ -1,0 +1,88 @@
+"""The `tracking` config section: where a run is tracked and which registered model its agent joins.
+
+The library itself never talks to a tracking server (the orchestration shell, `tasks.tracking`,
+does); this section only carries the two names a config decides, so that a config is the whole
+description of a run: the tracking URI (`tracking.uri`, else `MLFLOW_TRACKING_URI`, else the run
+home's local store) and the registered model its agents are registered as, whose `champion` alias
+`ask`, `serve` and `transfer-eval` take when no agent is named. Neither changes what a run
+computes, so neither is part of the run's identity (`Config.hash`).
+
+A config file is shared (committed, logged as MLflow params): a URI holding a password is refused
+here; credentials go in `MLFLOW_TRACKING_USERNAME` / `MLFLOW_TRACKING_PASSWORD` or in
+`MLFLOW_TRACKING_URI`, which is never logged unscrubbed (`scrub_uri`).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, field_validator
+
+from prompt_r1.config.base import SafeName, StrictModel
+
+REGISTERED_MODEL_PREFIX = "prompt-r1-"
+CHAMPION_ALIAS = "champion"
+
+
+def default_registered_model(config_name: str) -> str:
+    """The registered model of a config that names none.
+
+    >>> default_registered_model("demo")
+    'prompt-r1-demo'
+    """
+    return f"{REGISTERED_MODEL_PREFIX}{config_name}"
+
+
+def champion_uri(registered_model: str) -> str:
+    """The registry URI of a registered model's champion.
+
+    >>> champion_uri("prompt-r1-demo")
+    'models:/prompt-r1-demo@champion'
+    """
+    return f"models:/{registered_model}@{CHAMPION_ALIAS}"
+
+
+def scrub_uri(uri: str) -> str:
+    """`uri` fit for a log, a message or an MLflow tag: a password in it is replaced by `***`
+    (a user name stays, to tell accounts apart).
+
+    >>> scrub_uri("https://me:s3cret@mlflow.example.com:5000/path")
+    'https://me:***@mlflow.example.com:5000/path'
+    >>> scrub_uri("postgresql://u:p@db/mlflow"), scrub_uri("http://127.0.0.1:5000"), scrub_uri("sqlite:///r/mlflow.db")
+    ('postgresql://u:***@db/mlflow', 'http://127.0.0.1:5000', 'sqlite:///r/mlflow.db')
+    """
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "<unparseable URI>"
+    if parts.password is None:
+        return uri
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+class TrackingConfig(StrictModel):
+    uri: str | None = Field(
+        None,
+        description="MLflow tracking and registry URI of this config's runs, models and traces (e.g. "
+        "http://mlflow.team:5000). Unset: `MLFLOW_TRACKING_URI` when set, else the run home's "
+        "`mlflow.db`. No password here: use MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD.",
+    )
+    registered_model: SafeName | None = Field(
+        None,
+        description="Registered model this config's trained agents join; its `champion` alias is the agent "
+        "`ask`, `serve` and `transfer-eval` take without --agent. Unset: `prompt-r1-<name>`.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _no_password(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("empty; leave tracking.uri out to use MLFLOW_TRACKING_URI or the local store")
+        if scrub_uri(value) != value:
+            raise ValueError("holds a password, and a config is logged and shared: put the user name and password "
+                             "in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or the whole URI in "
+                             "MLFLOW_TRACKING_URI")
+        return value
