@@ -260,7 +260,7 @@ async def rollout_batch(
     """Sample `group_size` (default `rollout_cfg.group_size`) trajectories per question.
 
     Returns them ordered by question, then group index 0..G-1, each with its answer set and, with
-    `score`, its reward (`score_trajectories`; `score=False` leaves that stage to the caller).
+    `score`, its reward (the reward stage, `reward_stage.RewardStage`; `score=False` leaves it to the caller).
     Those ended by a failed environment call have `error` set and never an answer or reward.
     Each agent generation is seeded by `draw_seed(seed, step, question, group index, turn)`
     (`step`: the training step, `NO_STEP` outside training), never by batch or arrival order.
