@@ -236,6 +236,13 @@ class ScaffoldConfig(StrictModel):
         "turn that names a gold answer stops the run. The two-hop task's: "
         "`prompt_r1.data.first_call:first_hop_scaffold` (asks the question's own first hop).",
     )
+    privileged: str | None = Field(
+        None, pattern=SPEC_PATTERN,
+        description="Import path of a function called as `privileged(question)` that returns the names a "
+        "scaffold's turn must never say for that question (beside its gold answers, always refused): what only "
+        "an environment's reply may tell. The two-hop task's: `prompt_r1.data.first_call:two_hop_privileged` "
+        "(the bridge country's spellings).",
+    )
     members: int = Field(
         0, ge=0,
         description="How many of a group's `group_size` members start from the scaffold's turn (the last ones by "

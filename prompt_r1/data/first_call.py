@@ -8,8 +8,8 @@ time, so this module gives the task what guided exploration needs (`prompt_r1.ro
 `prompt_r1.core.turn_credit`):
 
 - `first_hop_scaffold`: a first agent turn that asks the question's own first hop, for
-  `rollout.scaffold.fn`. It never names the bridge or a gold answer (refused here and in
-  `rollout.scaffold.check_scaffold`).
+  `rollout.scaffold.fn`; `two_hop_privileged` (`rollout.scaffold.privileged`) names the bridge, which
+  a scaffold must never say (refused here and in `rollout.scaffold`, with the gold answers).
 - `two_hop_turn_rewards`: turn 1 earns 1 when the first reply names the bridge, else 0; turn 2 is
   `follow_up_turn_rewards`' (1 names the bridge, 0.5 reuses a name of the first reply, else 0).
 - `two_hop_indicators` (`reward.turn.indicators`): `first_hop` (the first call names the source
@@ -54,6 +54,12 @@ def first_hop_scaffold(question) -> str:
         raise ValueError(f"the first hop of {question.question!r} names its bridge or answer; the generator drops "
                          "such questions, so this one is not from data/compositional")
     return FIRST_PART_TURN.format(prompt=prompt)
+
+
+def two_hop_privileged(question) -> tuple[str, ...]:
+    """What a scaffold must never say for `question` (`rollout.scaffold.privileged`): the bridge
+    country's spellings, which only the environment's first reply may tell."""
+    return _known(question).hops[0].answers
 
 
 def two_hop_turn_rewards(question, trajectory) -> list[float | None]:

@@ -18,10 +18,11 @@ pass the question on). Published fixes put off-policy members into the group (LU
   (`scaffold=True` on the pool's rollout), and those paths assert that nothing came back
   scaffolded (`assert_unscaffolded`).
 - Before training, `check_scaffold` calls the function on every training question and refuses a
-  turn that names one of the question's gold answers (whole words after SQuAD normalisation): a
-  scaffold explores how to ask, never what the answer is. A task's own privileged entities (the
-  two-hop task's bridge country) are its scaffold's to keep out; the two-hop scaffold refuses them
-  itself (`prompt_r1.data.first_call.first_hop_scaffold`).
+  turn that names one of the question's gold answers (whole words after SQuAD normalisation), or
+  one of the names the task's `rollout.scaffold.privileged` function gives for the question (the
+  two-hop task's bridge country, `prompt_r1.data.first_call.two_hop_privileged`): a scaffold
+  explores how to ask, never what only a reply may tell. The same check runs on every scaffolded
+  turn during training.
 """
 
 from __future__ import annotations
@@ -39,20 +40,41 @@ if TYPE_CHECKING:
 
 Scaffold = Callable[["QuestionRow"], str]
 SETTING = "rollout.scaffold.fn"
+PRIVILEGED = "rollout.scaffold.privileged"
 
 
 class ScaffoldError(ScorerError):
     """A scaffold that cannot be loaded, fails, writes no interaction turn, or names a gold answer."""
 
 
-def load_scaffold(spec: str, setting: str = SETTING) -> Scaffold:
+def load_scaffold(spec: str, privileged: str | None = None, setting: str = SETTING) -> Scaffold:
     """The function `spec` names (`package.module:function` or `path/to/file.py:function`, resolved by
     `core.scorer.load_callable`, the one resolver of task code), or a `ScaffoldError` naming `setting`.
+    With `privileged` (`rollout.scaffold.privileged`: a function of the question returning the names a
+    scaffold must never say, such as the two-hop task's bridge country) the returned scaffold refuses
+    a turn whose think or prompt text names one of them.
 
     >>> load_scaffold("prompt_r1.data.first_call:first_hop_scaffold").__name__
     'first_hop_scaffold'
     """
-    return load_callable(spec, setting, ScaffoldError)
+    fn = load_callable(spec, setting, ScaffoldError)
+    if privileged is None:
+        return fn
+    names = load_callable(privileged, PRIVILEGED, ScaffoldError)
+
+    def guarded(question: QuestionRow) -> str:
+        text = fn(question)
+        turn = parse_turn(text) if isinstance(text, str) else None
+        said = [n for n in names(question) if turn is not None
+                and any(mentions(part or "", [n]) for part in (turn.think, turn.interaction_prompt))]
+        if said:
+            raise ScaffoldError(f"{setting} for question {question.question_id!r} names {said[0]!r}, which "
+                                f"{PRIVILEGED} says it must never say: a scaffold proposes how to ask, never what "
+                                "only a reply may tell")
+        return text
+
+    guarded.__name__ = getattr(fn, "__name__", "scaffold")
+    return guarded
 
 
 def scaffold_turn(scaffold: Scaffold, question: QuestionRow, setting: str = SETTING) -> str:

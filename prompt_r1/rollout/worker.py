@@ -98,7 +98,7 @@ class RolloutWorker:
             trajectories = self._loop.run_until_complete(rollout_batch(
                 self.policy, self.envs, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
                 group_size=group_size, seed=seed, step=step, score=score, env_weights=self.weights,
-                scaffold=load_scaffold(spec) if scaffold else None))
+                scaffold=load_scaffold(spec, self.cfg.rollout.scaffold.privileged) if scaffold else None))
         for trajectory in trajectories:  # the engine's own version, not the driver's idea of it
             trajectory.policy_version = self.version
         return trajectories

@@ -180,13 +180,14 @@ class TrainingSession:
 
     def _check_scaffold(self) -> None:
         """`rollout.scaffold.fn`, loaded and called once per training question: one that cannot be
-        imported, fails, or names a gold answer stops the run before any model loads."""
+        imported, fails, or names a gold answer or a privileged name stops the run before any model loads."""
         from prompt_r1.rollout.scaffold import check_scaffold, load_scaffold
 
-        spec = self.cfg.rollout.scaffold.fn
+        spec, privileged = self.cfg.rollout.scaffold.fn, self.cfg.rollout.scaffold.privileged
         if spec is not None:
-            checked = check_scaffold(load_scaffold(spec), self.train_questions)
-            log.info("scaffold %s: %d training questions checked, none names a gold answer", spec, checked)
+            checked = check_scaffold(load_scaffold(spec, privileged), self.train_questions)
+            log.info("scaffold %s: %d training questions checked, none names a gold answer%s", spec, checked,
+                     f" or what {privileged} forbids" if privileged else "")
 
     def restore(self, checkpoint: Path) -> None:
         """Continue from `checkpoint`: the learner's state, the step, the data position and the cost

@@ -37,6 +37,22 @@ def test_the_scaffold_asks_the_first_hop_and_names_neither_bridge_nor_answer_on_
         assert not asks_first_hop(q, "Please answer this question briefly: " + q.question)
 
 
+def bridge_naming(question) -> str:
+    q = known_questions()[question.question]
+    return f"<think>t</think><interaction_prompt>Tell me about {q.hops[0].answers[-1]}.</interaction_prompt>"
+
+
+def test_a_scaffold_naming_the_bridge_is_refused_on_every_question():
+    from prompt_r1.rollout.scaffold import ScaffoldError, check_scaffold, load_scaffold
+
+    refusing = load_scaffold("tests.data.test_first_call:bridge_naming", "prompt_r1.data.first_call:two_hop_privileged")
+    for q in generate(0):
+        with pytest.raises(ScaffoldError, match="rollout.scaffold.privileged"):
+            check_scaffold(refusing, [row(q)])
+    plain = load_scaffold("prompt_r1.data.first_call:first_hop_scaffold", "prompt_r1.data.first_call:two_hop_privileged")
+    assert check_scaffold(plain, [row(q) for q in generate(0)]) == len(generate(0))
+
+
 def test_questions_from_elsewhere_are_refused():
     with pytest.raises(ValueError, match="not a generated two-hop question"):
         first_hop_scaffold(QuestionRow("q", "nq", "train", "Who wrote Hamlet?", ["Shakespeare"], "qa", "f1"))
