@@ -150,15 +150,15 @@ class TrainingSession:
         # One process per run folder (a second is refused naming the holder), taken before Ray
         # starts (the capacity check may start it); a killed earlier owner's Ray leftovers are stopped.
         self._stack.enter_context(own_run(self.run_dir))
-        check_run_capacity(self.cfg)
         self.questions = self.questions or TrainingPool.load(self.warehouse, self.cfg)
         self.train_questions, self.val_questions = self.questions.train, self.questions.validation
         self.by_id = {q.question_id: q for q in self.train_questions}
         # a dataset scorer that cannot load, a turn scorer that cannot judge this pool or a scaffold that
-        # names an answer stops here, before any model loads
+        # names an answer stops here, before Ray or any model starts
         self.reward_stage.check(self.train_questions)
         RewardStage(self.cfg.reward, strict=False).check(self.val_questions)
         self._check_scaffold()
+        check_run_capacity(self.cfg)
         # Checked before any model loads, so a refused resume fails in a second.
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), self.questions.hash, self.resume, self.force,
                  config=self.cfg)
