@@ -183,8 +183,10 @@ def _drop_unset_additions(data: dict[str, Any]) -> None:
     """Leave keys added after runs were recorded out of the hash while they hold their default
     (`agent.describe_environment` off, `agent.device` cpu, an environment's `device` cpu, an empty
     environment `description`, no
-    `eval.environment_suites`), so those runs keep
+    `eval.environment_suites`, `train.rollout_correction` off), so those runs keep
     their hash and resume as the same run."""
+    if data["train"].get("rollout_correction", {}).get("mode") == "off":  # today's loss, whatever its bounds
+        data["train"].pop("rollout_correction", None)
     if not data["agent"].get("describe_environment"):
         data["agent"].pop("describe_environment", None)
     if data["agent"].get("device") == "cpu":
