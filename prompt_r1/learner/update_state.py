@@ -72,7 +72,7 @@ class UpdateSums:
     tokens: float = 0.0  # loss tokens, every pass
     diff: float = 0.0  # |sampling - old log-prob| over the first pass's loss tokens
     diff_tokens: float = 0.0  # the first pass's loss tokens
-    tis: float = 0.0  # importance weights of stale batches over those tokens
+    tis: float = 0.0  # token TIS weights over those tokens (stale batches, or rollout_correction token-tis/both)
     tis_capped: float = 0.0  # how many of them reached train.tis_cap
     mismatch: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SUMS, 0.0))  # rollout_corr sums
     grad_norms: list[float] = field(default_factory=list)  # one per optimiser step, before clipping
