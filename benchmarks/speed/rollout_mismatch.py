@@ -1,8 +1,8 @@
 """How far the vLLM CPU agent's log-probs are from the float32 learner's on the demo's two-hop batch
 (issue 65 item 3): the `rollout_corr/*` metrics of `train.rollout_correction: metrics`, measured.
 
-Why it exists: the tests compare the learner with a plain torch sampler (tests/learner/test_rollout_correction.py,
-float rounding only) and with vLLM on short single-turn samples (tests/policy/test_policy.py, within
+Why it exists: the tests compare the learner with a plain torch sampler
+(tests/learner/test_learner_rollout_correction.py, float rounding only) and with vLLM on short single-turn samples (tests/policy/test_policy.py, within
 2e-3). This rolls out the demo's own kind of batch (configs/demo.yaml: two-hop questions from
 data/compositional, `rollout.group_size` samples each, up to `rollout.max_turns` turns around
 environment replies) with the demo's vLLM CPU agent, then computes, with a float32 learner that
