@@ -94,6 +94,17 @@ class Config(StrictModel):
                              "(the longest prompt plus it), or 0 for padded micro-batches")
         return self
 
+    @model_validator(mode="after")
+    def _scaffold_has_no_sampler(self) -> "Config":
+        """A scaffold's written turn has no sampling log-prob: a rollout correction would weigh it as if the
+        sampler had given it probability 1."""
+        mode = self.train.rollout_correction.mode
+        if self.rollout.scaffold.fn is not None and mode != "off":
+            raise ValueError(f"rollout.scaffold with train.rollout_correction.mode={mode}: a scaffold's turn is "
+                             "written, not sampled, so it has no sampling log-prob to correct against; set "
+                             "train.rollout_correction.mode to off, or unset rollout.scaffold.fn")
+        return self
+
     def hash(self) -> str:
         """Stable short hash of the resolved config (identifies a run's settings).
 
@@ -196,8 +207,10 @@ def _drop_unset_additions(data: dict[str, Any]) -> None:
     (`agent.describe_environment` off, `agent.device` cpu, an environment's `device` cpu, an empty
     environment `description`, no
     `eval.environment_suites`, no `rollout.scaffold`, no `reward.turn.indicators`, a `data.sources`
-    entry's unset `config` / `hf_split`), so those runs keep
+    entry's unset `config` / `hf_split`, `train.rollout_correction` off), so those runs keep
     their hash and resume as the same run."""
+    if data["train"].get("rollout_correction", {}).get("mode") == "off":  # today's loss, whatever its bounds
+        data["train"].pop("rollout_correction", None)
     if not data["agent"].get("describe_environment"):
         data["agent"].pop("describe_environment", None)
     if data["agent"].get("device") == "cpu":

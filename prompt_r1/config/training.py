@@ -16,6 +16,30 @@ from prompt_r1.config.base import StrictModel
 from prompt_r1.config.env import PoolEnvConfig
 
 
+class RolloutCorrectionConfig(StrictModel):
+    """The sampler against the learner at any staleness (`core.rollout_correction`; docs/training.md,
+    "Sampler/learner mismatch"): off by default, today's loss and metrics."""
+
+    mode: Literal["off", "metrics", "token-tis", "geo-mask", "both"] = Field(
+        "off",
+        description="How the learner treats the gap between the sampler's log-probs of the agent tokens "
+        "(`Trajectory.logprobs`) and its own before the update. `off`: nothing beyond `rollout.max_staleness`'s "
+        "token TIS (today's runs). `metrics`: the `rollout_corr/*` metrics each step, the loss unchanged. "
+        "`token-tis`: also each agent token's policy term times min(exp(old - sampler), `train.tis_cap`), at "
+        "any staleness. `geo-mask`: also a trajectory's policy terms zeroed when the geometric mean of its agent "
+        "tokens' ratios leaves [`geo_low`, `geo_high`]. `both`: token TIS and the mask. Any mode but off needs "
+        "the sampler's log-probs of every trajectory.",
+    )
+    geo_low: float = Field(
+        0.99, gt=0.0, le=1.0,
+        description="Lower bound of a trajectory's geometric mean ratio exp(mean over agent tokens of "
+        "(old - sampler)) below which `geo-mask`/`both` masks it (SkyRL: 0.99); `metrics` reports the share it would.",
+    )
+    geo_high: float = Field(
+        1.01, ge=1.0, description="Upper bound of the geometric mean ratio (SkyRL: 1.01); see `geo_low`.",
+    )
+
+
 class TrainConfig(StrictModel):
     steps: int = Field(2, ge=0, description="GRPO steps (each = one rollout batch).")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
@@ -44,10 +68,15 @@ class TrainConfig(StrictModel):
     )
     tis_cap: float = Field(
         2.0, ge=1.0,
-        description="With `rollout.max_staleness` >= 1: cap C of the truncated importance weight per agent token, "
+        description="With `rollout.max_staleness` >= 1 or `rollout_correction.mode` token-tis/both: cap C of the "
+        "truncated importance weight per agent token, "
         "min(exp(old - behaviour), C), where old is the learner's log-prob under the weights before the update "
         "and behaviour the log-prob the sampling engine recorded (`Trajectory.logprobs`); it multiplies the "
-        "clipped PPO term. Unused at max_staleness 0.",
+        "clipped PPO term. Otherwise unused (the `metrics` mode reports the share of tokens it would cap).",
+    )
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="Correction of the sampler/learner gap at any staleness, and its metrics (off by default).",
     )
     kl_coef: float = Field(
         0.001, ge=0,

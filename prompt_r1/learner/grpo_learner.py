@@ -30,10 +30,12 @@ tensor at a time while it is broadcast (`collectives`).
 Log-probs (old, new and reference) are those of the sampling distribution, softmax(logits / T)
 at `agent.temperature`, which is what the policy backends report for each sampled token.
 
-Asynchronous rollouts (`rollout.max_staleness` >= 1): a batch may come from weights up to k updates
-older than the learner's. The ratio keeps the recomputed old log-probs; the sampling log-probs the
-engine recorded (`Trajectory.logprobs`, the behaviour policy) enter as a truncated importance
-weight per token (`core.grpo.truncated_is_weights`, cap `train.tis_cap`). At k = 0 nothing changes.
+The sampler against the learner (`core.rollout_correction`): the ratio keeps the recomputed old
+log-probs; the sampling log-probs the engine recorded (`Trajectory.logprobs`) enter as a truncated
+importance weight per token (cap `train.tis_cap`) when a batch may come from weights up to k updates
+older (`rollout.max_staleness` >= 1) or `train.rollout_correction` asks for it at any staleness,
+and as a geometric sequence mask where it asks for that; its metrics where it is not off. Off at
+k = 0 nothing changes.
 
 The same class is one rank of a learner group (`train.world_size` > 1, `ray_group`): it then
 holds a `Ranks` from `collectives` (the collectives: global token counts, gradient sums, sharding)
@@ -56,7 +58,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.grpo import (decoupled_advantages, group_advantages, packed_token_logprobs, policy_loss,
-                                 token_logprobs, truncated_is_weights)
+                                 token_logprobs)
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import pad_token_id, stop_token_ids, torch_dtype
 from prompt_r1.core.trajectory import Trajectory
@@ -68,7 +70,7 @@ from prompt_r1.learner.batches import (MicroBatch, collate, empty_micro_batch, i
 from prompt_r1.learner.collectives import Ranks, tied_aliases
 from prompt_r1.learner.devices import autocast_dtype, resolve_device
 from prompt_r1.learner.sync_copy import device_copy, host_copy
-from prompt_r1.learner.update_state import PreparedBatch, UpdateSums
+from prompt_r1.learner.update_state import PreparedBatch, UpdateSums, run_correction
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,7 @@ class GRPOLearner:
         self.device = resolve_device(device or cfg.train.device)
         self.compute_dtype = autocast_dtype(self.device, cfg.agent.dtype, cfg.train.autocast)
         self.temperature = cfg.agent.temperature
+        self.correction = run_correction(cfg)  # token TIS (stale, or asked for), the geometric mask, the metrics
         with model_load_errors(self.model_path, "agent.model"):
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = pad_token_id(self.tokenizer, stop_token_ids(self.tokenizer))
@@ -214,12 +217,6 @@ class GRPOLearner:
         return out
 
     # -- the update --------------------------------------------------------------------------
-    @property
-    def off_policy(self) -> bool:
-        """Whether a batch may come from older weights (`rollout.max_staleness` >= 1): its tokens
-        are then weighted by truncated importance weights, which need the sampling log-probs."""
-        return self.cfg.rollout.max_staleness > 0
-
     def step(self, trajectories: list[Trajectory], plan: list[list[str]] | None = None) -> dict[str, float]:
         """One GRPO update on a rollout batch; returns the update's metrics (loss statistics, group
         counts, throughput: the batch's own statistics, `rollout_stats`, are the caller's).
@@ -243,10 +240,10 @@ class GRPOLearner:
         if not trajectories and plan is None:
             raise ValueError("GRPOLearner.step got no trajectories")
         train = self.cfg.train
-        if self.off_policy and any(len(t.logprobs) != len(t.token_ids) for t in trajectories):
-            raise ValueError("rollout.max_staleness >= 1 needs the sampling log-prob of every response token "
-                             "(Trajectory.logprobs, recorded by the rollout engine) for the importance weight; "
-                             "a trajectory has none: roll out with the rollout pool, or set max_staleness 0")
+        if self.correction.needs_sampler and any(len(t.logprobs) != len(t.token_ids) for t in trajectories):
+            raise ValueError("rollout.max_staleness >= 1 and train.rollout_correction need the sampling log-prob of "
+                             "every response token (Trajectory.logprobs, recorded by the rollout engine); a trajectory "
+                             "has none: roll out with the rollout pool, or set max_staleness 0 and the correction off")
         question_index = {q: i for i, q in enumerate(question_order(trajectories))}
         advantages, token_advantages = self._advantages(trajectories, question_index)
         with_turns = self.cfg.reward.turn_credit
@@ -378,14 +375,14 @@ class GRPOLearner:
         old = micro.scatter(old_lp).to(self.device)
         ref = micro.scatter(ref_lp).to(self.device) if train.kl_coef > 0 else None
         adv = batch.micro_advantages(micro).to(self.device)
-        # stale batches: each token weighted by how much likelier the old policy made it than the
-        # sampler did, capped at train.tis_cap
-        tis = (truncated_is_weights(old, micro.sampling_logprobs.to(self.device), train.tis_cap)
-               if self.off_policy else None)
+        # the sampler against the old policy (older weights, other numerics): each token's policy term
+        # weighted by min(exp(old - sampler), train.tis_cap) and/or masked with its trajectory
+        seq_ids = batch.sequence_ids(micro).to(self.device) if self.correction.per_sequence else None
+        tis, weights = self.correction.weights(old, micro.sampling_logprobs.to(self.device), micro.loss_mask, seq_ids)
         # the clipped GRPO objective plus the k3 KL to the reference (core.grpo.policy_loss)
         loss, stats = policy_loss(logprobs, old, ref, adv, micro.loss_mask, train.clip_low,
                                   train.clip_high, train.kl_coef, train.loss_agg, batch.max_len,
-                                  clip_ratio_c=train.clip_ratio_c, is_weights=tis)
+                                  clip_ratio_c=train.clip_ratio_c, is_weights=weights)
         mini_tokens, mini_seqs = counts
         if train.loss_agg == "token-mean":  # a token mean over the mini-batch: weighted by its tokens
             weight = stats["tokens"] / max(mini_tokens, 1.0)
@@ -395,10 +392,12 @@ class GRPOLearner:
         sums.add_loss(stats)
         if first_epoch:  # the sampler against the old policy, once per sampled token (a scaffold's have no sampler)
             sums.add_sampling_gap(micro, old, tis, train.tis_cap, micro.scatter(batch.sampled_masks(micro)))
+            if self.correction.measures:  # never with a scaffold (Config refuses the two together)
+                sums.add_mismatch(micro, old, seq_ids, self.correction)
 
     def metrics(self, batch: PreparedBatch, sums: UpdateSums, started: float) -> dict[str, float]:
         """The update's metrics from this rank's `sums`, summed over ranks in one collective (one
-        more for the importance weights of stale batches): loss statistics per loss token, the
+        more for the sampler's importance weights and mismatch): loss statistics per loss token, the
         batch's group counts, mean gradient norm, lr, sampler-vs-learner log-prob gap, throughput."""
         train = self.cfg.train
         elapsed = time.perf_counter() - started
@@ -415,10 +414,9 @@ class GRPOLearner:
             "step_time_s": elapsed,
             "tokens_per_s": total_tokens / elapsed if elapsed > 0 else math.inf,
         })
-        if self.off_policy:  # one more collective, on every rank alike (they share the config)
-            tis_sum, tis_capped = self.ranks.sum([sums.tis, sums.tis_capped])
-            metrics.update({"tis_mean": tis_sum / max(diff_tokens, 1.0),
-                            "tis_capped_fraction": tis_capped / max(diff_tokens, 1.0)})
+        if self.correction.token_weights or self.correction.measures:  # one more collective, on every rank alike
+            summed = self.ranks.sum(sums.correction_values())
+            metrics.update(sums.correction_metrics(summed, diff_tokens, self.correction))
         return metrics
 
     def _token_advantages(self, trajectories: list[Trajectory], advantages: torch.Tensor) -> list[torch.Tensor]:

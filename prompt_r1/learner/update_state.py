@@ -1,5 +1,6 @@
 """What one GRPO update carries between its parts (`GRPOLearner.step`: prepare, logprobs, update,
-metrics): the prepared batch, and the running sums the metrics are made from.
+metrics): the prepared batch, the running sums the metrics are made from, and the run's
+sampler/learner correction (`core.rollout_correction`) as the learner applies it.
 """
 
 from __future__ import annotations
@@ -8,8 +9,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from prompt_r1.config.experiment import Config
+from prompt_r1.core.rollout_correction import SUMS, Correction, mismatch_metrics, mismatch_sums
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.learner.batches import MicroBatch
+
+
+def run_correction(cfg: Config) -> Correction:
+    """The run's correction: `train.rollout_correction` with the token cap `train.tis_cap`; stale
+    batches (`rollout.max_staleness` >= 1) always take token TIS."""
+    corr = cfg.train.rollout_correction
+    return Correction(corr.mode, cfg.train.tis_cap, (corr.geo_low, corr.geo_high), stale=cfg.rollout.max_staleness > 0)
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,12 @@ class PreparedBatch:
             out[i] = mask
         return out
 
+    def sequence_ids(self, micro: MicroBatch) -> torch.Tensor:
+        """Each response column's trajectory within the micro-batch (0..b-1; -1 where none: padding,
+        or a packed row's prompts), for the per-trajectory parts of `core.rollout_correction`."""
+        spans = {i: torch.full((self.resp_lens[i],), k + 1.0) for k, i in enumerate(micro.indices)}
+        return micro.scatter(spans).long() - 1
+
 
 # the statistics of `policy_loss` that the metrics average per loss token
 LOSS_STATISTICS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "ratio_mean")
@@ -66,8 +82,9 @@ class UpdateSums:
     tokens: float = 0.0  # loss tokens, every pass
     diff: float = 0.0  # |sampling - old log-prob| over the first pass's loss tokens
     diff_tokens: float = 0.0  # the first pass's loss tokens
-    tis: float = 0.0  # importance weights of stale batches over those tokens
+    tis: float = 0.0  # token TIS weights over those tokens (stale batches, or rollout_correction token-tis/both)
     tis_capped: float = 0.0  # how many of them reached train.tis_cap
+    mismatch: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SUMS, 0.0))  # rollout_corr sums
     grad_norms: list[float] = field(default_factory=list)  # one per optimiser step, before clipping
     lr: float = 0.0  # the lr of the optimiser steps
 
@@ -90,3 +107,26 @@ class UpdateSums:
             tis_cpu = tis.cpu()
             self.tis += (tis_cpu * mask_cpu).sum().item()
             self.tis_capped += ((tis_cpu >= tis_cap).float() * mask_cpu).sum().item()
+
+    def add_mismatch(self, micro: MicroBatch, old: torch.Tensor, seq_ids: torch.Tensor, correction: Correction) -> None:
+        """The micro-batch's `core.rollout_correction` sums (agent tokens only), at the run's cap and bounds."""
+        part = mismatch_sums(old, micro.sampling_logprobs, micro.loss_mask, seq_ids, correction.tis_cap,
+                             correction.geo_bounds)
+        for key, value in part.items():
+            self.mismatch[key] += value
+
+    def correction_values(self) -> list[float]:
+        """What `correction_metrics` needs, as one list for a single sum over ranks."""
+        return [self.tis, self.tis_capped, *self.mismatch.values()]
+
+    @staticmethod
+    def correction_metrics(summed: list[float], tokens: float, correction: Correction) -> dict[str, float]:
+        """`tis_mean` and `tis_capped_fraction` (per agent token) where token TIS applies, the
+        `rollout_corr/*` metrics where the mode measures, from `correction_values` summed over ranks."""
+        tis_sum, tis_capped, *mismatch = summed
+        out = {}
+        if correction.token_weights:
+            out.update({"tis_mean": tis_sum / max(tokens, 1.0), "tis_capped_fraction": tis_capped / max(tokens, 1.0)})
+        if correction.measures:
+            out.update(mismatch_metrics(dict(zip(SUMS, mismatch))))
+        return out

@@ -302,3 +302,23 @@ def test_packing_is_how_an_update_is_computed_and_must_hold_a_response():
         parse_config({"train": {"pack_tokens": 4096, "loss_agg": "seq-mean-token-sum-norm"}})
     with pytest.raises(ConfigError, match=r"train\.pack_tokens 4096 does not work with train\.strategy fsdp"):
         parse_config({"train": {"pack_tokens": 4096, "strategy": "fsdp", "world_size": 2}})
+
+
+def test_rollout_correction_off_keeps_every_runs_identity():
+    """`train.rollout_correction` off (the default) is left out of `Config.hash`, whatever its bounds,
+    so runs recorded before it existed resume as the same run; a mode that changes the loss or its
+    metrics is another run. The literal is the default config's hash on the commit before the field."""
+    from prompt_r1.config.experiment import parse_config
+
+    default = parse_config({}).hash()
+    assert default == "d04dedd3f970", "a new config field at its default must be left out of Config.hash"
+    assert parse_config({"train": {"rollout_correction": {"mode": "off", "geo_low": 0.5}}}).hash() == default
+    modes = ("metrics", "token-tis", "geo-mask", "both")
+    hashes = {parse_config({"train": {"rollout_correction": {"mode": m}}}).hash() for m in modes}
+    assert len(hashes) == 4 and default not in hashes
+    both = {"mode": "both", "geo_low": 0.98}
+    assert parse_config({"train": {"rollout_correction": both}}).hash() not in hashes
+    for bad, key in (({"geo_low": 1.01}, "geo_low"), ({"geo_high": 0.99}, "geo_high"), ({"mode": "geo"}, "mode"),
+                     ({"geo_low": 0.0}, "geo_low")):
+        with pytest.raises(ConfigError, match=key):
+            parse_config({"train": {"rollout_correction": bad}})

@@ -68,6 +68,31 @@ def _checkpoint_tensors(folder) -> tuple[dict[str, torch.Tensor], dict]:
     return load_file(str(folder / "model.safetensors")), state
 
 
+def test_two_ranks_correct_and_measure_the_sampler_as_one(local_ray, tiny_model_path) -> None:
+    """`train.rollout_correction` both: the token weights and the geometric mask per rank, and the
+    `rollout_corr/*` sums added over ranks, give one learner's weights and metrics."""
+    import random
+
+    from prompt_r1.learner.ray_group import LearnerGroup
+
+    correction = {"rollout_correction": {"mode": "both", "geo_low": 0.95, "geo_high": 1.05}, "tis_cap": 1.2}
+    one = GRPOLearner(make_config(**SETTINGS, **correction), tiny_model_path)
+    torch.manual_seed(0)
+    batch = rollout(one, ["a", "b", "c"], group_size=3, new_tokens=6)
+    rng = random.Random(1)  # the sampler's log-probs moved, so weights, caps and masks all occur
+    for t in batch:
+        t.logprobs = [v + rng.choice([-0.3, 0.0, 0.2]) for v in t.logprobs]
+    theirs = one.step(batch)
+    assert 0 < theirs["rollout_corr/seq_masked_share"] < 1 and theirs["rollout_corr/token_capped_share"] > 0
+    group_cfg = make_config(**SETTINGS, **correction, world_size=2, strategy="ddp", dist_timeout_s=120)
+    with LearnerGroup(group_cfg, tiny_model_path) as group:
+        mine = group.step(batch)
+        assert _max_diff(group.merged_state_dict(), _weights(one)) < TOLERANCE
+    for key, value in theirs.items():
+        if key.startswith("rollout_corr/") or key in ("tis_mean", "tis_capped_fraction", "logprob_diff"):
+            assert mine[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_train_and_checkpoint_as_one(local_ray, tiny_model_path, tmp_path, strategy) -> None:
     from prompt_r1.learner.ray_group import LearnerGroup

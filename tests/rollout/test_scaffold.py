@@ -104,6 +104,13 @@ def test_settings_a_scaffold_cannot_work_with_are_refused(rollout, match):
         parse_config({"rollout": rollout})
 
 
+@pytest.mark.parametrize("mode", ["metrics", "token-tis", "geo-mask", "both"])
+def test_a_scaffold_with_a_rollout_correction_is_refused(mode):
+    with pytest.raises(Exception, match="no sampling log-prob"):
+        parse_config({"rollout": {"group_size": 4, "scaffold": {"fn": "m:f", "members": 1}},
+                      "train": {"rollout_correction": {"mode": mode}}})
+
+
 def test_an_unset_scaffold_keeps_the_run_hash():
     plain = parse_config({})
     assert plain.hash() == parse_config({"rollout": {"scaffold": {}}}).hash()

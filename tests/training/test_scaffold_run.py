@@ -1,0 +1,53 @@
+"""A scaffolded training run end to end, as a user starts it (`prompt-r1 train --set rollout.scaffold...`):
+the scaffold's turn reaches the rollout actors, the last member of every training group starts from
+it, the step trains, and a scaffold that names a gold answer stops the run before any model loads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROPOSED = "<think>I ask first.</think><interaction_prompt>What is asked here?</interaction_prompt>"
+
+
+def _cli(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PROMPT_R1_HOME": str(home), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+
+
+def _task(folder: Path, body: str) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "scaffold.py").write_text(f"def propose(question):\n    return {body}\n")
+    return f"{folder / 'scaffold.py'}:propose"
+
+
+@pytest.mark.slow
+def test_a_scaffolded_step_trains_and_its_last_members_start_from_the_scaffold(tmp_path) -> None:
+    home = tmp_path / "runs"
+    spec = _task(tmp_path / "task", repr(PROPOSED))
+    trained = _cli("train", "-c", "configs/smoke.yaml", "--set", "train.steps=1", "--set", f"rollout.scaffold.fn={spec}",
+                   "--set", "rollout.scaffold.members=1", "--set", "rollout.scaffold.ce_coef=0.5", home=home)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    import duckdb
+
+    with duckdb.connect(str(home / "warehouse.duckdb"), read_only=True) as con:
+        rows = con.execute("SELECT group_index, agent_turns FROM trajectories WHERE step = 0").fetchall()
+    assert rows and {g for g, _ in rows} == {0, 1}
+    for group_index, turns in rows:  # smoke groups of 2: member 1 is scaffolded, member 0 samples
+        assert (turns[0] == PROPOSED) == (group_index == 1), (group_index, turns[0])
+
+
+def test_a_scaffold_that_names_a_gold_answer_stops_the_run_before_any_model(tmp_path) -> None:
+    spec = _task(tmp_path / "task", "'<think>x</think><interaction_prompt>Is it ' + question.golds[0] + '?</interaction_prompt>'")
+    refused = _cli("train", "-c", "configs/smoke.yaml", "--set", "train.steps=1", "--set", f"rollout.scaffold.fn={spec}",
+                   "--set", "rollout.scaffold.members=1", home=tmp_path / "runs")
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "rollout.scaffold.fn" in refused.stderr and "names a gold answer" in refused.stderr
+    assert "Traceback" not in refused.stderr
