@@ -339,9 +339,10 @@ class TurnRewardConfig(StrictModel):
         "`prompt_r1.data.compositional:follow_up_turn_rewards`. Unset = no turn credit (the paper's GRPO).",
     )
     weight: float = Field(
-        0.5, ge=0.0,
+        0.5, ge=0.0, le=100.0,
         description="c in A + c * A_t: how much of a turn's group-centred turn reward A_t is added to the "
-        "advantage of that turn's tokens. 0 = the turn rewards are computed and logged, not credited.",
+        "advantage of that turn's tokens (at most 100: MT-GRPO uses 1). 0 = the turn rewards are computed and "
+        "logged, not credited.",
     )
 
 
