@@ -303,6 +303,13 @@ class Warehouse:
             for r in self.query_dicts(sql, params)
         ]
 
+    def source_datasets(self, source_files: Sequence[str]) -> list[str]:
+        """The datasets of the questions stored from `source_files` (resolved paths)."""
+        if not source_files:
+            return []
+        return [d for (d,) in self.query("SELECT DISTINCT dataset FROM questions WHERE source_file IN "
+                                         "(SELECT UNNEST(?)) ORDER BY 1", [list(source_files)])]
+
     def question_summary(self) -> list[dict[str, Any]]:
         return self.query_dicts(
             "SELECT dataset, split, task_family, primary_metric, COUNT(*) AS n "

@@ -258,8 +258,7 @@ def rollout(
     check_local_cpus(cfg.rollout, workers)
     agent = _agent_folder(cfg.agent.model, cfg)
     with _open_db(db) as wh:
-        if not wh.questions(splits=["train"]):
-            ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)
+        ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)  # as train does: always current
         # the questions a training run with this config trains on, in its pool's order
         questions = TrainingPool.load(wh, cfg).train[: cfg.rollout.batch_questions]
         init_ray(cfg.rollout, cpus_needed(cfg, workers, learner=False))

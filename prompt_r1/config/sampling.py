@@ -69,7 +69,8 @@ class DataConfig(StrictModel):
     )
     train_datasets: list[str] = Field(
         default_factory=list,
-        description="Datasets whose `train` split feeds training; empty = every train-split question.",
+        description="Datasets whose `train` split feeds training; empty = the datasets of `data.sources` (never "
+        "another config's questions in a shared warehouse).",
     )
     validation_fraction: float = Field(
         0.1, ge=0.0, lt=1.0, description="Share of training questions held out for validation."

@@ -33,7 +33,7 @@ from prompt_r1.config.sampling import DataSource
 from prompt_r1.core.scorer import resolved_spec
 from prompt_r1.data.files import READERS
 from prompt_r1.data.mapped import mapping_text, read_mapped, source_path
-from prompt_r1.data.verifiers_env import PREFIX as VERIFIERS
+from prompt_r1.data.verifiers_env import PREFIX as VERIFIERS, dataset_name
 from prompt_r1.data.rows import (
     DEFAULT_METRIC, ID_COLUMN, INGEST_FORMAT, KEYED_BY_CONTENT, MAX_QUESTION_CHARS, Columns, IngestError, IngestReport, _not_empty,
     build_table, source_hash,
@@ -121,6 +121,23 @@ def ingest(wh: Warehouse, sources: Iterable[str | Path | DataSource],
             for path in discover(Path(source)):
                 reports.append(ingest_file(wh, path, max_question_chars))
     return reports
+
+
+def source_datasets(wh: Warehouse, sources: Iterable[str | Path | DataSource]) -> list[str]:
+    """The datasets `data.sources` put in the warehouse: a mapping's `dataset`, a verifiers
+    environment's name, and for a file or folder the datasets stored from its files. A run trains on
+    these when `data.train_datasets` is empty, so questions that other configs ingested into a shared
+    warehouse never join its pool."""
+    datasets: list[str] = []
+    files: list[str] = []
+    for source in sources:
+        if isinstance(source, DataSource):
+            datasets.append(source.dataset or source_path(source).stem)
+        elif str(source).startswith(VERIFIERS):
+            datasets.append(dataset_name(str(source)[len(VERIFIERS):]))
+        else:
+            files.extend(str(path.resolve()) for path in discover(Path(source)))
+    return sorted(set(datasets) | set(wh.source_datasets(files)))
 
 
 def ingest_mapped(wh: Warehouse, source: DataSource, setting: str = "data.sources[]",
