@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from prompt_r1.config.sampling import DataSource
 from prompt_r1.core.scorer import resolved_spec
+from prompt_r1.core.scorer_code import code_fingerprint
 from prompt_r1.data.files import _arrow, _jsonl_read_problem, _parquet_read_problem
 from prompt_r1.data.rows import DEFAULT_METRIC, SCORER_METRIC, Columns, IngestError, _not_empty, build_table, split_for
 
@@ -32,10 +33,12 @@ SUFFIXES = (".parquet", ".jsonl", ".csv")
 def mapping_text(source: DataSource) -> str:
     """How the file maps to questions, as stable text for its content hash (the scorer's file path
     resolved, so the same entry run from another folder is another source only when it means
-    another file)."""
+    another file, and the hash of its code)."""
     data = source.model_dump(mode="json")
     if source.scorer:
         data["scorer"] = resolved_spec(source.scorer)
+        # the scorer's code too: a rewritten scorer is a new version of the source (core.scorer_code)
+        data["scorer_code"] = code_fingerprint(data["scorer"])
     return json.dumps(data, sort_keys=True)
 
 

@@ -130,19 +130,37 @@ def mismatches(record: dict[str, Any], config_hash: str, pool: str, settings: li
     return diffs
 
 
+def changed_scorers(recorded: dict[str, str] | None, current: dict[str, str]) -> list[str]:
+    """The scorers whose code differs from a run's record (`core.scorer_code`); a record of an
+    older version, with no `scorers`, has nothing to compare.
+
+    >>> changed_scorers({"m:f": "a1"}, {"m:f": "b2", "n:g": "c3"})
+    ['scorer code m:f a1 -> b2', 'scorer code n:g (none) -> c3']
+    >>> changed_scorers(None, {"m:f": "b2"})
+    []
+    """
+    if recorded is None:
+        return []
+    return [f"scorer code {spec} {recorded.get(spec, '(none)')} -> {current.get(spec, '(none)')}"
+            for spec in sorted(set(recorded) | set(current)) if recorded.get(spec) != current.get(spec)]
+
+
 def open_run(run_dir: Path, config_name: str, config_hash: str, pool: str, resume: bool,
-             force: bool = False, config: Config | None = None) -> dict[str, Any]:
+             force: bool = False, config: Config | None = None,
+             scorers: dict[str, str] | None = None) -> dict[str, Any]:
     """Start a new run in `run_dir` or check that resuming it is allowed; returns its record.
 
     Raises ResumeError for: an existing run without `resume`; a finished run; a run whose
-    config or pool changed (unless `force`; with `config`, the message names the changed keys);
-    checkpoints with no record (unless `force`).
+    config, pool or scorer code (`scorers`: spec -> code hash, `data.scorers.scorer_fingerprints`)
+    changed (unless `force`; with `config`, the message names the changed keys); checkpoints with no
+    record (unless `force`).
     """
     run_dir = Path(run_dir)
     record = read_record(run_dir)
+    scorers = dict(scorers or {})
     if record is None and not _has_checkpoint(run_dir):
         record = {"config_name": config_name, "config_hash": config_hash, "pool_hash": pool,
-                  "started_at": _now(), "finished_at": None, "forced": []}
+                  "scorers": scorers, "started_at": _now(), "finished_at": None, "forced": []}
         write_record(run_dir, record)
         return record
     if not resume:
@@ -155,6 +173,7 @@ def open_run(run_dir: Path, config_name: str, config_hash: str, pool: str, resum
     else:
         changed = record.get("config_hash") != config_hash and config is not None
         diffs = mismatches(record, config_hash, pool, changed_settings(run_dir, config) if changed else None)
+        diffs += changed_scorers(record.get("scorers"), scorers)
     if record.get("finished_at"):
         raise ResumeError(f"run {run_dir.name} finished at {record['finished_at']}; a finished run is "
                           "never resumed: start a new run (drop --resume / choose another run id)")
@@ -166,8 +185,12 @@ def open_run(run_dir: Path, config_name: str, config_hash: str, pool: str, resum
         log.warning("FORCED RESUME of run %s under changed settings (%s): its checkpoints were "
                     "trained with the old ones", run_dir.name, "; ".join(diffs))
         record["forced"] = [*record.get("forced", []), {"at": _now(), "from_config_hash": record.get("config_hash"),
-                                                        "from_pool_hash": record.get("pool_hash")}]
-        record.update(config_hash=config_hash, pool_hash=pool)
+                                                        "from_pool_hash": record.get("pool_hash"),
+                                                        "from_scorers": record.get("scorers")}]
+        record.update(config_hash=config_hash, pool_hash=pool, scorers=scorers)
+        write_record(run_dir, record)
+    elif record.get("scorers") is None and scorers:  # a run of an older version: recorded from now on
+        record["scorers"] = scorers
         write_record(run_dir, record)
     return record
 

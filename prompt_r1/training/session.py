@@ -47,7 +47,7 @@ from prompt_r1.core.cost_reward import CostWindow
 from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.data.pool import TrainingPool
-from prompt_r1.data.scorers import check_scorers
+from prompt_r1.data.scorers import check_scorers, scorer_fingerprints
 from prompt_r1.training.hooks import StepResult, TrainingHooks, TrainingOutcome
 from prompt_r1.training.run_ahead import InFlight, RunAhead
 
@@ -140,8 +140,10 @@ class TrainingSession:
         self.turn_scorer = self._check_turn_scorer()  # a task scorer that cannot judge this pool stops here
         check_scorers(self.train_questions + self.val_questions)  # and so does a dataset scorer that cannot load
         # Checked before any model loads, so a refused resume fails in a second.
+        # the scorers' code is part of the run's identity: a resume after it changed is refused like a config change
+        scorers = scorer_fingerprints(self.train_questions + self.val_questions, self.cfg.reward.turn.scorer)
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), self.questions.hash, self.resume, self.force,
-                 config=self.cfg)
+                 config=self.cfg, scorers=scorers)
         self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
         # in this process, or train.world_size ranks in Ray (then nothing here holds a model)
         self.learner = self._stack.enter_context(open_learner(self.cfg, self.model_path))
