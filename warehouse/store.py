@@ -245,6 +245,15 @@ class Warehouse:
                         [source_file, content_hash, dataset, table.num_rows, now])
         return SourceCounts(inserted - rekeyed, updated, removed - rekeyed, table.num_rows - inserted - updated, rekeyed)
 
+    def adopt_questions(self, old_file: str, source_file: str, dataset: str) -> None:
+        """Move `dataset`'s questions (and its `sources` row) stored under `old_file` to `source_file`,
+        so a source whose key changed (a mapped file, now keyed with its dataset) finds them as its
+        own: updated in place, never removed as gone and inserted again."""
+        with self.transaction() as cur:
+            cur.execute("UPDATE questions SET source_file = ? WHERE source_file = ? AND dataset = ?",
+                        [source_file, old_file, dataset])
+            cur.execute("DELETE FROM sources WHERE source_file = ? AND dataset = ?", [old_file, dataset])
+
     @staticmethod
     def _rekey(cur, source_file: str, now: datetime) -> int:
         """Point the rows that refer to `source_file`'s questions stored under ids `incoming` no

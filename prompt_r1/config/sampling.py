@@ -85,6 +85,23 @@ class DataConfig(StrictModel):
         "prompt stalls a rollout worker.",
     )
 
+    @model_validator(mode="after")
+    def _one_entry_per_file_and_dataset(self) -> "DataConfig":
+        """One file may feed several datasets (several mappings), but two entries that map one file
+        to one dataset would each claim the other's questions at every ingest."""
+        from pathlib import Path
+
+        seen: dict[tuple[Path, str], int] = {}
+        for i, source in enumerate(self.sources):
+            if isinstance(source, DataSource):
+                path = Path(source.path).expanduser().resolve()
+                key = (path, source.dataset or path.stem)
+                if key in seen:
+                    raise ValueError(f"data.sources[{i}] maps {path} to dataset `{key[1]}`, as data.sources[{seen[key]}] "
+                                     "does; one entry per file and dataset: drop one, or give it another `dataset`")
+                seen[key] = i
+        return self
+
 
 class LoraConfig(StrictModel):
     enabled: bool = Field(False, description="Train a LoRA adapter instead of all weights.")

@@ -140,6 +140,17 @@ def source_datasets(wh: Warehouse, sources: Iterable[str | Path | DataSource]) -
     return sorted(set(datasets) | set(wh.source_datasets(files)))
 
 
+def mapped_label(path: Path, dataset: str) -> str:
+    """The warehouse's `source_file` of a mapped source: the file and the dataset it feeds, so two
+    entries that map one file to two datasets are two sources, and neither removes the other's
+    questions as "no longer in the source".
+
+    >>> mapped_label(Path("/d/caps.jsonl"), "caps_strict")
+    '/d/caps.jsonl#caps_strict'
+    """
+    return f"{path}#{dataset}"
+
+
 def ingest_mapped(wh: Warehouse, source: DataSource, setting: str = "data.sources[]",
                   max_question_chars: int = MAX_QUESTION_CHARS) -> IngestReport:
     """A user's Parquet / JSONL / CSV file through its column mapping (`prompt_r1.data.mapped`). A new
@@ -159,7 +170,10 @@ def ingest_mapped(wh: Warehouse, source: DataSource, setting: str = "data.source
             answer_scorer(resolved_spec(source.scorer))
         except ScorerError as err:
             raise IngestError(f"{setting}.scorer: {err}") from None
-    return _store(wh, str(path), content_hash, read_mapped(source, setting, max_question_chars))
+    dataset = source.dataset or path.stem
+    label = mapped_label(path, dataset)
+    wh.adopt_questions(str(path), label, dataset)  # stored by an older version under the path alone
+    return _store(wh, label, content_hash, read_mapped(source, setting, max_question_chars))
 
 
 def ingest_verifiers(wh: Warehouse, env_id: str, max_question_chars: int = MAX_QUESTION_CHARS) -> list[IngestReport]:
