@@ -78,6 +78,12 @@ class DataConfig(StrictModel):
     max_train_questions: int | None = Field(
         None, ge=1, description="Cap on the training pool (after a seeded shuffle)."
     )
+    scorer_timeout_s: float = Field(
+        60.0, gt=0,
+        description="Deadline of one call of a dataset's own scorer or of `reward.turn.scorer`, in seconds; a call "
+        "that has not returned by then stops training or evaluation naming the scorer and the question (an LLM "
+        "judge without a timeout of its own would otherwise stall the run in silence).",
+    )
     max_question_chars: int = Field(
         20_000, ge=1,
         description="Longest question text ingestion accepts, in characters (after the instruction "

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.core.failures import UserError
+from prompt_r1.core.scorer_deadline import call_with_deadline
 
 PRIMARY = "score"  # the key of a dict result that holds the primary score
 SPEC_PATTERN = r"^(?:[A-Za-z_][\w.]*|[^:\s][^:]*\.py):[A-Za-z_]\w*$"
@@ -67,6 +68,8 @@ def load_callable(spec: str, setting: str, error: type[ScorerError] = ScorerErro
         except ImportError as err:
             raise error(f"{setting}: cannot import module `{module_name}` ({err}); name an importable "
                         "module as `package.module:function`") from err
+        except SystemExit as err:
+            raise error(_exits_on_import(setting, f"module `{module_name}`", err)) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise error(f"{setting}: module `{module_name}` has no function `{attr}`")
@@ -92,10 +95,17 @@ def _file_module(path: str, setting: str, error: type[ScorerError]) -> Any:
         sys.path.append(str(resolved.parent))
     try:
         spec.loader.exec_module(module)
+    except SystemExit as err:  # argparse or sys.exit at import would end the whole command
+        raise error(_exits_on_import(setting, str(resolved), err)) from None
     except Exception as err:  # the user's file: name it and what it raised
         raise error(f"{setting}: importing {resolved} raised {type(err).__name__}: {err}") from err
     sys.modules[name] = module
     return module
+
+
+def _exits_on_import(setting: str, what: str, err: SystemExit) -> str:
+    return (f"{setting}: importing {what} called sys.exit({err.code!r}): it parses command-line arguments or exits "
+            "when imported; do that only under `if __name__ == \"__main__\":`")
 
 
 def resolved_spec(spec: str) -> str:
@@ -187,8 +197,9 @@ class AnswerScorer:
         where = f"scorer `{self.spec}` for question {question_id!r}"
         if not prediction.strip():
             return AnswerScore(0.0)
-        try:
-            value = run_awaitable(self.fn(prediction.strip(), list(golds), dict(metadata or {})))
+        try:  # at most data.scorer_timeout_s, and never the end of the process (core.scorer_deadline)
+            value = call_with_deadline(
+                lambda: run_awaitable(self.fn(prediction.strip(), list(golds), dict(metadata or {}))), where, ScorerError)
         except ScorerError:
             raise
         except Exception as err:  # the task's own code: its failure stops the run, never a silent 0

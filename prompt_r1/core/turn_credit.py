@@ -33,6 +33,7 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
+from prompt_r1.core.scorer_deadline import call_with_deadline
 from prompt_r1.core.scorer import ScorerError, load_callable
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def score_turns(scorer: TurnScorer, question: QuestionRow, trajectory: Trajector
     setting, the question and what came back."""
     where = f"{setting} for question {question.question_id!r} (dataset {question.dataset})"
     try:
-        values = list(scorer(question, trajectory))
+        values = list(call_with_deadline(lambda: scorer(question, trajectory), where, TurnRewardError))
     except TurnRewardError:
         raise
     except Exception as err:  # the task's own code: its failure stops the run, never a silent 0

@@ -18,6 +18,7 @@ from pathlib import Path
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.scorer import AnswerScore, AnswerScorer, ScorerError, load_answer_scorer, resolved_spec
 from prompt_r1.core.scorer_code import code_fingerprint, files_fingerprint
+from prompt_r1.core.scorer_deadline import set_deadline
 from prompt_r1.data.verifiers_env import PREFIX as VERIFIERS, RubricScorer
 
 
@@ -41,9 +42,12 @@ def score_question(question: QuestionRow, prediction: str) -> AnswerScore:
     return answer_scorer(question.scorer)(prediction, question.golds, question.metadata, question.question_id)
 
 
-def check_scorers(questions: list[QuestionRow]) -> None:
+def check_scorers(questions: list[QuestionRow], timeout_s: float | None = None) -> None:
     """Load every scorer the questions name, so one that cannot be imported stops a run before any
-    model loads (`ScorerError` naming it)."""
+    model loads (`ScorerError` naming it); `timeout_s` (`data.scorer_timeout_s`) becomes the deadline
+    of every scorer call in this process (`core.scorer_deadline`)."""
+    if timeout_s is not None:
+        set_deadline(timeout_s)
     first: dict[str, QuestionRow] = {}
     for q in questions:
         if q.scorer:

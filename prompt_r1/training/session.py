@@ -137,8 +137,9 @@ class TrainingSession:
         self.questions = self.questions or TrainingPool.load(self.warehouse, self.cfg)
         self.train_questions, self.val_questions = self.questions.train, self.questions.validation
         self.by_id = {q.question_id: q for q in self.train_questions}
-        self.turn_scorer = self._check_turn_scorer()  # a task scorer that cannot judge this pool stops here
-        check_scorers(self.train_questions + self.val_questions)  # and so does a dataset scorer that cannot load
+        # a dataset scorer that cannot load stops here; every scorer call gets data.scorer_timeout_s
+        check_scorers(self.train_questions + self.val_questions, self.cfg.data.scorer_timeout_s)
+        self.turn_scorer = self._check_turn_scorer()  # a task scorer that cannot judge this pool stops here too
         # Checked before any model loads, so a refused resume fails in a second.
         # the scorers' code is part of the run's identity: a resume after it changed is refused like a config change
         scorers = scorer_fingerprints(self.train_questions + self.val_questions, self.cfg.reward.turn.scorer)
