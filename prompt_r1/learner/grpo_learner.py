@@ -63,8 +63,8 @@ from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.turn_credit import token_advantages, turn_advantages
 from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
-from prompt_r1.learner.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids, pack,
-                                       pack_groups, plan_mini_batches, question_order)
+from prompt_r1.learner.batches import (MicroBatch, check_packable, collate, empty_micro_batch,
+                                       informative_question_ids, pack, pack_groups, plan_mini_batches, question_order)
 from prompt_r1.learner.collectives import Ranks, tied_aliases
 from prompt_r1.learner.devices import autocast_dtype, resolve_device
 from prompt_r1.learner.finite import check_finite_update
@@ -101,6 +101,8 @@ class GRPOLearner:
         if self.mixed_precision is not None:
             self.compute_dtype = None
         self.model, self.reference = self._build_policy()
+        if cfg.train.pack_tokens:  # packed rows must mean what padded ones do on this model
+            check_packable(self.model)
         # a micro-batch's shared prompt runs once (`token_logprobs`' share_prefix): not where forward
         # passes are collectives (FSDP) or where gradient checkpointing drops the cache it needs
         self.share_prefix = not self.ranks.matched_forwards and not cfg.train.gradient_checkpointing
