@@ -257,18 +257,31 @@ class Warehouse:
     @staticmethod
     def _rekey(cur, source_file: str, now: datetime) -> int:
         """Point the rows that refer to `source_file`'s questions stored under ids `incoming` no
-        longer has at the ids `incoming` gives the same (dataset, split, text, repeat); returns
+        longer has at the ids `incoming` gives the same (dataset, split, text, golds, repeat), else
+        the same (dataset, split, text, repeat); returns
         how many questions were re-keyed. The stored questions themselves are then replaced by
         `add_source`'s insert and removal, like any other change."""
+        # by (dataset, split, text, golds, repeat) first: a twin inserted above a stored row is not it;
+        # then the rest by (dataset, split, text, repeat): a repeated text whose golds were corrected
         cur.execute(
             "CREATE OR REPLACE TEMP TABLE renames AS "
-            "WITH stored AS (SELECT question_id AS old_id, dataset, split, question, ROW_NUMBER() OVER "
-            "  (PARTITION BY dataset, split, question ORDER BY row_index, question_id) AS n FROM questions "
+            "WITH stored AS (SELECT question_id AS old_id, dataset, split, question, golds, row_index FROM questions "
             "  WHERE source_file = ? AND question_id NOT IN (SELECT question_id FROM incoming)), "
-            "fresh AS (SELECT question_id AS new_id, dataset, split, question, ROW_NUMBER() OVER "
-            "  (PARTITION BY dataset, split, question ORDER BY row_index) AS n FROM incoming "
-            "  WHERE question_id NOT IN (SELECT question_id FROM questions)) "
-            "SELECT old_id, new_id FROM stored JOIN fresh USING (dataset, split, question, n)", [source_file])
+            "fresh AS (SELECT question_id AS new_id, dataset, split, question, golds, row_index FROM incoming "
+            "  WHERE question_id NOT IN (SELECT question_id FROM questions)), "
+            "s1 AS (SELECT old_id, dataset, split, question, golds, ROW_NUMBER() OVER "
+            "  (PARTITION BY dataset, split, question, golds ORDER BY row_index, old_id) AS n FROM stored), "
+            "f1 AS (SELECT new_id, dataset, split, question, golds, ROW_NUMBER() OVER "
+            "  (PARTITION BY dataset, split, question, golds ORDER BY row_index) AS n FROM fresh), "
+            "by_golds AS (SELECT old_id, new_id FROM s1 JOIN f1 USING (dataset, split, question, golds, n)), "
+            "s2 AS (SELECT old_id, dataset, split, question, ROW_NUMBER() OVER "
+            "  (PARTITION BY dataset, split, question ORDER BY row_index, old_id) AS n FROM stored "
+            "  WHERE old_id NOT IN (SELECT old_id FROM by_golds)), "
+            "f2 AS (SELECT new_id, dataset, split, question, ROW_NUMBER() OVER "
+            "  (PARTITION BY dataset, split, question ORDER BY row_index) AS n FROM fresh "
+            "  WHERE new_id NOT IN (SELECT new_id FROM by_golds)) "
+            "SELECT old_id, new_id FROM by_golds UNION ALL "
+            "SELECT old_id, new_id FROM s2 JOIN f2 USING (dataset, split, question, n)", [source_file])
         count = cur.execute("SELECT count(*) FROM renames").fetchone()[0]
         if count:
             for ref in _QUESTION_REFS:
