@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -160,7 +161,18 @@ def check_answer_score(value: Any, where: str) -> AnswerScore:
 
 
 def _finite(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    """A finite real number, of any numeric type (numpy's float32 and int64 included); never a boolean.
+
+    >>> import numpy as np
+    >>> [_finite(v) for v in (0.5, np.float32(0.43), np.int64(0), True, np.bool_(True), "1", float("nan"))]
+    [True, True, True, False, False, False, False]
+    """
+    return is_real_number(value) and math.isfinite(value)
+
+
+def is_real_number(value: Any) -> bool:
+    """A real number that is not a boolean (`numbers.Real` takes numpy's scalars, and not `numpy.bool_`)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @functools.cache

@@ -83,7 +83,7 @@ def _jsonl_rows(path: Path, needed: dict[str, str], setting: str) -> tuple[dict[
     values: dict[str, list] = {name: [] for name in names}
     lines: list[int] = []
     try:
-        with path.open(encoding="utf-8") as fh:
+        with path.open(encoding="utf-8-sig") as fh:  # a leading BOM (editors on Windows) is no text
             for number, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
@@ -105,7 +105,8 @@ def _jsonl_rows(path: Path, needed: dict[str, str], setting: str) -> tuple[dict[
 def _csv_rows(path: Path, needed: dict[str, str], setting: str) -> tuple[dict[str, list], Callable[[int], str]]:
     names = list(dict.fromkeys(needed.values()))
     try:
-        with path.open(encoding="utf-8", newline="") as fh:
+        # utf-8-sig: Excel's "CSV UTF-8" starts with a BOM, which would glue itself to the first header
+        with path.open(encoding="utf-8-sig", newline="") as fh:
             reader = csv.reader(fh, strict=True)
             header = next(reader, None)
             if header is None:
