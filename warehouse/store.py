@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -90,6 +91,10 @@ def _command_line(holder: str) -> str:
 
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+# what DuckDB raises when the disk refuses a write (ENOSPC, EFBIG) at the statement or at COMMIT
+WRITE_ERRORS = (duckdb.IOException, duckdb.TransactionException)
 
 
 class WarehouseError(UserError, RuntimeError):
@@ -176,17 +181,38 @@ class Warehouse:
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """All-or-nothing: an exception inside rolls back every write of the block."""
+        """All-or-nothing: an exception inside rolls back every write of the block. A write the disk
+        refuses (full, a file-size limit) is a `WarehouseError` naming the file and the free space,
+        not DuckDB's traceback: the block was rolled back, so nothing of it was kept."""
         with self._lock:
             cur = self._con.cursor()
             cur.execute("BEGIN TRANSACTION")
             try:
                 yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
+            except BaseException as err:
+                try:
+                    cur.execute("ROLLBACK")
+                except duckdb.Error:
+                    if not isinstance(err, WRITE_ERRORS):
+                        raise
+                if isinstance(err, WRITE_ERRORS):
+                    raise self._write_error(err) from None
                 raise
             else:
-                cur.execute("COMMIT")
+                try:
+                    cur.execute("COMMIT")
+                except WRITE_ERRORS as err:
+                    raise self._write_error(err) from None
+
+    def _write_error(self, err: Exception) -> WarehouseError:
+        try:
+            free = f"{shutil.disk_usage(self.path.parent).free / 2**20:,.0f} MiB free on its device"
+        except OSError:
+            free = "its free space unknown"
+        reason = " ".join(str(err).split())[:300]
+        return WarehouseError(f"writing to warehouse {self.path} failed ({free}): {type(err).__name__}: {reason}. "
+                              "Nothing of this write was kept (it was rolled back); if the disk is full or a file-size "
+                              "limit was reached, free space and run the command again")
 
     # -- questions --------------------------------------------------------------------------
     def source_ingested(self, content_hash: str) -> bool:
