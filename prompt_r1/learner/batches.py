@@ -154,8 +154,10 @@ def pack_groups(indices: list[int], lengths: list[int], budget: int) -> list[lis
     used = budget + 1
     for i, n in zip(indices, lengths):
         if n > budget:
-            raise ValueError(f"a trajectory of {n} tokens (prompt and response) is longer than train.pack_tokens "
-                             f"{budget}: raise train.pack_tokens to at least {n}, or set it to 0 (padded micro-batches)")
+            # a setting too small for this data, not a bug: one line and exit 2 (a ConfigError), then --resume
+            raise ConfigError(f"a trajectory of {n} tokens (prompt and response) is longer than train.pack_tokens "
+                              f"{budget}: raise train.pack_tokens to at least {n}, or set it to 0 (padded "
+                              "micro-batches), and continue from the last checkpoint with `train --resume --force`")
         if used + n > budget:
             groups.append([])
             used = 0

@@ -51,3 +51,20 @@ def test_logits_transformed_after_the_output_layer_are_refused(tiny_model_path, 
 def test_the_bundled_sdpa_model_packs(tiny_model_path, lora) -> None:
     learner = GRPOLearner(make_config(lora=lora, pack_tokens=400), tiny_model_path)
     check_packable(learner.model)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_trajectory_longer_than_the_pack_budget_is_a_user_error(seed) -> None:
+    """A pack budget that holds a response but not prompt plus response (issue 62 item 15): one line naming
+    both numbers and the resume (a `UserError`, exit 2), never a traceback."""
+    import random
+
+    from prompt_r1.core.failures import UserError
+    from prompt_r1.learner.batches import pack_groups
+
+    rng = random.Random(seed)
+    budget = rng.randint(5, 50)
+    lengths = [rng.randint(1, budget) for _ in range(rng.randint(0, 6))]
+    lengths.insert(rng.randint(0, len(lengths)), budget + rng.randint(1, 30))
+    with pytest.raises(UserError, match=rf"longer than train.pack_tokens {budget}: .*--resume"):
+        pack_groups(list(range(len(lengths))), lengths, budget)
