@@ -311,9 +311,44 @@ def _open_files(pid: int) -> list[str]:
     return targets
 
 
+RAY_BINARIES = ("raylet", "gcs_server")
+RAY_PACKAGE = ("site-packages/ray/", "dist-packages/ray/")
+
+
+def is_ray_program(argv: list[str]) -> bool:
+    """Whether a command line is a program of Ray's own: a worker (`ray::...`), its raylet or GCS
+    server, or a Python process running a module of the installed `ray` package (dashboard, agents,
+    monitors). A user's `tail -f`, `less`, editor or log shipper on a session's logs is none of them,
+    even when its arguments name the session.
+
+    >>> is_ray_program(["ray::RolloutWorker.rollout"])
+    True
+    >>> is_ray_program(["/v/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--session_name=s"])
+    True
+    >>> is_ray_program(["/v/bin/python", "-u", "/v/lib/python3.11/site-packages/ray/dashboard/agent.py", "--log-dir=x"])
+    True
+    >>> is_ray_program(["tail", "-f", "/tmp/ray/session_2026-01-02_03-04-05_1_77/logs/raylet.out"])
+    False
+    """
+    if not argv:
+        return False
+    if argv[0].startswith("ray::") or Path(argv[0]).name in RAY_BINARIES:
+        return True
+    return any(marker in arg for arg in argv[:4] for marker in RAY_PACKAGE)
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
 def session_processes(record: dict) -> list[int]:
-    """The live processes of the Ray sessions the recorded owner started: started no earlier than
-    it, and naming such a session in their command line or an open file's path."""
+    """The live processes of the Ray sessions the recorded owner started: Ray's own programs
+    (`is_ray_program`), started no earlier than it, naming such a session in their command line or
+    an open file's path. Another program that merely reads the session's logs is never one."""
     names, since, me = session_matcher(record), record.get("owner_start") or 0, os.getpid()
     found = []
     for entry in Path("/proc").iterdir():
@@ -321,7 +356,7 @@ def session_processes(record: dict) -> list[int]:
             continue
         pid = int(entry.name)
         start = process_start(pid)
-        if start is None or start < since:
+        if start is None or start < since or not is_ray_program(_argv(pid)):
             continue
         if names(process_cmdline(pid)) or any(names(target) for target in _open_files(pid)):
             found.append(pid)
@@ -347,9 +382,9 @@ def sweep_ray_leftovers(run_dir: Path, grace_s: float = RAY_GRACE_S) -> list[int
         return []
     left = session_processes(record)
     if left:
-        log.warning("stopping %d process(es) of Ray session %s left running by a killed earlier run of %s "
-                    "(pids %s)", len(left), f"session_*_{record['owner_pid']}", run_dir,
-                    ", ".join(map(str, left)))
+        log.warning("stopping %d process(es) of Ray session %s left running by a killed earlier run of %s: %s",
+                    len(left), f"session_*_{record['owner_pid']}", run_dir,
+                    "; ".join(f"pid {pid} `{process_cmdline(pid)[:120]}`" for pid in left))
         _stop(left, grace_s)
     path.unlink(missing_ok=True)
     return left
