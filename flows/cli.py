@@ -114,6 +114,7 @@ def rerun_mlflow_run(run_id: str) -> dict:
     from flows.evaluate import evaluate_flow
     from flows.pipeline import pipeline_flow
     from flows.train import train_flow
+    from prompt_r1.core.urls import MASK
 
     mlflow.set_tracking_uri(where)
     try:
@@ -126,6 +127,9 @@ def rerun_mlflow_run(run_id: str) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="rerun-"))
     local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="config/resolved_config.yaml",
                                                 dst_path=str(tmp))
+    if any("base_url" in line and MASK in line for line in Path(local).read_text().splitlines()):
+        fail(f"run {run_id}'s logged config has an environment base_url whose credentials were redacted ({MASK}; "
+             "they are never stored in MLflow): rerun it from its config file (`prompt-r1 run-flow ... -c CONFIG`)")
     setup_mlflow(run.data.tags.get("config_name", "default"))
     if flow_name == "evaluate":  # the agent folders it evaluated, resolved again by the one resolver
         agents = {k[len("eval_agent."):]: v for k, v in run.data.params.items() if k.startswith("eval_agent.")}

@@ -56,11 +56,12 @@ def open_warehouse(path: str | Path | None = None, read_only: bool = False) -> I
         yield wh
 
 
-def _ingest_sources(wh: "Warehouse", cfg: Config, only_if_empty: bool = False) -> None:
+def _ingest_sources(wh: "Warehouse", cfg: Config) -> None:
+    """Every command that reads questions ingests the config's `data.sources` first, so an edited file,
+    a new mapping or a changed scorer is what it uses (an unchanged source costs one hash lookup)."""
     from prompt_r1.data.ingest import ingest
 
-    if not only_if_empty or not wh.question_summary():
-        ingest(wh, cfg.data.sources, cfg.data.max_question_chars)
+    ingest(wh, cfg.data.sources, cfg.data.max_question_chars)
 
 
 @dataclass
@@ -168,7 +169,7 @@ def evaluate(cfg: Config, *, agents: Mapping[str, str] | Sequence[str] = (), run
     if out is not None:
         mark_report_folder(folder)  # ours from here on: a failed run can be rerun into it with `overwrite`
     with open_warehouse(warehouse) as wh:
-        _ingest_sources(wh, cfg, only_if_empty=True)
+        _ingest_sources(wh, cfg)
         outcome = run_evaluation(cfg, wh, run_id, folders, log_dir=folder / "logs", concurrent=concurrent)
     files = write_report(outcome.results, outcome.examples, folder, outcome.seconds, outcome.predictions,
                          outcome.baselines, split, outcome.suites, outcome.turns)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -90,6 +91,10 @@ def _command_line(holder: str) -> str:
 
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+# what DuckDB raises when the disk refuses a write (ENOSPC, EFBIG) at the statement or at COMMIT
+WRITE_ERRORS = (duckdb.IOException, duckdb.TransactionException)
 
 
 class WarehouseError(UserError, RuntimeError):
@@ -176,17 +181,38 @@ class Warehouse:
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """All-or-nothing: an exception inside rolls back every write of the block."""
+        """All-or-nothing: an exception inside rolls back every write of the block. A write the disk
+        refuses (full, a file-size limit) is a `WarehouseError` naming the file and the free space,
+        not DuckDB's traceback: the block was rolled back, so nothing of it was kept."""
         with self._lock:
             cur = self._con.cursor()
             cur.execute("BEGIN TRANSACTION")
             try:
                 yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
+            except BaseException as err:
+                try:
+                    cur.execute("ROLLBACK")
+                except duckdb.Error:
+                    if not isinstance(err, WRITE_ERRORS):
+                        raise
+                if isinstance(err, WRITE_ERRORS):
+                    raise self._write_error(err) from None
                 raise
             else:
-                cur.execute("COMMIT")
+                try:
+                    cur.execute("COMMIT")
+                except WRITE_ERRORS as err:
+                    raise self._write_error(err) from None
+
+    def _write_error(self, err: Exception) -> WarehouseError:
+        try:
+            free = f"{shutil.disk_usage(self.path.parent).free / 2**20:,.0f} MiB free on its device"
+        except OSError:
+            free = "its free space unknown"
+        reason = " ".join(str(err).split())[:300]
+        return WarehouseError(f"writing to warehouse {self.path} failed ({free}): {type(err).__name__}: {reason}. "
+                              "Nothing of this write was kept (it was rolled back); if the disk is full or a file-size "
+                              "limit was reached, free space and run the command again")
 
     # -- questions --------------------------------------------------------------------------
     def source_ingested(self, content_hash: str) -> bool:
@@ -245,21 +271,43 @@ class Warehouse:
                         [source_file, content_hash, dataset, table.num_rows, now])
         return SourceCounts(inserted - rekeyed, updated, removed - rekeyed, table.num_rows - inserted - updated, rekeyed)
 
+    def adopt_questions(self, old_file: str, source_file: str, dataset: str) -> None:
+        """Move `dataset`'s questions (and its `sources` row) stored under `old_file` to `source_file`,
+        so a source whose key changed (a mapped file, now keyed with its dataset) finds them as its
+        own: updated in place, never removed as gone and inserted again."""
+        with self.transaction() as cur:
+            cur.execute("UPDATE questions SET source_file = ? WHERE source_file = ? AND dataset = ?",
+                        [source_file, old_file, dataset])
+            cur.execute("DELETE FROM sources WHERE source_file = ? AND dataset = ?", [old_file, dataset])
+
     @staticmethod
     def _rekey(cur, source_file: str, now: datetime) -> int:
         """Point the rows that refer to `source_file`'s questions stored under ids `incoming` no
-        longer has at the ids `incoming` gives the same (dataset, split, text, repeat); returns
+        longer has at the ids `incoming` gives the same (dataset, split, text, golds, repeat), else
+        the same (dataset, split, text, repeat); returns
         how many questions were re-keyed. The stored questions themselves are then replaced by
         `add_source`'s insert and removal, like any other change."""
+        # by (dataset, split, text, golds, repeat) first: a twin inserted above a stored row is not it;
+        # then the rest by (dataset, split, text, repeat): a repeated text whose golds were corrected
         cur.execute(
             "CREATE OR REPLACE TEMP TABLE renames AS "
-            "WITH stored AS (SELECT question_id AS old_id, dataset, split, question, ROW_NUMBER() OVER "
-            "  (PARTITION BY dataset, split, question ORDER BY row_index, question_id) AS n FROM questions "
+            "WITH stored AS (SELECT question_id AS old_id, dataset, split, question, golds, row_index FROM questions "
             "  WHERE source_file = ? AND question_id NOT IN (SELECT question_id FROM incoming)), "
-            "fresh AS (SELECT question_id AS new_id, dataset, split, question, ROW_NUMBER() OVER "
-            "  (PARTITION BY dataset, split, question ORDER BY row_index) AS n FROM incoming "
-            "  WHERE question_id NOT IN (SELECT question_id FROM questions)) "
-            "SELECT old_id, new_id FROM stored JOIN fresh USING (dataset, split, question, n)", [source_file])
+            "fresh AS (SELECT question_id AS new_id, dataset, split, question, golds, row_index FROM incoming "
+            "  WHERE question_id NOT IN (SELECT question_id FROM questions)), "
+            "s1 AS (SELECT old_id, dataset, split, question, golds, ROW_NUMBER() OVER "
+            "  (PARTITION BY dataset, split, question, golds ORDER BY row_index, old_id) AS n FROM stored), "
+            "f1 AS (SELECT new_id, dataset, split, question, golds, ROW_NUMBER() OVER "
+            "  (PARTITION BY dataset, split, question, golds ORDER BY row_index) AS n FROM fresh), "
+            "by_golds AS (SELECT old_id, new_id FROM s1 JOIN f1 USING (dataset, split, question, golds, n)), "
+            "s2 AS (SELECT old_id, dataset, split, question, ROW_NUMBER() OVER "
+            "  (PARTITION BY dataset, split, question ORDER BY row_index, old_id) AS n FROM stored "
+            "  WHERE old_id NOT IN (SELECT old_id FROM by_golds)), "
+            "f2 AS (SELECT new_id, dataset, split, question, ROW_NUMBER() OVER "
+            "  (PARTITION BY dataset, split, question ORDER BY row_index) AS n FROM fresh "
+            "  WHERE new_id NOT IN (SELECT new_id FROM by_golds)) "
+            "SELECT old_id, new_id FROM by_golds UNION ALL "
+            "SELECT old_id, new_id FROM s2 JOIN f2 USING (dataset, split, question, n)", [source_file])
         count = cur.execute("SELECT count(*) FROM renames").fetchone()[0]
         if count:
             for ref in _QUESTION_REFS:
@@ -302,6 +350,13 @@ class Warehouse:
             )
             for r in self.query_dicts(sql, params)
         ]
+
+    def source_datasets(self, source_files: Sequence[str]) -> list[str]:
+        """The datasets of the questions stored from `source_files` (resolved paths)."""
+        if not source_files:
+            return []
+        return [d for (d,) in self.query("SELECT DISTINCT dataset FROM questions WHERE source_file IN "
+                                         "(SELECT UNNEST(?)) ORDER BY 1", [list(source_files)])]
 
     def question_summary(self) -> list[dict[str, Any]]:
         return self.query_dicts(

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import subprocess
@@ -414,9 +415,31 @@ async def _collect_runs(client) -> list[dict[str, Any]]:
     return out
 
 
+def soak_minutes(text: str) -> float:
+    """`--minutes`: a finite number of at least 2 (the plan keeps the first and the last minute free of
+    faults), as argparse's type, so NaN, infinity or a negative length are an argument error, exit 2.
+
+    >>> soak_minutes("10")
+    10.0
+    >>> soak_minutes("inf")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: --minutes must be a finite number of at least 2 (a minute of warm-up and one of tail), got 'inf'
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 2:
+        raise argparse.ArgumentTypeError(f"--minutes must be a finite number of at least 2 (a minute of warm-up and "
+                                         f"one of tail), got {text!r}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=60.0, help="How long the schedule runs with faults.")
+    parser.add_argument("--minutes", type=soak_minutes, default=60.0,
+                        help="How long the schedule runs with faults (at least 2: a minute of warm-up and one of tail).")
     parser.add_argument("--seed", type=int, default=0, help="The fault plan's seed.")
     parser.add_argument("--out", required=True, help="A new folder for everything the soak writes.")
     parser.add_argument("--pipeline-every", type=int, default=300, help="The pipeline deployment's interval (s).")

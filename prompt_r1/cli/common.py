@@ -37,7 +37,7 @@ class _Commands(TyperGroup):
     """The app's command group: the one place a command's failure becomes its exit status."""
 
     def invoke(self, ctx: typer.Context) -> Any:
-        from prompt_r1.core.failures import EnvironmentFailure, UserError
+        from prompt_r1.core.failures import EnvironmentFailure, ProcessesDied, UserError
 
         # `ask` and `plan` have --json; knowing it before the command parses its options makes
         # even a usage error (a missing --config) a JSON object.
@@ -50,6 +50,9 @@ class _Commands(TyperGroup):
         except UserError as err:
             log.debug("user error", exc_info=True)
             fail(str(err))
+        except ProcessesDied as err:
+            log.debug("processes died", exc_info=True)
+            fail_processes(err)
         except (typer.Exit, typer.Abort):
             raise
         except typer.TyperException as err:  # usage errors: click prints them (stderr) and exits 2
@@ -111,6 +114,20 @@ def fail_environment(err: Exception, recorded: bool = True) -> None:
     if recorded:
         out.print("The failed calls are recorded in the warehouse (env_calls / eval_predictions .error); "
                   "nothing was scored from them and no agent was exported.", highlight=False)
+    raise typer.Exit(EXIT_CODE)
+
+
+def fail_processes(err: Exception) -> None:
+    """A run stopped because its processes were killed from outside (`ProcessesDied`): its message and
+    exit 3, no traceback."""
+    from rich.markup import escape
+
+    from prompt_r1.core.failures import EXIT_CODE
+
+    if _json_output():
+        _print_json_error(str(err), EXIT_CODE)
+    out = err_console if _json_output() else console
+    out.print(f"[bold red]processes died:[/] {escape(str(err))}", soft_wrap=True, highlight=False)
     raise typer.Exit(EXIT_CODE)
 
 

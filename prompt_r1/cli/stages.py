@@ -114,13 +114,14 @@ def plan(
     """Whether a config fits the machines, before any model loads: memory per GPU and where each
     learner rank and rollout engine goes (exit 0), or what does not fit and the setting to change (exit 2)."""
     from prompt_r1.planning.plan import make_plan
-    from prompt_r1.planning.machine import agent_architecture, check_train_device, local_machine
+    from prompt_r1.planning.machine import agent_architecture, check_train_device, check_train_device_on, local_machine
 
     cfg = load(config, set_)
     if gpus_per_node is None:  # planned for this machine: its GPUs must hold train.device, as train checks
         check_train_device(cfg)
     arch = agent_architecture(cfg, params)
     machine = local_machine(nodes, gpus_per_node, gpu_memory_gib, host_memory_gib)
+    check_train_device_on(cfg, machine)  # the planned node must hold train.device's index too
     result = make_plan(cfg, arch, machine, prompt_tokens, source=str(config))
     if as_json and result.fits:
         print(json.dumps(result.to_dict(), indent=2))
@@ -268,8 +269,7 @@ def rollout(
     check_local_cpus(cfg.rollout, workers)
     agent = _agent_folder(cfg.agent.model, cfg)
     with _open_db(db) as wh:
-        if not wh.questions(splits=["train"]):
-            ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)
+        ingest_paths(wh, cfg.data.sources, cfg.data.max_question_chars)  # as train does: always current
         # the questions a training run with this config trains on, in its pool's order
         questions = TrainingPool.load(wh, cfg).train[: cfg.rollout.batch_questions]
         init_ray(cfg.rollout, cpus_needed(cfg, workers, learner=False))

@@ -25,7 +25,7 @@ class BaselinesConfig(StrictModel):
     )
     train_questions: int = Field(16, ge=1, description="Train-split questions each candidate is scored on.")
     train_datasets: list[str] = Field(
-        default_factory=list, description="Datasets the training questions come from (empty = data.train_datasets or all)."
+        default_factory=list, description="Datasets the training questions come from (empty = data.train_datasets, or the datasets of data.sources)."
     )
     steps: int = Field(10, ge=1, description="OPRO and TextGrad: optimisation steps (the budget may end them sooner).")
     candidates_per_step: int = Field(2, ge=1, description="OPRO: instructions proposed per step.")

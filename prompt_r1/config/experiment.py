@@ -127,6 +127,7 @@ class Config(StrictModel):
         data["rollout"].pop("actor_restarts")  # whether a step survives a dead actor, not what it computes
         data["rollout"].pop("gpus_per_worker")  # how much of a GPU an actor reserves, not what it samples
         data.pop("tracking")  # where a run is recorded and registered, not what it computes
+        data["data"].pop("scorer_timeout_s")  # when a hung scorer call stops the run, not what it scores
         _drop_unset_additions(data)
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -92,7 +92,8 @@ class DataConfig(StrictModel):
     )
     train_datasets: list[str] = Field(
         default_factory=list,
-        description="Datasets whose `train` split feeds training; empty = every train-split question.",
+        description="Datasets whose `train` split feeds training; empty = the datasets of `data.sources` (never "
+        "another config's questions in a shared warehouse).",
     )
     validation_fraction: float = Field(
         0.1, ge=0.0, lt=1.0, description="Share of training questions held out for validation."
@@ -100,12 +101,35 @@ class DataConfig(StrictModel):
     max_train_questions: int | None = Field(
         None, ge=1, description="Cap on the training pool (after a seeded shuffle)."
     )
+    scorer_timeout_s: float = Field(
+        60.0, gt=0,
+        description="Deadline of one call of a dataset's own scorer or of `reward.turn.scorer`, in seconds; a call "
+        "that has not returned by then stops training or evaluation naming the scorer and the question (an LLM "
+        "judge without a timeout of its own would otherwise stall the run in silence).",
+    )
     max_question_chars: int = Field(
         20_000, ge=1,
         description="Longest question text ingestion accepts, in characters (after the instruction "
         "template is stripped); a longer row is an error naming its file and row, since one huge "
         "prompt stalls a rollout worker.",
     )
+
+    @model_validator(mode="after")
+    def _one_entry_per_file_and_dataset(self) -> "DataConfig":
+        """One file may feed several datasets (several mappings), but two entries that map one file
+        to one dataset would each claim the other's questions at every ingest."""
+        from pathlib import Path
+
+        seen: dict[tuple[Path, str], int] = {}
+        for i, source in enumerate(self.sources):
+            if isinstance(source, DataSource):
+                path = Path(source.path).expanduser().resolve()
+                key = (path, source.dataset or path.stem)
+                if key in seen:
+                    raise ValueError(f"data.sources[{i}] maps {path} to dataset `{key[1]}`, as data.sources[{seen[key]}] "
+                                     "does; one entry per file and dataset: drop one, or give it another `dataset`")
+                seen[key] = i
+        return self
 
 
 class LoraConfig(StrictModel):
@@ -424,9 +448,10 @@ class TurnRewardConfig(StrictModel):
         "`prompt_r1.data.first_call:two_hop_indicators` (the first call asks the first hop; two leaks).",
     )
     weight: float = Field(
-        0.5, ge=0.0,
+        0.5, ge=0.0, le=100.0,
         description="c in A + c * A_t: how much of a turn's group-centred turn reward A_t is added to the "
-        "advantage of that turn's tokens. 0 = the turn rewards are computed and logged, not credited.",
+        "advantage of that turn's tokens (at most 100: MT-GRPO uses 1). 0 = the turn rewards are computed and "
+        "logged, not credited.",
     )
 
 

@@ -39,6 +39,13 @@ class EnvironmentFailure(RuntimeError):
         self.env_name, self.first_error, self.error_rate = env_name, first_error, error_rate
 
 
+class ProcessesDied(RuntimeError):
+    """Processes of a run died from outside (the OOM killer, `kill -9`, a lost node) more often than the
+    run restarts them: not a bug of the project, so the CLI prints the message (what died, the
+    setting that bounds restarts, how to resume) and exits 3, as for an environment failure, without
+    a traceback (it stays in the log at debug level)."""
+
+
 def error_rate(errors: Iterable[str | None]) -> float:
     """Share of failed calls among `errors` (one entry per call: None = it succeeded).
 

@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.core.failures import UserError
+from prompt_r1.core.scorer_deadline import call_with_deadline
 
 PRIMARY = "score"  # the key of a dict result that holds the primary score
 SPEC_PATTERN = r"^(?:[A-Za-z_][\w.]*|[^:\s][^:]*\.py):[A-Za-z_]\w*$"
@@ -67,6 +69,8 @@ def load_callable(spec: str, setting: str, error: type[ScorerError] = ScorerErro
         except ImportError as err:
             raise error(f"{setting}: cannot import module `{module_name}` ({err}); name an importable "
                         "module as `package.module:function`") from err
+        except SystemExit as err:
+            raise error(_exits_on_import(setting, f"module `{module_name}`", err)) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise error(f"{setting}: module `{module_name}` has no function `{attr}`")
@@ -92,10 +96,17 @@ def _file_module(path: str, setting: str, error: type[ScorerError]) -> Any:
         sys.path.append(str(resolved.parent))
     try:
         spec.loader.exec_module(module)
+    except SystemExit as err:  # argparse or sys.exit at import would end the whole command
+        raise error(_exits_on_import(setting, str(resolved), err)) from None
     except Exception as err:  # the user's file: name it and what it raised
         raise error(f"{setting}: importing {resolved} raised {type(err).__name__}: {err}") from err
     sys.modules[name] = module
     return module
+
+
+def _exits_on_import(setting: str, what: str, err: SystemExit) -> str:
+    return (f"{setting}: importing {what} called sys.exit({err.code!r}): it parses command-line arguments or exits "
+            "when imported; do that only under `if __name__ == \"__main__\":`")
 
 
 def resolved_spec(spec: str) -> str:
@@ -150,7 +161,18 @@ def check_answer_score(value: Any, where: str) -> AnswerScore:
 
 
 def _finite(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    """A finite real number, of any numeric type (numpy's float32 and int64 included); never a boolean.
+
+    >>> import numpy as np
+    >>> [_finite(v) for v in (0.5, np.float32(0.43), np.int64(0), True, np.bool_(True), "1", float("nan"))]
+    [True, True, True, False, False, False, False]
+    """
+    return is_real_number(value) and math.isfinite(value)
+
+
+def is_real_number(value: Any) -> bool:
+    """A real number that is not a boolean (`numbers.Real` takes numpy's scalars, and not `numpy.bool_`)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @functools.cache
@@ -187,8 +209,9 @@ class AnswerScorer:
         where = f"scorer `{self.spec}` for question {question_id!r}"
         if not prediction.strip():
             return AnswerScore(0.0)
-        try:
-            value = run_awaitable(self.fn(prediction.strip(), list(golds), dict(metadata or {})))
+        try:  # at most data.scorer_timeout_s, and never the end of the process (core.scorer_deadline)
+            value = call_with_deadline(
+                lambda: run_awaitable(self.fn(prediction.strip(), list(golds), dict(metadata or {}))), where, ScorerError)
         except ScorerError:
             raise
         except Exception as err:  # the task's own code: its failure stops the run, never a silent 0

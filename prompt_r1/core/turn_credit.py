@@ -33,7 +33,8 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from prompt_r1.core.scorer import ScorerError, load_callable
+from prompt_r1.core.scorer_deadline import call_with_deadline
+from prompt_r1.core.scorer import ScorerError, is_real_number, load_callable
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow
@@ -69,7 +70,7 @@ def score_turns(scorer: TurnScorer, question: QuestionRow, trajectory: Trajector
     setting, the question and what came back."""
     where = f"{setting} for question {question.question_id!r} (dataset {question.dataset})"
     try:
-        values = list(scorer(question, trajectory))
+        values = list(call_with_deadline(lambda: scorer(question, trajectory), where, TurnRewardError))
     except TurnRewardError:
         raise
     except Exception as err:  # the task's own code: its failure stops the run, never a silent 0
@@ -80,7 +81,7 @@ def score_turns(scorer: TurnScorer, question: QuestionRow, trajectory: Trajector
     for value in values:
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+        if not is_real_number(value) or not math.isfinite(value) \
                 or not 0.0 <= value <= 1.0:
             raise TurnRewardError(f"{where} returned {value!r}; each turn reward must be None or a number in [0, 1]")
     return [None if v is None else float(v) for v in values]

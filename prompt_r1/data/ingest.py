@@ -33,7 +33,7 @@ from prompt_r1.config.sampling import HF_PREFIX, DataSource
 from prompt_r1.core.scorer import resolved_spec
 from prompt_r1.data.files import READERS
 from prompt_r1.data.mapped import mapping_text, read_mapped, source_path
-from prompt_r1.data.verifiers_env import PREFIX as VERIFIERS
+from prompt_r1.data.verifiers_env import PREFIX as VERIFIERS, dataset_name
 from prompt_r1.data.rows import (
     DEFAULT_METRIC, ID_COLUMN, INGEST_FORMAT, KEYED_BY_CONTENT, MAX_QUESTION_CHARS, Columns, IngestError, IngestReport, _not_empty,
     build_table, source_hash,
@@ -127,6 +127,34 @@ def ingest(wh: Warehouse, sources: Iterable[str | Path | DataSource],
     return reports
 
 
+def source_datasets(wh: Warehouse, sources: Iterable[str | Path | DataSource]) -> list[str]:
+    """The datasets `data.sources` put in the warehouse: a mapping's `dataset`, a verifiers
+    environment's name, and for a file or folder the datasets stored from its files. A run trains on
+    these when `data.train_datasets` is empty, so questions that other configs ingested into a shared
+    warehouse never join its pool."""
+    datasets: list[str] = []
+    files: list[str] = []
+    for source in sources:
+        if isinstance(source, DataSource):
+            datasets.append(source.dataset or source_path(source).stem)
+        elif str(source).startswith(VERIFIERS):
+            datasets.append(dataset_name(str(source)[len(VERIFIERS):]))
+        else:
+            files.extend(str(path.resolve()) for path in discover(Path(source)))
+    return sorted(set(datasets) | set(wh.source_datasets(files)))
+
+
+def mapped_label(path: Path, dataset: str) -> str:
+    """The warehouse's `source_file` of a mapped source: the file and the dataset it feeds, so two
+    entries that map one file to two datasets are two sources, and neither removes the other's
+    questions as "no longer in the source".
+
+    >>> mapped_label(Path("/d/caps.jsonl"), "caps_strict")
+    '/d/caps.jsonl#caps_strict'
+    """
+    return f"{path}#{dataset}"
+
+
 def ingest_mapped(wh: Warehouse, source: DataSource, setting: str = "data.sources[]",
                   max_question_chars: int = MAX_QUESTION_CHARS) -> IngestReport:
     """A user's Parquet / JSONL / CSV file through its column mapping (`prompt_r1.data.mapped`). A new
@@ -146,7 +174,10 @@ def ingest_mapped(wh: Warehouse, source: DataSource, setting: str = "data.source
             answer_scorer(resolved_spec(source.scorer))
         except ScorerError as err:
             raise IngestError(f"{setting}.scorer: {err}") from None
-    return _store(wh, str(path), content_hash, read_mapped(source, setting, max_question_chars))
+    dataset = source.dataset or path.stem
+    label = mapped_label(path, dataset)
+    wh.adopt_questions(str(path), label, dataset)  # stored by an older version under the path alone
+    return _store(wh, label, content_hash, read_mapped(source, setting, max_question_chars))
 
 
 def ingest_verifiers(wh: Warehouse, env_id: str, max_question_chars: int = MAX_QUESTION_CHARS) -> list[IngestReport]:

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from prompt_r1.config.sampling import DataSource
 from prompt_r1.core.scorer import resolved_spec
+from prompt_r1.core.scorer_code import code_fingerprint
 from prompt_r1.data.files import _arrow, _jsonl_read_problem, _parquet_read_problem
 from prompt_r1.data.rows import DEFAULT_METRIC, SCORER_METRIC, Columns, IngestError, _not_empty, build_table, split_for
 
@@ -32,13 +33,15 @@ SUFFIXES = (".parquet", ".jsonl", ".csv")
 def mapping_text(source: DataSource) -> str:
     """How the file maps to questions, as stable text for its content hash (the scorer's file path
     resolved, so the same entry run from another folder is another source only when it means
-    another file)."""
+    another file, and the hash of its code)."""
     data = source.model_dump(mode="json")
     for key in ("config", "hf_split"):  # the `hf:` keys, unset: a file's hash as before they existed
         if data[key] is None:
             del data[key]
     if source.scorer:
         data["scorer"] = resolved_spec(source.scorer)
+        # the scorer's code too: a rewritten scorer is a new version of the source (core.scorer_code)
+        data["scorer_code"] = code_fingerprint(data["scorer"])
     return json.dumps(data, sort_keys=True)
 
 
@@ -83,7 +86,7 @@ def _jsonl_rows(path: Path, needed: dict[str, str], setting: str) -> tuple[dict[
     values: dict[str, list] = {name: [] for name in names}
     lines: list[int] = []
     try:
-        with path.open(encoding="utf-8") as fh:
+        with path.open(encoding="utf-8-sig") as fh:  # a leading BOM (editors on Windows) is no text
             for number, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
@@ -105,7 +108,8 @@ def _jsonl_rows(path: Path, needed: dict[str, str], setting: str) -> tuple[dict[
 def _csv_rows(path: Path, needed: dict[str, str], setting: str) -> tuple[dict[str, list], Callable[[int], str]]:
     names = list(dict.fromkeys(needed.values()))
     try:
-        with path.open(encoding="utf-8", newline="") as fh:
+        # utf-8-sig: Excel's "CSV UTF-8" starts with a BOM, which would glue itself to the first header
+        with path.open(encoding="utf-8-sig", newline="") as fh:
             reader = csv.reader(fh, strict=True)
             header = next(reader, None)
             if header is None:

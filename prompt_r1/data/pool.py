@@ -3,7 +3,8 @@
 Built once per run from the warehouse (`TrainingPool.load`) and handed down: the run choice (a
 resume must see the same pool, `hash`), the MLflow dataset record and the training session all
 read the same object, so a flow run never draws the pool twice. The rule: the train split of
-`data.train_datasets` (every dataset when empty), shuffled by a seed derived from the config's,
+`data.train_datasets` (when empty, the datasets the config's own `data.sources` hold: a warehouse
+is shared by every config of a home, and another config's questions are not this task's), shuffled by a seed derived from the config's,
 capped at `data.max_train_questions`, and a `data.validation_fraction` share held out for
 validation (at least one question when the fraction is set, never the whole pool).
 """
@@ -54,11 +55,16 @@ class TrainingPool:
     @classmethod
     def load(cls, warehouse: "Warehouse", cfg: Config) -> "TrainingPool":
         """The pool `cfg` trains on, from the warehouse's train split (see the module docstring)."""
-        pool = warehouse.questions(splits=["train"], datasets=cfg.data.train_datasets or None)
+        from prompt_r1.data.ingest import source_datasets
+
+        datasets = cfg.data.train_datasets or source_datasets(warehouse, cfg.data.sources)
+        pool = warehouse.questions(splits=["train"], datasets=datasets) if datasets else []
         if not pool:
-            raise ConfigError(f"no train-split questions in the warehouse (data.sources: {cfg.data.sources}, "
-                              f"data.train_datasets: {cfg.data.train_datasets or 'all'}); ingest a train/ folder "
-                              "first (e.g. `prompt-r1 ingest data/sample`)")
+            chosen = "data.train_datasets" if cfg.data.train_datasets else "the datasets of data.sources"
+            raise ConfigError(f"no train-split questions in {chosen} ({', '.join(datasets) or 'none'}; data.sources: "
+                              f"{cfg.data.sources}); add a source with a train split to data.sources (a train/ "
+                              "folder, or a mapping's `split: train` / `columns.split`), or name the datasets to "
+                              "train on in data.train_datasets")
         random.Random(derive_seed("training_pool", cfg.seed)).shuffle(pool)
         if cfg.data.max_train_questions:
             pool = pool[: cfg.data.max_train_questions]

@@ -211,7 +211,7 @@ def build_table(cols: Columns, where: Callable[[int], str], max_question_chars: 
     per_row = {f: getattr(cols, f) if isinstance(getattr(cols, f), list) else [getattr(cols, f)] * n
                for f in ("dataset", "split", "task_family", "primary_metric")}
     keys = _row_keys(cols, where) if cols.ids is not None else \
-        content_keys(cols.key_prefix, list(zip(per_row["dataset"], per_row["split"], questions)))
+        content_keys(cols.key_prefix, list(zip(per_row["dataset"], per_row["split"], questions)), golds)
     ids = [question_id(d, s, k) for d, s, k in zip(per_row["dataset"], per_row["split"], keys)]
     table = pa.table({"question_id": ids, **{f: per_row[f] for f in ("dataset", "split")},
                       "question": questions, "golds": golds,
@@ -234,19 +234,36 @@ def _metadata_json(cols: Columns, where: Callable[[int], str]) -> list[str | Non
     return out
 
 
-def content_keys(source: str, rows: list[tuple[str, str, str]]) -> list[str]:
+def content_keys(source: str, rows: list[tuple[str, str, str]], golds: list[list[str]] | None = None) -> list[str]:
     """Row keys of a source without an `id` column, from its name and each row's (dataset,
-    split, question text): the text's hash, and which repeat of that text this row is (0 for the
-    first), so inserting, removing or moving a row leaves every other row's key as it was.
+    split, question text): the text's hash, so inserting, removing or moving a row leaves every
+    other row's key as it was. A text that repeats within its dataset and split is told apart by its
+    gold answers too (and which repeat of that text and golds it is, 0 for the first): a twin inserted
+    above a stored row then gets a key of its own instead of taking the stored row's id and golds.
 
-    >>> content_keys("qa.jsonl", [("d", "test", "Q1"), ("d", "test", "Q2"), ("d", "test", "Q1")])
-    ['qa.jsonl:text:32d833f348ce377c#0', 'qa.jsonl:text:8845886be6cbcf28#0', 'qa.jsonl:text:32d833f348ce377c#1']
+    >>> content_keys("qa.jsonl", [("d", "test", "Q1"), ("d", "test", "Q2")])
+    ['qa.jsonl:text:32d833f348ce377c#0', 'qa.jsonl:text:8845886be6cbcf28#0']
+    >>> content_keys("qa.jsonl", [("d", "test", "Q1"), ("d", "test", "Q1"), ("d", "test", "Q1")],
+    ...              [["a"], ["b"], ["a"]])  # doctest: +NORMALIZE_WHITESPACE
+    ['qa.jsonl:text:32d833f348ce377c:golds:0eb5b8d6f81bc677#0',
+     'qa.jsonl:text:32d833f348ce377c:golds:a8950f05d3443e79#0',
+     'qa.jsonl:text:32d833f348ce377c:golds:0eb5b8d6f81bc677#1']
     """
-    seen: dict[tuple[str, str, str], int] = {}
-    keys = []
+    counts: dict[tuple[str, str, str], int] = {}
     for row in rows:
-        n = seen[row] = seen.get(row, -1) + 1
-        keys.append(f"{source}:text:{hashlib.sha256(row[2].encode()).hexdigest()[:16]}#{n}")
+        counts[row] = counts.get(row, 0) + 1
+    seen: dict[tuple, int] = {}
+    keys = []
+    for i, row in enumerate(rows):
+        text = hashlib.sha256(row[2].encode()).hexdigest()[:16]
+        if counts[row] > 1 and golds is not None:
+            gold = hashlib.sha256(json.dumps(list(golds[i])).encode()).hexdigest()[:16]
+            key: tuple = (*row, gold)
+            n = seen[key] = seen.get(key, -1) + 1
+            keys.append(f"{source}:text:{text}:golds:{gold}#{n}")
+        else:
+            n = seen[row] = seen.get(row, -1) + 1
+            keys.append(f"{source}:text:{text}#{n}")
     return keys
 
 

@@ -11,9 +11,14 @@ failure is the same `ScorerError` naming the scorer and the question.
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Iterable
+from pathlib import Path
 
 from prompt_r1.core.questions import QuestionRow
-from prompt_r1.core.scorer import AnswerScore, AnswerScorer, ScorerError, load_answer_scorer
+from prompt_r1.core.scorer import AnswerScore, AnswerScorer, ScorerError, load_answer_scorer, resolved_spec
+from prompt_r1.core.scorer_code import code_fingerprint, files_fingerprint
+from prompt_r1.core.scorer_deadline import set_deadline
 from prompt_r1.data.verifiers_env import PREFIX as VERIFIERS, RubricScorer
 
 
@@ -37,9 +42,12 @@ def score_question(question: QuestionRow, prediction: str) -> AnswerScore:
     return answer_scorer(question.scorer)(prediction, question.golds, question.metadata, question.question_id)
 
 
-def check_scorers(questions: list[QuestionRow]) -> None:
+def check_scorers(questions: list[QuestionRow], timeout_s: float | None = None) -> None:
     """Load every scorer the questions name, so one that cannot be imported stops a run before any
-    model loads (`ScorerError` naming it)."""
+    model loads (`ScorerError` naming it); `timeout_s` (`data.scorer_timeout_s`) becomes the deadline
+    of every scorer call in this process (`core.scorer_deadline`)."""
+    if timeout_s is not None:
+        set_deadline(timeout_s)
     first: dict[str, QuestionRow] = {}
     for q in questions:
         if q.scorer:
@@ -49,3 +57,20 @@ def check_scorers(questions: list[QuestionRow]) -> None:
             answer_scorer(spec)
         except ScorerError as err:
             raise ScorerError(f"{err} (needed by dataset {q.dataset}, e.g. question {q.question_id!r})") from err
+
+
+def scorer_fingerprints(questions: Iterable[QuestionRow], turn_spec: str | None = None) -> dict[str, str]:
+    """spec -> a hash of its code (`core.scorer_code`), for every scorer `questions` name and the turn
+    scorer: what a run's rewards depend on beside its config and pool. A verifiers rubric is the files
+    of its reward functions; a spec whose file cannot be read is `unknown` (loading it says why)."""
+    specs = {q.scorer for q in questions if q.scorer} | ({resolved_spec(turn_spec)} if turn_spec else set())
+    out: dict[str, str] = {}
+    for spec in sorted(specs):
+        if spec.startswith(VERIFIERS):
+            rubric = answer_scorer(spec).fn
+            files = sorted({Path(f) for _, func, _ in rubric.functions
+                            if (f := inspect.getsourcefile(func)) and Path(f).is_file()})
+            out[spec] = files_fingerprint(files) if files else "unknown"
+        else:
+            out[spec] = code_fingerprint(spec) or "unknown"
+    return out

@@ -160,6 +160,28 @@ def read_verifiers(env_id: str, max_question_chars: int) -> list[tuple[str, str,
     return out
 
 
+def weighted_score(values: list[float], weights: list[float]) -> float:
+    """The rubric's weighted sum, mapped onto [0, 1] when its weights reach outside it.
+
+    verifiers' own examples weigh a right answer 1.0 and a format check 0.2, so a right answer
+    scores 1.2, and a negative weight (a penalty) can make a total below 0; a score in prompt-r1 is
+    in [0, 1]. With every function in [0, 1] the reachable totals run from the sum of the negative
+    weights to the sum of the positive ones, and that range is mapped onto [0, 1] (the order of
+    answers is kept). A rubric whose weights already keep it inside [0, 1] scores its plain sum.
+
+    >>> weighted_score([1.0, 1.0], [1.0, 0.2]), weighted_score([1.0, 0.0], [0.75, 0.25])
+    (1.0, 0.75)
+    >>> round(weighted_score([1.0, 0.0], [1.0, 0.2]), 4), weighted_score([0.0, 1.0], [1.0, -0.5])
+    (0.8333, 0.0)
+    """
+    total = sum(w * v for w, v in zip(weights, values, strict=True))
+    low = sum(w for w in weights if w < 0)
+    high = sum(w for w in weights if w > 0)
+    if (low >= 0 and high <= 1) or high == low:
+        return total
+    return (total - low) / (high - low)
+
+
 class RubricScorer:
     """An environment's rubric as a dataset scorer: `scorer(prediction, golds, metadata)` ->
     {"score": weighted sum of the reward functions, <function name>: value, ...}."""
@@ -175,7 +197,7 @@ class RubricScorer:
             "answer": answer if answer is not None else "", "info": metadata.get("info") or {},
         }
         parts: dict[str, float] = {}
-        total = 0.0
+        values: list[float] = []
         for rubric, func, weight in self.functions:
             objects = rubric.score_objects(state)
             params = inspect.signature(func).parameters
@@ -186,5 +208,5 @@ class RubricScorer:
             except Exception as err:
                 raise RuntimeError(f"rubric function `{_name(func)}` raised {type(err).__name__}: {err}") from err
             parts[_name(func)] = value
-            total += weight * value
-        return {"score": total, **parts}
+            values.append(value)
+        return {"score": weighted_score(values, [weight for _, _, weight in self.functions]), **parts}

@@ -56,6 +56,7 @@ import openai
 from prompt_r1.env.base import EnvReply, Environment, check_messages, reply_cache_key, short_reason, with_system
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.urls import redact_url, scrub_secrets, url_secrets
 from prompt_r1.core.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -168,6 +169,9 @@ class OpenAIEnvironment(Environment):
         if not cfg.base_url:
             raise ConfigError(f"environment `{cfg.name}`: an OpenAI-compatible environment needs base_url")
         self.base_url = cfg.base_url.rstrip("/")
+        # what messages, logs and stored errors show: the URL without its password or query credentials
+        self.shown_url = redact_url(self.base_url)
+        self._url_secrets = url_secrets(self.base_url)
         self.warehouse = warehouse if cfg.cache else None
         self._has_key = bool(cfg.api_key_env)
         resolve_api_key(cfg)  # fail at construction when the variable is missing
@@ -178,7 +182,7 @@ class OpenAIEnvironment(Environment):
         self._semaphore: asyncio.Semaphore | None = None
 
     def __repr__(self) -> str:
-        return f"OpenAIEnvironment(name={self.name!r}, model={self.model!r}, base_url={self.base_url!r})"
+        return f"OpenAIEnvironment(name={self.name!r}, model={self.model!r}, base_url={self.shown_url!r})"
 
     # -- per-loop client -------------------------------------------------------------------
     def _bound(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
@@ -222,7 +226,7 @@ class OpenAIEnvironment(Environment):
             async with asyncio.timeout(self.cfg.call_deadline_s):
                 result = await self._call(messages, sent)
         except TimeoutError:
-            where = (f"after {sent[0]} attempts to {self.base_url}" if sent[0]
+            where = (f"after {sent[0]} attempts to {self.shown_url}" if sent[0]
                      else f"waiting for a free slot (concurrency {self.cfg.concurrency})")
             return self._give_up(turn, started, sent[0],
                                  f"call deadline of {self.cfg.call_deadline_s:g}s reached {where}")
@@ -239,7 +243,7 @@ class OpenAIEnvironment(Environment):
 
     def _give_up(self, turn: int, started: float, attempts: int, why: str) -> EnvReply:
         why = self._scrub(why)
-        log.warning("environment %s (%s at %s) call failed: %s", self.name, self.model, self.base_url, why)
+        log.warning("environment %s (%s at %s) call failed: %s", self.name, self.model, self.shown_url, why)
         return self.failed(turn, why, started, attempts)
 
     async def _call(self, messages: list[dict[str, str]], sent: list[int]) -> _Success:
@@ -274,7 +278,7 @@ class OpenAIEnvironment(Environment):
         extra: dict[str, Any] = {} if cfg.seed is None else {"seed": cfg.seed}
         if cfg.stop:
             extra["stop"] = list(cfg.stop)
-        too_large = (f"reply from {self.base_url} is larger than max_reply_bytes={cfg.max_reply_bytes}; "
+        too_large = (f"reply from {self.shown_url} is larger than max_reply_bytes={cfg.max_reply_bytes}; "
                      "lower max_tokens or raise max_reply_bytes in the environment config")
         try:
             # the client's timeout bounds each read (a server dripping bytes never trips it);
@@ -294,20 +298,20 @@ class OpenAIEnvironment(Environment):
                 except _Failure:
                     raise
                 except Exception as err:  # the transport's own errors: the body broke off
-                    raise _Failure(f"malformed response from {self.base_url}: the body broke off "
+                    raise _Failure(f"malformed response from {self.shown_url}: the body broke off "
                                    f"({type(err).__name__})", retryable=True) from None
         except (openai.APITimeoutError, TimeoutError):
-            raise _Failure(f"timeout after {cfg.timeout_s:g}s from {self.base_url}", retryable=True) from None
+            raise _Failure(f"timeout after {cfg.timeout_s:g}s from {self.shown_url}", retryable=True) from None
         except openai.APIConnectionError as err:
             cause = err.__cause__ or err
-            raise _Failure(f"cannot connect to {self.base_url} ({type(cause).__name__}); "
+            raise _Failure(f"cannot connect to {self.shown_url} ({type(cause).__name__}); "
                            "is the server running?", retryable=True) from None
         except openai.APIStatusError as err:
             raise self._status_failure(err) from None
         except openai.APIError as err:
-            raise _Failure(f"bad response from {self.base_url}: {type(err).__name__}: "
+            raise _Failure(f"bad response from {self.shown_url}: {type(err).__name__}: "
                            f"{short_reason(str(err), 120)}", retryable=True) from None
-        return self._read(read_json_body(bytes(body), self.base_url))
+        return self._read(read_json_body(bytes(body), self.shown_url))
 
     def _status_failure(self, err: openai.APIStatusError) -> _Failure:
         status = err.status_code
@@ -317,12 +321,12 @@ class OpenAIEnvironment(Environment):
             hint = (f"; check the key in ${self.cfg.api_key_env}" if self._has_key
                     else "; the server wants an API key: set api_key_env in the environment config")
         elif status == 404:
-            hint = f"; is `{self.model}` served at {self.base_url}?"
+            hint = f"; is `{self.model}` served at {self.shown_url}?"
         retryable = status in RETRYABLE_STATUS or status >= 500
         should_retry = err.response.headers.get("x-should-retry")  # a server's own word wins
         if should_retry in ("true", "false"):
             retryable = should_retry == "true"
-        return _Failure(f"HTTP {status} from {self.base_url} for model {self.model}: {body}{hint}",
+        return _Failure(f"HTTP {status} from {self.shown_url} for model {self.model}: {body}{hint}",
                         retryable=retryable, retry_after=retry_after_s(err.response.headers))
 
     def _read(self, data: Any) -> _Success:
@@ -330,21 +334,23 @@ class OpenAIEnvironment(Environment):
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices:
             kind = "no `choices`" if isinstance(data, dict) else "a body that is not a JSON object"
-            raise _Failure(f"malformed response from {self.base_url}: {kind}", retryable=True)
+            raise _Failure(f"malformed response from {self.shown_url}: {kind}", retryable=True)
         message = choices[0].get("message") if isinstance(choices[0], dict) else None
         message = message if isinstance(message, dict) else {}
         content = message.get("content")
         if content is None and message.get("refusal"):
             content = message["refusal"]
         if not isinstance(content, str):
-            raise _Failure(f"malformed response from {self.base_url}: no message content",
+            raise _Failure(f"malformed response from {self.shown_url}: no message content",
                            retryable=True)
         usage = data.get("usage")
         usage = usage if isinstance(usage, dict) else {}
         return _Success(content, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
 
     def _scrub(self, text: str) -> str:
-        """`text` with the API key (if any) replaced, for logs and error texts."""
+        """`text` with the API key (if any) and the base URL's password and query credentials
+        replaced, for logs and error texts (an HTTP library's message may quote the URL)."""
+        text = scrub_secrets(text, self._url_secrets)
         if not self._has_key:
             return text
         key = os.environ.get(self.cfg.api_key_env or "", "")

@@ -269,7 +269,7 @@ def evaluate(
     """
     check_dataset_limits(warehouse, cfg)
     questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset, cfg.eval.dataset_limits)
-    check_scorers(questions)  # a dataset scorer that cannot load stops here, before any model loads
+    check_scorers(questions, cfg.data.scorer_timeout_s)  # one that cannot load stops here, before any model loads
     if not questions:
         raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
     environments = list(environments or cfg.eval_environments())

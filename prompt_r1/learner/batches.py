@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from prompt_r1.config.base import ConfigError
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.turn_credit import informative as turn_informative
 
@@ -118,6 +119,30 @@ def pack(trajectories: list[Trajectory], indices: list[int], device: torch.devic
                       response=response.to(device))
 
 
+PACKABLE_ATTENTION = ("sdpa",)  # reads `pack`'s boolean mask as "may attend"
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # applied after the output layer
+
+
+def check_packable(model: torch.nn.Module) -> None:
+    """A `ConfigError` naming `train.pack_tokens` when packed rows would give other log-probs and
+    gradients than padded ones: an attention that adds the mask to its scores (eager: True and
+    False become +1 and +0, so a row attends across trajectories and to future tokens; flash ignores
+    a 4D mask), or logits that the model soft-caps or scales after its output layer, which the
+    packed path applies itself (`core.grpo.packed_token_logprobs`). Checked once, where the learner
+    builds the model, before any update."""
+    config = getattr(model, "config", None)
+    attention = getattr(config, "_attn_implementation", None)
+    if attention not in PACKABLE_ATTENTION:
+        raise ConfigError(f"train.pack_tokens: the agent model runs `{attention}` attention, where packed rows would "
+                          f"attend across trajectories (packing needs {' or '.join(PACKABLE_ATTENTION)}); set "
+                          "train.pack_tokens to 0 (padded micro-batches), or load the model with sdpa attention")
+    transforms = {key: getattr(config, key) for key in LOGIT_TRANSFORMS if getattr(config, key, None) not in (None, 1.0)}
+    if transforms:
+        shown = ", ".join(f"{key}={value}" for key, value in transforms.items())
+        raise ConfigError(f"train.pack_tokens: the agent model transforms its logits after the output layer ({shown}), "
+                          "which the packed path does not apply; set train.pack_tokens to 0 (padded micro-batches)")
+
+
 def pack_groups(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
     """`indices` cut in order into runs whose `lengths` (prompt + response tokens) add up to at most
     `budget`; a trajectory longer than the budget alone is an error naming both numbers.
@@ -129,8 +154,10 @@ def pack_groups(indices: list[int], lengths: list[int], budget: int) -> list[lis
     used = budget + 1
     for i, n in zip(indices, lengths):
         if n > budget:
-            raise ValueError(f"a trajectory of {n} tokens (prompt and response) is longer than train.pack_tokens "
-                             f"{budget}: raise train.pack_tokens to at least {n}, or set it to 0 (padded micro-batches)")
+            # a setting too small for this data, not a bug: one line and exit 2 (a ConfigError), then --resume
+            raise ConfigError(f"a trajectory of {n} tokens (prompt and response) is longer than train.pack_tokens "
+                              f"{budget}: raise train.pack_tokens to at least {n}, or set it to 0 (padded "
+                              "micro-batches), and continue from the last checkpoint with `train --resume --force`")
         if used + n > budget:
             groups.append([])
             used = 0

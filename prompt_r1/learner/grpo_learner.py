@@ -65,10 +65,11 @@ from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.turn_credit import token_advantages, turn_advantages, turn_spans
 from prompt_r1.core.weights import WeightUpdate, peft_config_dict
 from prompt_r1.models.bundled import model_load_errors
-from prompt_r1.learner.batches import (MicroBatch, collate, empty_micro_batch, informative_question_ids, pack,
-                                       pack_groups, plan_mini_batches, question_order)
+from prompt_r1.learner.batches import (MicroBatch, check_packable, collate, empty_micro_batch,
+                                       informative_question_ids, pack, pack_groups, plan_mini_batches, question_order)
 from prompt_r1.learner.collectives import Ranks, tied_aliases
 from prompt_r1.learner.devices import autocast_dtype, resolve_device
+from prompt_r1.learner.finite import check_finite_update
 from prompt_r1.learner.sync_copy import device_copy, host_copy
 from prompt_r1.learner.update_state import PreparedBatch, UpdateSums, run_correction
 
@@ -103,6 +104,8 @@ class GRPOLearner:
         if self.mixed_precision is not None:
             self.compute_dtype = None
         self.model, self.reference = self._build_policy()
+        if cfg.train.pack_tokens:  # packed rows must mean what padded ones do on this model
+            check_packable(self.model)
         # a micro-batch's shared prompt runs once (`token_logprobs`' share_prefix): not where forward
         # passes are collectives (FSDP) or where gradient checkpointing drops the cache it needs
         self.share_prefix = not self.ranks.matched_forwards and not cfg.train.gradient_checkpointing
@@ -343,7 +346,7 @@ class GRPOLearner:
         self.model.train()
         sums = UpdateSums()
         for epoch in range(train.ppo_epochs):
-            for mini in batch.mini_batches:
+            for mini_i, mini in enumerate(batch.mini_batches):
                 # the whole mini-batch's counts, over all ranks: each rank's loss is its share of
                 # the one-learner loss, so the summed gradient is the one-learner gradient
                 counts = self.ranks.sum([sum(b.loss_mask.sum().item() for b in mini),
@@ -352,7 +355,9 @@ class GRPOLearner:
                 for micro in mini:
                     self._accumulate_gradient(batch, micro, old_lp, ref_lp, counts, sums, first_epoch=epoch == 0)
                 self.ranks.reduce_gradients(self.params)
-                sums.grad_norms.append(self.ranks.clip_grad_norm(self.params, train.max_grad_norm))
+                norm = self.ranks.clip_grad_norm(self.params, train.max_grad_norm)
+                # a NaN or inf gradient stops the step here, before the optimiser applies it
+                sums.grad_norms.append(check_finite_update(norm, epoch, mini_i, len(batch.mini_batches)))
                 self.optimizer.step()
         sums.lr = self.optimizer.param_groups[0]["lr"]  # the lr of these steps, before the schedule moves on
         self.scheduler.step()

@@ -41,12 +41,36 @@ def adapter_files(folder: Path) -> list[Path]:
 
 
 def recorded_base(folder: Path) -> str | None:
-    """The base model an adapter folder names (its `base_model_name_or_path`), or None."""
-    try:
-        base = json.loads((Path(folder) / ADAPTER_CONFIG).read_text()).get(BASE_FIELD)
-    except (OSError, ValueError, AttributeError):
+    """The base model an adapter folder names (its `base_model_name_or_path`); None when it has no
+    `adapter_config.json` or the field is unset. An `adapter_config.json` that cannot be read is an
+    `AgentSpecError` saying so (it used to read as "names no base model", which sent users to a field
+    the file may well have)."""
+    path = Path(folder) / ADAPTER_CONFIG
+    if not path.is_file():
         return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise AgentSpecError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
+                             "it must be the JSON object PEFT writes: copy it again from where the adapter was "
+                             "trained") from None
+    if not isinstance(config, dict):
+        raise AgentSpecError(f"{path} is not a JSON object (it holds {type(config).__name__}); copy it again from "
+                             "where the adapter was trained")
+    base = config.get(BASE_FIELD)
     return base if isinstance(base, str) and base else None
+
+
+def trained_base(folder: Path) -> str | None:
+    """The `agent.model` of the training config an adapter folder carries (None without one)."""
+    carried = training_config_file(folder)
+    if carried is None:
+        return None
+    try:
+        model = ((yaml.safe_load(carried.read_text()) or {}).get("agent") or {}).get("model")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return model if isinstance(model, str) and model else None
 
 
 def portable_base(trained_from: str, training_config: Path | None = None) -> str:
@@ -78,6 +102,9 @@ def export_adapter(ckpt: Path, out_dir: Path, overwrite: bool = False) -> Path:
     from prompt_r1.models.export import EXPORT_MARKER, STATE_FILE, check_export_target, verify_checkpoint
 
     ckpt, out_dir = Path(ckpt), Path(out_dir)
+    if not ckpt.is_dir():
+        raise FileNotFoundError(f"no checkpoint folder {ckpt}: name a folder under a run's checkpoints/ "
+                                "(e.g. runs/NAME/RUN_ID/checkpoints/step-000004)")
     trained_from = recorded_base(ckpt)
     if trained_from is None:
         raise FileNotFoundError(f"{ckpt} holds no LoRA adapter ({ADAPTER_CONFIG} naming its base): a run without "
@@ -107,8 +134,13 @@ def adapter_base(folder: Path, spec: str) -> str:
         raise AgentSpecError(f"agent {spec!r}: adapter folder {folder} names no base model ({BASE_FIELD} in its "
                              f"{ADAPTER_CONFIG}); set it to a bundled model ({', '.join(BUNDLED_NAMES)}), a local HF "
                              "model folder or a hub id (org/name)")
+    if len(adapter_files(folder)) < 2:
+        raise AgentSpecError(f"agent {spec!r}: adapter folder {folder} has no adapter weights (adapter_model.safetensors "
+                             f"or adapter_model.bin beside its {ADAPTER_CONFIG}); copy them there from where the "
+                             "adapter was trained")
     path = Path(base).expanduser()
     if base in BUNDLED_NAMES or path.is_dir() or (HUB_ID.match(base) and not path.is_absolute()):
+        check_trained_base(folder, base, spec)  # found here: is it the one the adapter was trained on?
         return base
     looks_like = next((f" (it looks like bundled model {name!r} built under another models home: if it is, "
                        f"set {BASE_FIELD} to {name!r})" for name in BUNDLED_NAMES
@@ -118,6 +150,23 @@ def adapter_base(folder: Path, spec: str) -> str:
         f"{ADAPTER_CONFIG}), which is not on this machine{looks_like}; put that model there, or set {BASE_FIELD} "
         f"to a bundled model ({', '.join(BUNDLED_NAMES)}), a local HF model folder or a hub id (org/name). "
         "`prompt-r1 export --adapter-only` records a bundled base by its name")
+
+
+def check_trained_base(folder: Path, base: str, spec: str) -> None:
+    """The base an adapter names against the model its carried training config trained: another base
+    of the same shape merges without an error and gives another agent. Two different bundled models
+    are refused (`AgentSpecError` naming both); other differences (a folder moved, a hub id written
+    another way) are logged, as they may be the same model."""
+    trained = trained_base(folder)
+    if trained is None or portable_base(base) == portable_base(trained):
+        return
+    if base in BUNDLED_NAMES or trained in BUNDLED_NAMES or portable_base(base) in BUNDLED_NAMES:
+        raise AgentSpecError(
+            f"agent {spec!r}: adapter folder {folder} names base {base!r} ({BASE_FIELD} in its {ADAPTER_CONFIG}), "
+            f"but it was trained on {trained!r} (agent.model in the training config it carries); merged into "
+            f"another base it is another agent. Set {BASE_FIELD} to {portable_base(trained)!r}")
+    log.warning("adapter folder %s names base %r but its training config trained %r: merging into %r; if these "
+                "are not the same model, set %s", folder, base, trained, base, BASE_FIELD)
 
 
 def check_adapter(folder: Path, spec: str) -> Path:

@@ -115,6 +115,32 @@ def check_train_device(cfg: Config) -> None:
     resolve_device(cfg.train.device)
 
 
+def check_train_device_on(cfg: Config, machine: Machine) -> None:
+    """`train.device` against the machine a plan describes (`--gpus-per-node`): `cuda:N` needs a GPU of
+    index N on a node, `cuda` any GPU; a `ConfigError` naming the setting otherwise (the learner would
+    refuse it only once the run starts there).
+
+    >>> check_train_device_on(Config.model_validate({"train": {"device": "cuda:1"}}), Machine(gpus_per_node=2))
+    >>> check_train_device_on(Config.model_validate({"train": {"device": "cuda:5"}}), Machine(gpus_per_node=2))
+    Traceback (most recent call last):
+    ...
+    prompt_r1.config.base.ConfigError: train.device is 'cuda:5', but a node of the planned machine has 2 GPU(s) (indices 0 to 1): set train.device to cuda (or cuda:0 to cuda:1), or plan for the node it runs on (--gpus-per-node)
+    """
+    device = cfg.train.device
+    if not device.startswith("cuda"):
+        return
+    gpus = machine.gpus_per_node
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    if index < gpus:
+        return
+    if gpus == 0:
+        raise ConfigError(f"train.device is {device!r}, but the planned machine has no GPU: set train.device to cpu, "
+                          "or plan with --gpus-per-node")
+    raise ConfigError(f"train.device is {device!r}, but a node of the planned machine has {gpus} GPU(s) (indices 0 "
+                      f"to {gpus - 1}): set train.device to cuda (or cuda:0 to cuda:{gpus - 1}), or plan for the "
+                      "node it runs on (--gpus-per-node)")
+
+
 def check_rollout_device(cfg: Config) -> None:
     """`agent.device: cuda` on a local Ray instance needs a GPU torch can see here: refused before Ray
     starts, not by each rollout actor (`policy.hf.rollout_device`). A cluster is left to its nodes."""

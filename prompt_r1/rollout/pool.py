@@ -71,6 +71,7 @@ import ray
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.config.env import EnvConfig, PoolEnvConfig
+from prompt_r1.core.failures import ProcessesDied
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.trajectory import Trajectory
@@ -241,6 +242,7 @@ class RolloutPool:
             except ActorCallError as err:
                 dead = self._restartable(err, restarted)
                 if not dead:
+                    self._raise_if_killed(err, restarted)
                     raise
                 stale = dead
             else:  # an actor restarted while idle comes back with the weights it was built with
@@ -260,6 +262,19 @@ class RolloutPool:
                 self._reload(index, pending.version)
                 pending.refs[index] = self.engines.actors[index].rollout.remote(*pending.args[index])
             restarted += len(stale)
+
+    def _raise_if_killed(self, err: ActorCallError, restarted: int) -> None:
+        """`ProcessesDied` (exit 3, no traceback) when every failed actor's process died, none of a
+        failing constructor or a raised error: a process killed from outside is no bug, and what
+        helps is more restarts or a resume. Other failures keep their `ActorCallError`."""
+        if not err.indices or not all(isinstance(err.errors[i], ray.exceptions.RayActorError)
+                                      and not getattr(err.errors[i], "actor_init_failed", False) for i in err.indices):
+            return
+        raise ProcessesDied(
+            f"{err}. A process killed from outside (the OOM killer, kill -9, a lost node) is not a bug of prompt-r1. "
+            f"rollout.actor_restarts is {self.cfg.rollout.actor_restarts} ({restarted} restart(s) in this batch"
+            f"{'' if self.restartable else '; this pool does not restart actors'}): raise it, or continue the run "
+            "from its last checkpoint with `train --resume`") from err
 
     def _restartable(self, err: ActorCallError, restarted: int) -> list[int]:
         """The actors of a failed call to restart: all of them died (none raised), no constructor

@@ -53,10 +53,11 @@ class RewardStage:
             load_turn_scorer(turn.indicators, INDICATORS) if turn.indicators else None)
         self._defined: dict[tuple[str, str, str], bool] = {}
 
-    def check(self, questions: Sequence[QuestionRow]) -> None:
-        """Before any model loads: every dataset scorer loads, and (strict) the turn scorer defines every
-        question (called once with an empty trajectory; it raises for a question it does not define)."""
-        check_scorers(list(questions))
+    def check(self, questions: Sequence[QuestionRow], timeout_s: float | None = None) -> None:
+        """Before any model loads: every dataset scorer loads (`timeout_s`, `data.scorer_timeout_s`,
+        becomes every scorer call's deadline), and (strict) the turn scorer defines every question
+        (called once with an empty trajectory; it raises for a question it does not define)."""
+        check_scorers(list(questions), timeout_s)
         if self.turn_scorer is not None and self.strict:
             for question in questions:
                 score_turns(self.turn_scorer, question, Trajectory(question.question_id, 0, []))

@@ -130,19 +130,37 @@ def mismatches(record: dict[str, Any], config_hash: str, pool: str, settings: li
     return diffs
 
 
+def changed_scorers(recorded: dict[str, str] | None, current: dict[str, str]) -> list[str]:
+    """The scorers whose code differs from a run's record (`core.scorer_code`); a record of an
+    older version, with no `scorers`, has nothing to compare.
+
+    >>> changed_scorers({"m:f": "a1"}, {"m:f": "b2", "n:g": "c3"})
+    ['scorer code m:f a1 -> b2', 'scorer code n:g (none) -> c3']
+    >>> changed_scorers(None, {"m:f": "b2"})
+    []
+    """
+    if recorded is None:
+        return []
+    return [f"scorer code {spec} {recorded.get(spec, '(none)')} -> {current.get(spec, '(none)')}"
+            for spec in sorted(set(recorded) | set(current)) if recorded.get(spec) != current.get(spec)]
+
+
 def open_run(run_dir: Path, config_name: str, config_hash: str, pool: str, resume: bool,
-             force: bool = False, config: Config | None = None) -> dict[str, Any]:
+             force: bool = False, config: Config | None = None,
+             scorers: dict[str, str] | None = None) -> dict[str, Any]:
     """Start a new run in `run_dir` or check that resuming it is allowed; returns its record.
 
     Raises ResumeError for: an existing run without `resume`; a finished run; a run whose
-    config or pool changed (unless `force`; with `config`, the message names the changed keys);
-    checkpoints with no record (unless `force`).
+    config, pool or scorer code (`scorers`: spec -> code hash, `data.scorers.scorer_fingerprints`)
+    changed (unless `force`; with `config`, the message names the changed keys); checkpoints with no
+    record (unless `force`).
     """
     run_dir = Path(run_dir)
     record = read_record(run_dir)
+    scorers = dict(scorers or {})
     if record is None and not _has_checkpoint(run_dir):
         record = {"config_name": config_name, "config_hash": config_hash, "pool_hash": pool,
-                  "started_at": _now(), "finished_at": None, "forced": []}
+                  "scorers": scorers, "started_at": _now(), "finished_at": None, "forced": []}
         write_record(run_dir, record)
         return record
     if not resume:
@@ -155,6 +173,7 @@ def open_run(run_dir: Path, config_name: str, config_hash: str, pool: str, resum
     else:
         changed = record.get("config_hash") != config_hash and config is not None
         diffs = mismatches(record, config_hash, pool, changed_settings(run_dir, config) if changed else None)
+        diffs += changed_scorers(record.get("scorers"), scorers)
     if record.get("finished_at"):
         raise ResumeError(f"run {run_dir.name} finished at {record['finished_at']}; a finished run is "
                           "never resumed: start a new run (drop --resume / choose another run id)")
@@ -166,8 +185,12 @@ def open_run(run_dir: Path, config_name: str, config_hash: str, pool: str, resum
         log.warning("FORCED RESUME of run %s under changed settings (%s): its checkpoints were "
                     "trained with the old ones", run_dir.name, "; ".join(diffs))
         record["forced"] = [*record.get("forced", []), {"at": _now(), "from_config_hash": record.get("config_hash"),
-                                                        "from_pool_hash": record.get("pool_hash")}]
-        record.update(config_hash=config_hash, pool_hash=pool)
+                                                        "from_pool_hash": record.get("pool_hash"),
+                                                        "from_scorers": record.get("scorers")}]
+        record.update(config_hash=config_hash, pool_hash=pool, scorers=scorers)
+        write_record(run_dir, record)
+    elif record.get("scorers") is None and scorers:  # a run of an older version: recorded from now on
+        record["scorers"] = scorers
         write_record(run_dir, record)
     return record
 
@@ -288,9 +311,44 @@ def _open_files(pid: int) -> list[str]:
     return targets
 
 
+RAY_BINARIES = ("raylet", "gcs_server")
+RAY_PACKAGE = ("site-packages/ray/", "dist-packages/ray/")
+
+
+def is_ray_program(argv: list[str]) -> bool:
+    """Whether a command line is a program of Ray's own: a worker (`ray::...`), its raylet or GCS
+    server, or a Python process running a module of the installed `ray` package (dashboard, agents,
+    monitors). A user's `tail -f`, `less`, editor or log shipper on a session's logs is none of them,
+    even when its arguments name the session.
+
+    >>> is_ray_program(["ray::RolloutWorker.rollout"])
+    True
+    >>> is_ray_program(["/v/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--session_name=s"])
+    True
+    >>> is_ray_program(["/v/bin/python", "-u", "/v/lib/python3.11/site-packages/ray/dashboard/agent.py", "--log-dir=x"])
+    True
+    >>> is_ray_program(["tail", "-f", "/tmp/ray/session_2026-01-02_03-04-05_1_77/logs/raylet.out"])
+    False
+    """
+    if not argv:
+        return False
+    if argv[0].startswith("ray::") or Path(argv[0]).name in RAY_BINARIES:
+        return True
+    return any(marker in arg for arg in argv[:4] for marker in RAY_PACKAGE)
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
 def session_processes(record: dict) -> list[int]:
-    """The live processes of the Ray sessions the recorded owner started: started no earlier than
-    it, and naming such a session in their command line or an open file's path."""
+    """The live processes of the Ray sessions the recorded owner started: Ray's own programs
+    (`is_ray_program`), started no earlier than it, naming such a session in their command line or
+    an open file's path. Another program that merely reads the session's logs is never one."""
     names, since, me = session_matcher(record), record.get("owner_start") or 0, os.getpid()
     found = []
     for entry in Path("/proc").iterdir():
@@ -298,7 +356,7 @@ def session_processes(record: dict) -> list[int]:
             continue
         pid = int(entry.name)
         start = process_start(pid)
-        if start is None or start < since:
+        if start is None or start < since or not is_ray_program(_argv(pid)):
             continue
         if names(process_cmdline(pid)) or any(names(target) for target in _open_files(pid)):
             found.append(pid)
@@ -324,9 +382,9 @@ def sweep_ray_leftovers(run_dir: Path, grace_s: float = RAY_GRACE_S) -> list[int
         return []
     left = session_processes(record)
     if left:
-        log.warning("stopping %d process(es) of Ray session %s left running by a killed earlier run of %s "
-                    "(pids %s)", len(left), f"session_*_{record['owner_pid']}", run_dir,
-                    ", ".join(map(str, left)))
+        log.warning("stopping %d process(es) of Ray session %s left running by a killed earlier run of %s: %s",
+                    len(left), f"session_*_{record['owner_pid']}", run_dir,
+                    "; ".join(f"pid {pid} `{process_cmdline(pid)[:120]}`" for pid in left))
         _stop(left, grace_s)
     path.unlink(missing_ok=True)
     return left

@@ -47,6 +47,7 @@ from prompt_r1.core.cost_reward import CostWindow
 from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.data.pool import TrainingPool
+from prompt_r1.data.scorers import scorer_fingerprints
 from prompt_r1.rollout.reward_stage import RewardStage, indicator_shares
 from prompt_r1.rollout.scaffold import assert_unscaffolded
 from prompt_r1.training.hooks import StepResult, TrainingHooks, TrainingOutcome
@@ -154,14 +155,16 @@ class TrainingSession:
         self.train_questions, self.val_questions = self.questions.train, self.questions.validation
         self.by_id = {q.question_id: q for q in self.train_questions}
         # a dataset scorer that cannot load, a turn scorer that cannot judge this pool or a scaffold that
-        # names an answer stops here, before Ray or any model starts
-        self.reward_stage.check(self.train_questions)
-        RewardStage(self.cfg.reward, strict=False).check(self.val_questions)
+        # names an answer stops here, before Ray or any model starts; every scorer call gets data.scorer_timeout_s
+        self.reward_stage.check(self.train_questions, self.cfg.data.scorer_timeout_s)
+        RewardStage(self.cfg.reward, strict=False).check(self.val_questions, self.cfg.data.scorer_timeout_s)
         self._check_scaffold()
         check_run_capacity(self.cfg)
         # Checked before any model loads, so a refused resume fails in a second.
+        # the scorers' code is part of the run's identity: a resume after it changed is refused like a config change
+        scorers = scorer_fingerprints(self.train_questions + self.val_questions, self.cfg.reward.turn.scorer)
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), self.questions.hash, self.resume, self.force,
-                 config=self.cfg)
+                 config=self.cfg, scorers=scorers)
         self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
         # in this process, or train.world_size ranks in Ray (then nothing here holds a model)
         self.learner = self._stack.enter_context(open_learner(self.cfg, self.model_path))

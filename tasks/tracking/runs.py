@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 import mlflow
 from mlflow import MlflowClient
 
-from prompt_r1.config.experiment import Config, runs_home
+from prompt_r1.config.experiment import Config, flatten, runs_home
 from prompt_r1.config.tracking import scrub_uri
+from prompt_r1.core.urls import redact_urls_in
 from prompt_r1.core.fsutil import LockBusy, atomic_copy_file, file_lock
 
 if TYPE_CHECKING:
@@ -225,17 +226,19 @@ def package_versions() -> dict[str, str]:
 
 def log_run_identity(cfg: Config, flow: str, data_hashes: dict[str, str], config_path: str | None = None) -> None:
     """Everything needed to rerun: config (params + artifact), hash, commit, data, versions."""
-    params = {k: v for k, v in cfg.flat().items()}
+    # an environment URL's password or query credentials never reach MLflow (core.urls)
+    dump = redact_urls_in(cfg.model_dump(mode="json"))
+    params = flatten(dump)
     params.update({"config_hash": cfg.hash(), "git_commit": git_commit(), "flow": flow, "seed": cfg.seed})
     params.update({f"data_hash.{d}": h[:16] for d, h in sorted(data_hashes.items())})
     params.update({f"version.{k}": v for k, v in package_versions().items()})
     mlflow.log_params({k: ("" if v is None else str(v))[:6000] for k, v in params.items()})
     mlflow.set_tags({"flow": flow, "config_name": cfg.name, "env_model": cfg.environment.model,
                      **({"config_path": config_path} if config_path else {})})
-    mlflow.log_dict(cfg.model_dump(mode="json"), "config/resolved_config.json")
+    mlflow.log_dict(dump, "config/resolved_config.json")
     import yaml
 
-    mlflow.log_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), "config/resolved_config.yaml")
+    mlflow.log_text(yaml.safe_dump(dump, sort_keys=False), "config/resolved_config.yaml")
     mlflow.log_dict({"data_hashes": data_hashes, "packages": package_versions(), "git_commit": git_commit()},
                     "config/provenance.json")
 

@@ -104,3 +104,14 @@ def test_ten_minutes_of_faults_pass_every_check(tmp_path, smollm2_path, tiny_mod
     assert accounted["started"] >= 2 and accounted["completed"] >= 1, accounted
     assert found["no environment error scored"]["calls"] > 0
     assert found["nothing left behind"]["processes"] == []
+
+
+@pytest.mark.parametrize("minutes", ["nan", "inf", "-inf", "-5", "0", "1.99", "ten", ""])
+def test_a_soak_length_that_is_no_plan_is_an_argument_error(minutes, tmp_path) -> None:
+    """`--minutes` NaN, infinite, negative or under the warm-up and tail (issue 62 item 15): exit 2 naming it,
+    no traceback."""
+    result = subprocess.run([sys.executable, "-m", "benchmarks.soak.run", "--plan-only", f"--minutes={minutes}",
+                             "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 2 and "--minutes must be a finite number" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

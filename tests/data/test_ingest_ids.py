@@ -2,8 +2,10 @@
 (by line position) are re-keyed with everything that refers to their questions.
 
 The rule restated independently: a row's id depends on its dataset, split, text, and which
-repeat of that (dataset, split, text) it is in file order, and on nothing else. So an edited
-file keeps the id of every (dataset, text, repeat) both versions hold.
+repeat of that (dataset, split, text) it is in file order, and on nothing else; a text that
+repeats in its file is told apart by its golds too (and the repeat of that text and golds). So an
+edited file keeps the id of every key both versions hold, and a row whose key changed form (its
+text began or stopped repeating) is re-keyed with everything that refers to it.
 """
 
 from __future__ import annotations
@@ -29,11 +31,15 @@ def _record(rng):
 
 
 def _keys(records):
-    """(dataset, text, repeat) of each row: the restated rule's key."""
+    """(dataset, text, golds or None, repeat) of each row: the restated rule's key."""
+    counts: dict = {}
+    for r in records:
+        counts[(r["dataset"], r["question"])] = counts.get((r["dataset"], r["question"]), 0) + 1
     seen: dict = {}
     out = []
     for r in records:
-        k = (r["dataset"], r["question"])
+        repeats = counts[(r["dataset"], r["question"])] > 1
+        k = (r["dataset"], r["question"], tuple(r["answers"]) if repeats else None)
         seen[k] = seen.get(k, -1) + 1
         out.append((*k, seen[k]))
     return out
@@ -65,9 +71,13 @@ def test_editing_a_file_changes_only_the_ids_of_rows_edited(warehouse, tmp_path)
         after = {key: ids[i] for i, key in enumerate(_keys(edited))}
         assert all(after[k] == before[k] for k in after.keys() & before.keys()), case
         assert len(set(ids.values())) == len(edited)
-        assert (report.inserted, report.removed) == (len(after.keys() - before.keys()),
-                                                   len(before.keys() - after.keys())), case
-        assert report.rekeyed == 0
+        # a key that changed form is one re-keyed question, neither new nor removed
+        assert (report.inserted + report.rekeyed, report.removed + report.rekeyed) == (
+            len(after.keys() - before.keys()), len(before.keys() - after.keys())), case
+        texts = {q.question_id: (q.dataset, q.question) for q in warehouse.questions()}
+        renames = warehouse.query("SELECT old_id, new_id FROM question_renames WHERE source_file = ?", [str(path)])
+        old_texts = {v: k[:2] for k, v in before.items()}
+        assert all(old_texts[old] == texts[new] for old, new in renames if old in old_texts and new in texts)
 
 
 def test_inserting_a_line_at_the_top_is_one_new_question(warehouse, tmp_path):

@@ -84,3 +84,24 @@ def test_the_command_line_ingests_an_environment(home, env_path) -> None:
     refused = subprocess.run([sys.executable, "-m", "flows.cli", "ingest", "verifiers:vf-tiny-loop"], cwd=ROOT,
                              env=env, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "multi-turn" in refused.stdout + refused.stderr
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_rubric_weights_outside_zero_to_one_are_mapped_onto_it(seed) -> None:
+    """verifiers' own examples weigh a right answer 1.0 plus format 0.2 (issue 62 item 10): whatever the
+    weights, every score is in [0, 1], a better answer never scores lower, and weights that keep the sum
+    inside [0, 1] score the plain sum."""
+    import random
+
+    from prompt_r1.data.verifiers_env import weighted_score
+
+    rng = random.Random(seed)
+    weights = [rng.choice([1.0, 0.2, 0.5, 2.0, -0.5, -1.0, 0.25]) for _ in range(rng.randint(1, 4))]
+    answers = [[rng.random() for _ in weights] for _ in range(20)] + [[0.0] * len(weights), [1.0] * len(weights)]
+    scores = [weighted_score(v, weights) for v in answers]
+    assert all(-1e-12 <= s <= 1 + 1e-12 for s in scores)
+    totals = [sum(w * x for w, x in zip(weights, v)) for v in answers]
+    order = sorted(range(len(answers)), key=lambda i: totals[i])
+    assert all(scores[a] <= scores[b] + 1e-12 for a, b in zip(order, order[1:]))
+    if all(w >= 0 for w in weights) and sum(weights) <= 1:
+        assert scores == pytest.approx(totals)

@@ -151,9 +151,10 @@ def stamp(at: float) -> str:
 
 
 def test_sweep_stops_exactly_the_dead_owners_sessions_among_generated_processes(tmp_path):
-    """Processes of many kinds (named by command line or by an open file; the owner's pid or
-    another; dated before or after the record; started before or after the owner): the sweep
-    stops exactly those a restatement of the rule picks, and a live owner's are left alone."""
+    """Processes of many kinds (Ray's own programs or a user's reader of the session's logs, issue 62
+    item 6; named by command line or by an open file; the owner's pid or another; dated before or
+    after the record; started before or after the owner): the sweep stops exactly those a
+    restatement of the rule picks, and a live owner's are left alone."""
     rng = random.Random(7)
     folder = tmp_path / "run"
     folder.mkdir()
@@ -163,22 +164,30 @@ def test_sweep_stops_exactly_the_dead_owners_sessions_among_generated_processes(
     older = sleeper(f"--session_name=session_{stamp(now)}_000001_{owner_pid}")
     time.sleep(0.05)
     record = {"owner_pid": owner_pid, "owner_start": process_start(older.pid) + 1, "recorded_at": now}
+    # a module of an installed `ray` package (as Ray's dashboard and agents are), and a user's own script
+    agent = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "ray" / "agent.py"
+    reader = tmp_path / "my_log_reader.py"
+    for script in (agent, reader):
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text("import sys, time\nfiles = [open(a, 'a') for a in sys.argv[1:] if a.endswith('.out')]\n"
+                          "time.sleep(300)\n")
     procs, expected = [], []
     try:
-        for i in range(12):
+        for i in range(16):
             pid_suffix = rng.choice([owner_pid, owner_pid, owner_pid + 1, owner_pid * 10 + 7])
             at = now + rng.choice([-3600, -30, 0, 5, 300])
             name = f"session_{stamp(at)}_{rng.randrange(10**6):06d}_{pid_suffix}"
             how = rng.choice(["cmdline", "open file"])
+            ray_own = rng.random() < 0.6  # Ray's program, or a user's reader of the session's logs (tail -f)
+            script = agent if ray_own else reader
             if how == "cmdline":
-                proc = sleeper(f"--session_name={name}")
+                proc = subprocess.Popen([sys.executable, str(script), f"--session_name={name}"])
             else:
                 log_dir = tmp_path / "ray" / name / "logs"
                 log_dir.mkdir(parents=True, exist_ok=True)
-                proc = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1], 'a'); "
-                                         "time.sleep(300)", str(log_dir / f"agent{i}.out")])
+                proc = subprocess.Popen([sys.executable, str(script), str(log_dir / f"agent{i}.out")])
             procs.append(proc)
-            if pid_suffix == owner_pid and at >= now - 1:  # the rule, restated
+            if ray_own and pid_suffix == owner_pid and at >= now - 1:  # the rule, restated
                 expected.append(proc.pid)
         time.sleep(1.0)  # each child has opened its file
         (folder / RAY_FILE).write_text(json.dumps(record))

@@ -35,7 +35,11 @@ async def optimised_instruction(method: str, env, cfg: Config, warehouse) -> Opt
     from prompt_r1.env import open_environment
 
     bcfg = cfg.eval.baselines
-    questions = training_questions(warehouse, bcfg, bcfg.train_datasets or cfg.data.train_datasets)
+    from prompt_r1.data.ingest import source_datasets
+
+    # the training rule (`TrainingPool.load`): the config's own datasets, never a shared warehouse's others
+    datasets = bcfg.train_datasets or cfg.data.train_datasets or source_datasets(warehouse, cfg.data.sources)
+    questions = training_questions(warehouse, bcfg, datasets)
     optimizer_cfg = bcfg.optimizer or env.cfg
     key = instruction_key(method, env.cfg, optimizer_cfg, bcfg, questions)
     stored = warehouse.baseline_get(key)
