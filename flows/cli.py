@@ -100,7 +100,7 @@ def rerun(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline, t
 def rerun_mlflow_run(run_id: str) -> dict:
     """Re-execute the flow of an MLflow run from its logged resolved config and agents."""
     from prompt_r1.config.experiment import runs_home
-    from prompt_r1.config.tracking import scrub_uri
+    from prompt_r1.core.urls import redact_url
     from tasks.tracking.runs import is_local, setup_mlflow, tracking_uri
 
     where = tracking_uri()  # MLFLOW_TRACKING_URI, else the run home's store
@@ -120,7 +120,7 @@ def rerun_mlflow_run(run_id: str) -> dict:
     try:
         run = MlflowClient().get_run(run_id)
     except Exception:
-        shown = scrub_uri(where)
+        shown = redact_url(where)
         fail(f"no MLflow run {run_id} in {shown}" + (f" (see `mlflow ui --backend-store-uri {shown}`)"
                                                       if is_local(where) else ""))
     flow_name = run.data.tags.get("flow")

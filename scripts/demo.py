@@ -104,12 +104,12 @@ def main() -> int:
     print(f"Registered agent: {base.registered_model()} version {result['train']['model_version']}"
           f" (champion: {result['train']['champion']})")
     from mlflow import MlflowClient
-    from prompt_r1.config.tracking import scrub_uri
+    from prompt_r1.core.urls import redact_url
     from tasks.tracking.runs import compare_url, is_local, tracking_uri
 
     where = tracking_uri(base.tracking.uri)
     experiment = MlflowClient(where).get_experiment_by_name(base.name)
-    shown = scrub_uri(where)  # a server's URI from the environment may hold a password
+    shown = redact_url(where)  # a server's URI from the environment may hold a password
     ui = (f"  .venv/bin/mlflow ui --backend-store-uri {where} --port 5000\n  then open {compare_url(experiment.experiment_id)}"
           if is_local(where) else f"  open {compare_url(experiment.experiment_id, shown.rstrip('/'))}")
     print("Look at the runs:\n"

@@ -25,7 +25,8 @@ from prompt_r1.config.base import SAFE_NAME, ConfigError, SafeName, StrictModel
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.config.evaluation import BaselinesConfig, EvalConfig
 from prompt_r1.config.sampling import AgentConfig, DataConfig, LoraConfig, RewardConfig, RolloutConfig
-from prompt_r1.config.tracking import TrackingConfig, default_registered_model, scrub_uri
+from prompt_r1.config.tracking import TrackingConfig, default_registered_model
+from prompt_r1.core.urls import redact_url
 from prompt_r1.config.training import LAYOUT_KEYS, TrainConfig
 
 # the sections, importable from here as before the split
@@ -263,7 +264,7 @@ def _format_errors(err: ValidationError, source: str) -> str:
             lines.append(f"  unknown key `{key}` (check the spelling; see configs/smoke.yaml)")
         else:
             given = e.get("input")  # a URI's password is never echoed
-            lines.append(f"  `{key}`: {e['msg']} (got {(scrub_uri(given) if isinstance(given, str) else given)!r})")
+            lines.append(f"  `{key}`: {e['msg']} (got {(redact_url(given) if isinstance(given, str) else given)!r})")
     return "\n".join(lines)
 
 

@@ -9,15 +9,15 @@ computes, so neither is part of the run's identity (`Config.hash`).
 
 A config file is shared (committed, logged as MLflow params): a URI holding a password is refused
 here; credentials go in `MLFLOW_TRACKING_USERNAME` / `MLFLOW_TRACKING_PASSWORD` or in
-`MLFLOW_TRACKING_URI`, which is never logged unscrubbed (`scrub_uri`).
+`MLFLOW_TRACKING_URI`, which is never logged unscrubbed (`core.urls.redact_url`).
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
 
+from prompt_r1.core.urls import redact_url
 from prompt_r1.config.base import SafeName, StrictModel
 
 REGISTERED_MODEL_PREFIX = "prompt-r1-"
@@ -42,25 +42,6 @@ def champion_uri(registered_model: str) -> str:
     return f"models:/{registered_model}@{CHAMPION_ALIAS}"
 
 
-def scrub_uri(uri: str) -> str:
-    """`uri` fit for a log, a message or an MLflow tag: a password in it is replaced by `***`
-    (a user name stays, to tell accounts apart).
-
-    >>> scrub_uri("https://me:s3cret@mlflow.example.com:5000/path")
-    'https://me:***@mlflow.example.com:5000/path'
-    >>> scrub_uri("postgresql://u:p@db/mlflow"), scrub_uri("http://127.0.0.1:5000"), scrub_uri("sqlite:///r/mlflow.db")
-    ('postgresql://u:***@db/mlflow', 'http://127.0.0.1:5000', 'sqlite:///r/mlflow.db')
-    """
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return "<unparseable URI>"
-    if parts.password is None:
-        return uri
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
-
-
 class TrackingConfig(StrictModel):
     uri: str | None = Field(
         None,
@@ -81,7 +62,7 @@ class TrackingConfig(StrictModel):
             return None
         if not value.strip():
             raise ValueError("empty; leave tracking.uri out to use MLFLOW_TRACKING_URI or the local store")
-        if scrub_uri(value) != value:
+        if redact_url(value) != value:
             raise ValueError("holds a password, and a config is logged and shared: put the user name and password "
                              "in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or the whole URI in "
                              "MLFLOW_TRACKING_URI")

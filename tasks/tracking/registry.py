@@ -24,7 +24,8 @@ import mlflow
 from mlflow import MlflowClient
 
 from prompt_r1.config.experiment import Config, runs_home
-from prompt_r1.config.tracking import CHAMPION_ALIAS, scrub_uri
+from prompt_r1.config.tracking import CHAMPION_ALIAS
+from prompt_r1.core.urls import redact_url
 from prompt_r1.core.fsutil import atomic_dir
 from tasks.tracking.runs import is_local, registry_uri, tracking_uri
 
@@ -148,7 +149,7 @@ def registry_agent_path(uri: str, tracking: str | None = None) -> Path | None:
             _legacy_hint(client, name)
         return None
     # a server's versions are cached apart from the local registry's (the same name and number differ)
-    server = [] if is_local(where) else [hashlib.sha256(scrub_uri(where).encode()).hexdigest()[:12]]
+    server = [] if is_local(where) else [hashlib.sha256(redact_url(where).encode()).hexdigest()[:12]]
     target = runs_home().joinpath("registry", *server, name, f"v{version.version}")
     if not (target / "agent" / "config.json").exists():
         import shutil

@@ -6,7 +6,7 @@ The store is the team's when there is one: a config's `tracking.uri`, else `MLFL
 (as verl, transformers and MLflow itself read it), decides where runs, traces, registered models
 and (through that server) artifacts go; the run home's `mlflow.db` is the fallback when neither is
 set, so a laptop needs no server. The registry follows the tracking URI (`MLFLOW_REGISTRY_URI`
-names another). A URI is only ever logged or printed through `scrub_uri`: one given by the
+names another). A URI is only ever logged or printed through `redact_url`: one given by the
 environment may carry a password.
 
 Only the driver logs. One experiment per config name, tagged as model training so the UI opens
@@ -33,8 +33,7 @@ import mlflow
 from mlflow import MlflowClient
 
 from prompt_r1.config.experiment import Config, flatten, runs_home
-from prompt_r1.config.tracking import scrub_uri
-from prompt_r1.core.urls import redact_urls_in
+from prompt_r1.core.urls import redact_url, redact_urls_in
 from prompt_r1.core.fsutil import LockBusy, atomic_copy_file, file_lock
 
 if TYPE_CHECKING:
@@ -111,7 +110,7 @@ def setup_mlflow(config_name: str, uri: str | None = None) -> str:
     if is_local(where):
         exp_id, tags = _setup_local(config_name)
     else:
-        log.info("MLflow tracking at %s (experiment %s)", scrub_uri(where), config_name)
+        log.info("MLflow tracking at %s (experiment %s)", redact_url(where), config_name)
         client = MlflowClient()
         exp_id, tags = _experiment(client, config_name, artifact_location=None)
         _tag_experiment(client, exp_id, tags)
@@ -148,7 +147,7 @@ def _experiment(client: MlflowClient, name: str, artifact_location: str | None) 
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise RuntimeError(f"MLflow: cannot create experiment {name!r} in "
-                                   f"{scrub_uri(mlflow.get_tracking_uri())}: {err}") from None
+                                   f"{redact_url(mlflow.get_tracking_uri())}: {err}") from None
     return exp.experiment_id, exp.tags
 
 
