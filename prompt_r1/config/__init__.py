@@ -1,6 +1,7 @@
 """Typed configuration: one pydantic model tree per experiment, validated once at the edge.
 
-Owns the shared strict base and the config error (`base`), the sections (`sampling`: data,
+Owns the shared strict base and the config error (`base`), the rule of which fields identify a
+run (`identity`: what `Config.hash` leaves out, stated on each field), the sections (`sampling`: data,
 agent, rollout, reward; `training`: train; `evaluation`: eval; `env`: one environment) and the
 whole experiment (`experiment`: the tree, YAML loading with `--set` overrides, run folders and
 ids; every section is importable from it). `docs/config.md` lists every key, generated from these models.

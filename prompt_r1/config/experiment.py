@@ -24,13 +24,14 @@ from pydantic import Field, ValidationError, model_validator
 from prompt_r1.config.base import SAFE_NAME, ConfigError, SafeName, StrictModel
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.config.evaluation import BaselinesConfig, EvalConfig
+from prompt_r1.config.identity import identity_data, layout
 from prompt_r1.config.sampling import AgentConfig, DataConfig, LoraConfig, RewardConfig, RolloutConfig
 from prompt_r1.config.tracking import TrackingConfig, default_registered_model, scrub_uri
-from prompt_r1.config.training import LAYOUT_KEYS, TrainConfig
+from prompt_r1.config.training import TrainConfig
 
 # the sections, importable from here as before the split
 __all__ = ["AgentConfig", "BaselinesConfig", "Config", "ConfigError", "DataConfig", "EnvConfig", "EvalConfig",
-           "LAYOUT_KEYS", "LoraConfig", "RewardConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "default_db_path", "flatten",
+           "LoraConfig", "RewardConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "default_db_path", "flatten",
            "load_config", "logs_dir", "new_run_id", "parse_config", "parse_overrides", "run_dir", "runs_home"]
 
 
@@ -70,6 +71,7 @@ class Config(StrictModel):
         default_factory=TrackingConfig,
         description="Where runs are tracked (MLflow tracking and registry URI) and the registered model of the "
         "trained agents; never part of the run's identity.",
+        json_schema_extra=layout(),
     )
 
     @model_validator(mode="after")
@@ -97,27 +99,11 @@ class Config(StrictModel):
     def hash(self) -> str:
         """Stable short hash of the resolved config (identifies a run's settings).
 
-        The learner's layout (`LAYOUT_KEYS`: world size, strategy, CPUs per rank, deadlines, logits
-        chunks) is left out: it changes how the same update is computed, not which, and checkpoints
-        do not depend on it, so a run may resume with another world size as the same run. So is
-        `eval.agent_placement`: evaluation's engines give the same predictions wherever they run."""
-        data = self.model_dump(mode="json")
-        for key in LAYOUT_KEYS:
-            data["train"].pop(key)
-        if not data["train"]["environments"]:  # a pool of one is today's run, with today's hash
-            data["train"].pop("environments")
-        if data["reward"]["cost"]["mode"] == "off":  # the cost-free reward is today's, with today's hash
-            data["reward"].pop("cost")
-        if data["reward"]["turn"]["scorer"] is None:  # no turn credit: the paper's GRPO, with today's hash
-            data["reward"].pop("turn")
-        if not data["reward"]["normalize_parts"]:
-            data["reward"].pop("normalize_parts")
-        data["eval"].pop("agent_placement")  # where evaluation's engines run, not what they answer
-        data["rollout"].pop("actor_restarts")  # whether a step survives a dead actor, not what it computes
-        data["rollout"].pop("gpus_per_worker")  # how much of a GPU an actor reserves, not what it samples
-        data.pop("tracking")  # where a run is recorded and registered, not what it computes
-        _drop_unset_additions(data)
-        blob = json.dumps(data, sort_keys=True)
+        Each field's rule (`prompt_r1.config.identity`) says whether it is part of the hash: the
+        learner's layout, where evaluation's engines run and where a run is tracked are not (a run
+        resumes with another world size as the same run); keys added after runs were recorded count
+        only once set, so those runs keep their hash."""
+        blob = json.dumps(identity_data(self), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def registered_model(self) -> str:
@@ -189,38 +175,6 @@ class Config(StrictModel):
         problems = self.training_problems()
         if problems:
             raise ConfigError(f"{source} cannot be used for training:\n  " + "\n  ".join(problems))
-
-
-def _drop_unset_additions(data: dict[str, Any]) -> None:
-    """Leave keys added after runs were recorded out of the hash while they hold their default
-    (`agent.describe_environment` off, `agent.device` cpu, an environment's `device` cpu, an empty
-    environment `description`, no
-    `eval.environment_suites`, no `rollout.scaffold`, no `reward.turn.indicators`, a `data.sources`
-    entry's unset `config` / `hf_split`), so those runs keep
-    their hash and resume as the same run."""
-    if not data["agent"].get("describe_environment"):
-        data["agent"].pop("describe_environment", None)
-    if data["agent"].get("device") == "cpu":
-        data["agent"].pop("device", None)
-    if not data["eval"].get("environment_suites"):
-        data["eval"].pop("environment_suites", None)
-    if data["rollout"]["scaffold"]["fn"] is None:
-        data["rollout"].pop("scaffold")
-    if "turn" in data["reward"] and data["reward"]["turn"]["indicators"] is None:
-        data["reward"]["turn"].pop("indicators")
-    for source in data["data"]["sources"]:  # a mapped file's entry: the `hf:` keys, unset
-        if isinstance(source, dict):
-            for key in ("config", "hf_split"):
-                if source.get(key) is None:
-                    source.pop(key, None)
-    optimizer = data["eval"].get("baselines", {}).get("optimizer")
-    envs = [data["environment"], *data["train"].get("environments", []), *data["eval"]["environments"],
-            *([optimizer] if optimizer else [])]
-    for env in envs:
-        if not env.get("description"):
-            env.pop("description", None)
-        if env.get("device") == "cpu":
-            env.pop("device", None)
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
