@@ -1,6 +1,6 @@
 """How a run is evaluated: the `eval` section and its prompt-optimisation `baselines`, and the
 rule of where its agent engines run (`engine_place`), stated here for both `evaluate` and `plan`
-(the share each takes is `experiment.in_process_share`, which needs the whole config).
+(the share each takes is `planning.memory.in_process_share`, which needs the whole config).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Unknown keys and bad values are errors that name the key and the file, so a typo
 silently falls back to a default. The same models are flattened into MLflow params and
 hashed to identify a run. The sections live beside this module (`sampling`: data, agent,
 rollout, reward; `training`: train; `evaluation`: eval; `env`: one environment; `base`: what
-every section shares); this module assembles the whole tree, loads it from YAML with `--set`
-overrides, and owns the run home (folders and ids).
+every section shares); this module assembles the whole tree and loads it from YAML with `--set`
+overrides. The run home (folders and ids) is `prompt_r1.config.run_home`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from prompt_r1.config.base import SAFE_NAME, ConfigError, SafeName, StrictModel
+from prompt_r1.config.base import ConfigError, SafeName, StrictModel
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.config.evaluation import BaselinesConfig, EvalConfig
 from prompt_r1.config.identity import identity_data, layout
@@ -29,10 +29,10 @@ from prompt_r1.config.sampling import AgentConfig, DataConfig, LoraConfig, Rewar
 from prompt_r1.config.tracking import TrackingConfig, default_registered_model, scrub_uri
 from prompt_r1.config.training import TrainConfig
 
-# the sections, importable from here as before the split
+# the sections, importable from here too (one import for the whole tree)
 __all__ = ["AgentConfig", "BaselinesConfig", "Config", "ConfigError", "DataConfig", "EnvConfig", "EvalConfig",
-           "LoraConfig", "RewardConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "default_db_path", "flatten",
-           "load_config", "logs_dir", "new_run_id", "parse_config", "parse_overrides", "run_dir", "runs_home"]
+           "LoraConfig", "RewardConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "flatten", "load_config",
+           "parse_config", "parse_overrides"]
 
 
 class Config(StrictModel):
@@ -295,53 +295,3 @@ def parse_overrides(items: Sequence[str] | None) -> dict[str, Any]:
         except ValueError:
             parsed[key] = value
     return parsed
-
-
-def runs_home() -> Path:
-    """Root of everything a run writes (warehouse, MLflow, checkpoints); `PROMPT_R1_HOME` moves it."""
-    return Path(os.environ.get("PROMPT_R1_HOME", Path.cwd() / "runs")).resolve()
-
-
-def default_db_path() -> Path:
-    return runs_home() / "warehouse.duckdb"
-
-
-def new_run_id() -> str:
-    """Id of a run started outside MLflow: 32 hex digits, the shape of MLflow's run ids (which the
-    flows use), so `runs/<config>/<run_id>` holds one kind of id and a run id names its folder
-    whoever started the run. Runs are ordered by the start time in their `run.json`, not by id.
-
-    >>> import re; bool(re.fullmatch(r"[0-9a-f]{32}", new_run_id())) and new_run_id() != new_run_id()
-    True
-    """
-    import uuid
-
-    return uuid.uuid4().hex
-
-
-def logs_dir() -> Path:
-    """Logs of work that belongs to no run (managed servers started by `ask`, `serve`, `serve-env`)."""
-    return runs_home() / "logs"
-
-
-def run_dir(config_name: str, run_id: str) -> Path:
-    """Where one run keeps checkpoints, evaluation outputs and server logs."""
-    for part in (config_name, run_id):  # a `/` or `..` would put the run outside the run home
-        if not SAFE_NAME.match(part):
-            raise ConfigError(f"{part!r} cannot name a run folder (a config name or --run-id): use 1-64 "
-                              "letters, digits, `.`, `_`, `-`, starting with a letter or digit")
-    return runs_home() / config_name / run_id
-
-
-def in_process_share(cfg: Config, engines: int) -> float:
-    """Each of `engines` vLLM agent engines sharing one GPU (built in one process, on its first
-    GPU; or 1, an engine placed by Ray on a GPU of its own, where the driver's server may be too):
-    their part of `agent.vllm_gpu_memory_utilization`, less what a managed vLLM environment server
-    takes there.
-
-    >>> from prompt_r1.config.experiment import parse_config
-    >>> in_process_share(parse_config({}), 2), in_process_share(parse_config({"environment": {"kind": "vllm"}}), 2)
-    (0.45, 0.3)
-    """
-    server = max((e.gpu_memory_utilization for e in cfg.eval_environments() if e.kind == "vllm"), default=0.0)
-    return round(max(0.05, (cfg.agent.vllm_gpu_memory_utilization - server) / max(1, engines)), 4)

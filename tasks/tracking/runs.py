@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 import mlflow
 from mlflow import MlflowClient
 
-from prompt_r1.config.experiment import Config, runs_home
+from prompt_r1.config.experiment import Config
+from prompt_r1.config.run_home import runs_home
 from prompt_r1.config.tracking import scrub_uri
 from prompt_r1.core.fsutil import LockBusy, atomic_copy_file, file_lock
 
