@@ -316,8 +316,9 @@ class RolloutConfig(StrictModel):
         "ranks it is paired with (engine i: ranks i x tp to (i+1) x tp - 1, tp = `agent.tensor_parallel_size`) "
         "instead of GPUs of its own, for machines with few GPUs (one GPU: `configs/one-gpu.yaml`). The engines "
         "start with vLLM sleep mode and sleep (weights to host memory, KV cache freed) while the learner updates. "
-        "Needs `max_staleness` 0 and `num_workers` x tp <= `train.world_size`. The transformers backend and "
-        "runs without GPUs sample on CPU as before.")
+        "Needs `max_staleness` 0 and `num_workers` x tp <= `train.world_size`. The transformers backend on "
+        "`agent.device: cuda` shares the ranks' GPUs alike (its policy keeps its weights there and frees its cached "
+        "blocks while the learner updates); with a learner without GPUs the engines are placed as usual.")
     max_staleness: int = Field(
         0, ge=0, description="Asynchronous rollouts: how many policy versions (GRPO updates) the weights that "
         "sample a batch may be behind the learner that trains on it. 0 = on-policy, the synchronous schedule "
@@ -459,8 +460,8 @@ class RewardConfig(StrictModel):
     normalize_parts: bool = Field(
         False,
         description="GDPO (arXiv 2601.05242): the advantage is the sum over the reward's parts (format, gated answer, "
-        "cost) of each part's group-normalised advantage, instead of the advantage of their sum. False = GRPO on "
-        "the total, as before.",
+        "cost) of each part's group-normalised advantage, instead of the advantage of their sum. False = GRPO's "
+        "advantage of the total.",
         json_schema_extra=when_set(),
     )
 
