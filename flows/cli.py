@@ -99,7 +99,7 @@ def rerun(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline, t
 
 def rerun_mlflow_run(run_id: str) -> dict:
     """Re-execute the flow of an MLflow run from its logged resolved config and agents."""
-    from prompt_r1.config.experiment import runs_home
+    from prompt_r1.config.run_home import runs_home
     from prompt_r1.core.urls import redact_url
     from tasks.tracking.runs import is_local, setup_mlflow, tracking_uri
 

@@ -15,7 +15,7 @@ from prefect import flow
 
 from prompt_r1.models.resolver import resolve_agents
 from prompt_r1 import load_config
-from prompt_r1.config.experiment import default_db_path, run_dir
+from prompt_r1.config.run_home import default_db_path, run_dir
 from prompt_r1.evaluation.report import markdown_table, write_report
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.evaluation.evaluate import EvalAgents, EvalOutcome, evaluate

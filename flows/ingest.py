@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow
 
 from prompt_r1 import load_config
-from prompt_r1.config.experiment import default_db_path
+from prompt_r1.config.run_home import default_db_path
 from tasks.ingest import ingest_sources
 
 

@@ -22,7 +22,8 @@ from mlflow import MlflowClient
 from prefect import flow
 
 from prompt_r1 import load_config
-from prompt_r1.config.experiment import Config, default_db_path, run_dir, runs_home
+from prompt_r1.config.experiment import Config
+from prompt_r1.config.run_home import default_db_path, run_dir, runs_home
 from prompt_r1.core.failures import EnvironmentFailure
 from prompt_r1.policy import backend_deterministic
 from prompt_r1.data.pool import TrainingPool

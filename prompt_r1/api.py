@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prompt_r1.config.experiment import Config, default_db_path, load_config as _load_yaml, new_run_id, parse_overrides
-from prompt_r1.config.experiment import logs_dir, run_dir, runs_home
+from prompt_r1.config.experiment import Config, load_config as _load_yaml, parse_overrides
+from prompt_r1.config.run_home import default_db_path, logs_dir, new_run_id, run_dir, runs_home
 
 if TYPE_CHECKING:
     from prompt_r1.data.pool import TrainingPool

@@ -45,7 +45,8 @@ def main() -> None:
 def run(args, overrides) -> None:
     import mlflow
 
-    from prompt_r1.config.experiment import default_db_path, load_config
+    from prompt_r1.config.experiment import load_config
+    from prompt_r1.config.run_home import default_db_path
     from prompt_r1.data.ingest import ingest
     from prompt_r1.evaluation.evaluate import EvalAgents, evaluate
     from prompt_r1.models.resolver import resolve_agents

@@ -23,7 +23,8 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from prompt_r1.config.experiment import default_db_path, load_config, parse_overrides
+from prompt_r1.config.experiment import load_config, parse_overrides
+from prompt_r1.config.run_home import default_db_path
 from prompt_r1.config.base import ConfigError
 from prompt_r1.core.signals import install_sigterm_interrupt
 from prompt_r1.cli.logging_setup import setup_logging

@@ -148,7 +148,7 @@ def serve_env(
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
-    from prompt_r1.config.experiment import logs_dir
+    from prompt_r1.config.run_home import logs_dir
     from prompt_r1.env.vllm_server import VLLMServerError, managed_vllm_server
 
     cfg = load(config)
@@ -251,7 +251,7 @@ def rollout(
     Exit 3 (after storing the batch) when the share of failed environment calls passes
     its environment's `max_error_rate` (each environment of a `train.environments` pool against its own),
     as a training step would stop."""
-    from prompt_r1.config.experiment import new_run_id, run_dir
+    from prompt_r1.config.run_home import new_run_id, run_dir
     from prompt_r1.data.ingest import ingest as ingest_paths
     from prompt_r1.data.pool import TrainingPool
     from prompt_r1.cluster.connect import check_local_cpus, cpus_needed, init_ray

@@ -16,7 +16,7 @@ import typer
 from prompt_r1.cli.common import (
     ConfigOpt, SetOpt, _agent_folder, fail, fail_environment, load, app, console, err_console,
 )
-from prompt_r1.config.experiment import logs_dir
+from prompt_r1.config.run_home import logs_dir
 
 AgentSpecOpt = typer.Option(None, "--agent", help="Agent: a bundled model name, a folder, a training run id, or "
                              "models:/NAME@champion (default: this config's champion, models:/prompt-r1-<config name>@champion or "

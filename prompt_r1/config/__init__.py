@@ -1,9 +1,10 @@
 """Typed configuration: one pydantic model tree per experiment, validated once at the edge.
 
-Owns the shared strict base and the config error (`base`), the sections (`sampling`: data,
+Owns the shared strict base and the config error (`base`), the rule of which fields identify a
+run (`identity`: what `Config.hash` leaves out, stated on each field), the sections (`sampling`: data,
 agent, rollout, reward; `training`: train; `evaluation`: eval; `env`: one environment) and the
-whole experiment (`experiment`: the tree, YAML loading with `--set` overrides, run folders and
-ids; every section is importable from it). `docs/config.md` lists every key, generated from these models.
+whole experiment (`experiment`: the tree and YAML loading with `--set` overrides; every section
+is importable from it), and the run home (`run_home`: where a run's files go, run folders and ids). `docs/config.md` lists every key, generated from these models.
 
 Imports: `prompt_r1.core` only.
 """

@@ -1,12 +1,14 @@
-"""`docs/config.md` from the typed config: every key with its type, default and help.
+"""`docs/config.md` from the typed config: every key with its type, default, part in the run's
+identity and help.
 
-The help of a key is its field's `description`, so the section models in `prompt_r1.config`
-(`sampling`, `training`, `evaluation`, `env`) are the one place a key is documented. `render_config_docs()` is pure (no
+The help of a key is its field's `description`, and its part in the run hash its field's rule
+(`prompt_r1.config.identity`), so the section models in `prompt_r1.config` (`sampling`,
+`training`, `evaluation`, `env`) are the one place a key is documented. `render_config_docs()` is pure (no
 files); `scripts/config_docs.py` writes the page and `tests/config/test_config_docs.py` fails when the
 page and the models disagree.
 
 >>> text = render_config_docs()
->>> "| `train.lr` | `float`, > 0 | `1e-06` | AdamW learning rate. |" in text
+>>> "| `train.lr` | `float`, > 0 | `1e-06` | yes | AdamW learning rate. |" in text
 True
 >>> [key for key, _ in leaf_fields()][:3]
 ['name', 'seed', 'data.sources']
@@ -22,10 +24,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.config.experiment import Config
+from prompt_r1.config.identity import IDENTITY, LAYOUT, default_of, rule_of, rule_text
 
 GENERATOR = "scripts/config_docs.py"
 SHARED_MODELS = {EnvConfig: "environment"}  # documented once, under this section; referenced elsewhere
@@ -44,6 +46,12 @@ it parses, else as a string), or in Python with
 that names the key and the file, and so is a key given twice in one YAML mapping (both lines
 named) and a boolean where a number goes (`true` is not 1); keys left out take the defaults below. `configs/smoke.yaml`,
 `configs/demo.yaml` and `configs/paper.yaml` are worked examples.
+
+The *identity* column says whether a key is part of the run's identity, the config hash that
+`--resume` checks: `yes`; `layout` (how or where the same update is computed, or where the run
+is tracked: never part of it, so a run resumes with another layout as the same run); `when set`
+(part of it only while it differs from its default, so runs recorded before the key existed keep
+their hash). A section may carry a rule of its own, given under its heading.
 """
 
 
@@ -93,12 +101,6 @@ def _constraints(field: FieldInfo) -> list[str]:
         if getattr(getattr(item, "func", None), "__name__", "") == "_safe_name":
             out.append("a safe name: letters, digits, `.`, `_`, `-`")
     return out
-
-
-def _default(field: FieldInfo) -> Any:
-    if field.default_factory is not None:
-        return field.default_factory()
-    return None if field.default is PydanticUndefined else field.default
 
 
 def _cell(text: str) -> str:
@@ -155,14 +157,38 @@ def _shared_note(section: str) -> str:
             + ": the tables name them under `" + section + ".` only.\n\n")
 
 
+def _section_fields(prefix: str) -> list[FieldInfo]:
+    """The fields of the sections down to `prefix` (`reward.cost.` -> those of `reward`, `cost`)."""
+    model, out = Config, []
+    for name in prefix.rstrip(".").split(".") if prefix else []:
+        field = model.model_fields[name]
+        out.append(field)
+        model = field.annotation
+    return out
+
+
+def _section_rule(prefix: str) -> str:
+    """The line under a section's heading that states its own rule (empty when it has none)."""
+    rule, by = rule_of(_section_fields(prefix)[-1])
+    if rule == IDENTITY:
+        return ""
+    if rule == LAYOUT:
+        return "Run identity: layout. No key of this section is part of the run hash."
+    model = _section_fields(prefix)[-1].annotation
+    default = _default_text(default_of(model.model_fields[by]))
+    return (f"Run identity: when `{prefix}{by}` is set. The section is part of the run hash only while "
+            f"`{prefix}{by}` differs from its default ({default}), each key then by its own rule.")
+
+
 def _table(model: type[BaseModel], prefix: str) -> list[str]:
-    rows = ["| key | type | default | help |", "| --- | --- | --- | --- |"]
+    rows = ["| key | type | default | identity | help |", "| --- | --- | --- | --- | --- |"]
+    in_layout = any(rule_of(field)[0] == LAYOUT for field in _section_fields(prefix))
     for name, field in model.model_fields.items():
         if field.annotation is not None and _is_model(field.annotation):
             continue  # a section of its own
         kind = ", ".join([_type_name(field.annotation), *_constraints(field)])
-        rows.append(f"| `{prefix}{name}` | {_cell(kind)} | {_cell(_default_text(_default(field)))} "
-                    f"| {_cell(field.description or '')} |")
+        rows.append(f"| `{prefix}{name}` | {_cell(kind)} | {_cell(_default_text(default_of(field)))} "
+                    f"| {rule_text(field, in_layout)} | {_cell(field.description or '')} |")
     return rows
 
 
@@ -180,5 +206,7 @@ def render_config_docs() -> str:
             out.append(_cell(help_text) + "\n")
         if prefix and model in SHARED_MODELS:
             out.append(_shared_note(name).rstrip("\n") + "\n")
+        if prefix and _section_rule(prefix):
+            out.append(_section_rule(prefix) + "\n")
         out.append("\n".join(_table(model, prefix)) + "\n")
     return "\n".join(out)

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from prompt_r1.config.base import SafeName, StrictModel
+from prompt_r1.config.identity import when_set
 
 
 # What the environment is told before the conversation (the reference's wording): the agent's earlier
@@ -43,7 +44,8 @@ class EnvConfig(StrictModel):
     model: str = Field("tiny", description="Model name (openai) or model id/folder (vllm, inprocess).")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="kind=inprocess: where its model generates (`cuda`: the GPU its process sees, e.g. the "
-        "rollout actor's share under `agent.device: cuda`). Other kinds run where their server runs.")
+        "rollout actor's share under `agent.device: cuda`). Other kinds run where their server runs.",
+        json_schema_extra=when_set())
     base_url: str | None = Field(None, description="OpenAI-compatible base URL (kind=openai).")
     api_key_env: str | None = Field(
         None, description="Name of the environment variable holding the API key (never the key)."
@@ -122,6 +124,7 @@ class EnvConfig(StrictModel):
         "", max_length=300,
         description="One line about this environment LLM (e.g. `a 135M chat model: short answers, little "
         "world knowledge`) for the agent's prompt under `agent.describe_environment`; empty = its name and model.",
+        json_schema_extra=when_set(),
     )
     price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens.")
     price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")

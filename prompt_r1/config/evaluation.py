@@ -1,6 +1,6 @@
 """How a run is evaluated: the `eval` section and its prompt-optimisation `baselines`, and the
 rule of where its agent engines run (`engine_place`), stated here for both `evaluate` and `plan`
-(the share each takes is `experiment.in_process_share`, which needs the whole config).
+(the share each takes is `planning.memory.in_process_share`, which needs the whole config).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from prompt_r1.config.base import StrictModel
 from prompt_r1.config.env import EnvConfig
+from prompt_r1.config.identity import layout, when_set
 
 
 class BaselinesConfig(StrictModel):
@@ -65,6 +66,7 @@ class EvalConfig(StrictModel):
         description="Per environment name, the suites (of `suites`) evaluated against it; an environment not "
         "named here gets every suite (e.g. `{gemma3-270m: [sample]}` keeps a slow held-out environment to the "
         "sample datasets). A name that no evaluated environment has is an error.",
+        json_schema_extra=when_set(),
     )
     agent_checkpoints: list[str] = Field(
         default_factory=lambda: ["base", "trained"],
@@ -93,6 +95,7 @@ class EvalConfig(StrictModel):
         "of its own with agent.tensor_parallel_size GPUs (on a cluster without GPUs: rollout.cpus_per_worker CPUs), "
         "taking the whole share of its GPUs; a cluster with fewer GPUs than the engines need falls back to `driver` "
         "with a warning. `auto`: `ray` for the vllm backend when Ray counts GPUs, else `driver`.",
+        json_schema_extra=layout(),
     )
 
     @model_validator(mode="after")

@@ -5,8 +5,8 @@ Unknown keys and bad values are errors that name the key and the file, so a typo
 silently falls back to a default. The same models are flattened into MLflow params and
 hashed to identify a run. The sections live beside this module (`sampling`: data, agent,
 rollout, reward; `training`: train; `evaluation`: eval; `env`: one environment; `base`: what
-every section shares); this module assembles the whole tree, loads it from YAML with `--set`
-overrides, and owns the run home (folders and ids).
+every section shares); this module assembles the whole tree and loads it from YAML with `--set`
+overrides. The run home (folders and ids) is `prompt_r1.config.run_home`.
 """
 
 from __future__ import annotations
@@ -21,18 +21,19 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from prompt_r1.config.base import SAFE_NAME, ConfigError, SafeName, StrictModel
+from prompt_r1.config.base import ConfigError, SafeName, StrictModel
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.config.evaluation import BaselinesConfig, EvalConfig
+from prompt_r1.config.identity import identity_data, layout
 from prompt_r1.config.sampling import AgentConfig, DataConfig, LoraConfig, RewardConfig, RolloutConfig
 from prompt_r1.config.tracking import TrackingConfig, default_registered_model
+from prompt_r1.config.training import TrainConfig
 from prompt_r1.core.urls import redact_url
-from prompt_r1.config.training import LAYOUT_KEYS, TrainConfig
 
-# the sections, importable from here as before the split
+# the sections, importable from here too (one import for the whole tree)
 __all__ = ["AgentConfig", "BaselinesConfig", "Config", "ConfigError", "DataConfig", "EnvConfig", "EvalConfig",
-           "LAYOUT_KEYS", "LoraConfig", "RewardConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "default_db_path", "flatten",
-           "load_config", "logs_dir", "new_run_id", "parse_config", "parse_overrides", "run_dir", "runs_home"]
+           "LoraConfig", "RewardConfig", "RolloutConfig", "TrackingConfig", "TrainConfig", "flatten", "load_config",
+           "parse_config", "parse_overrides"]
 
 
 class Config(StrictModel):
@@ -71,6 +72,7 @@ class Config(StrictModel):
         default_factory=TrackingConfig,
         description="Where runs are tracked (MLflow tracking and registry URI) and the registered model of the "
         "trained agents; never part of the run's identity.",
+        json_schema_extra=layout(),
     )
 
     @model_validator(mode="after")
@@ -109,28 +111,11 @@ class Config(StrictModel):
     def hash(self) -> str:
         """Stable short hash of the resolved config (identifies a run's settings).
 
-        The learner's layout (`LAYOUT_KEYS`: world size, strategy, CPUs per rank, deadlines, logits
-        chunks) is left out: it changes how the same update is computed, not which, and checkpoints
-        do not depend on it, so a run may resume with another world size as the same run. So is
-        `eval.agent_placement`: evaluation's engines give the same predictions wherever they run."""
-        data = self.model_dump(mode="json")
-        for key in LAYOUT_KEYS:
-            data["train"].pop(key)
-        if not data["train"]["environments"]:  # a pool of one is today's run, with today's hash
-            data["train"].pop("environments")
-        if data["reward"]["cost"]["mode"] == "off":  # the cost-free reward is today's, with today's hash
-            data["reward"].pop("cost")
-        if data["reward"]["turn"]["scorer"] is None:  # no turn credit: the paper's GRPO, with today's hash
-            data["reward"].pop("turn")
-        if not data["reward"]["normalize_parts"]:
-            data["reward"].pop("normalize_parts")
-        data["eval"].pop("agent_placement")  # where evaluation's engines run, not what they answer
-        data["rollout"].pop("actor_restarts")  # whether a step survives a dead actor, not what it computes
-        data["rollout"].pop("gpus_per_worker")  # how much of a GPU an actor reserves, not what it samples
-        data.pop("tracking")  # where a run is recorded and registered, not what it computes
-        data["data"].pop("scorer_timeout_s")  # when a hung scorer call stops the run, not what it scores
-        _drop_unset_additions(data)
-        blob = json.dumps(data, sort_keys=True)
+        Each field's rule (`prompt_r1.config.identity`) says whether it is part of the hash: the
+        learner's layout, where evaluation's engines run and where a run is tracked are not (a run
+        resumes with another world size as the same run); keys added after runs were recorded count
+        only once set, so those runs keep their hash."""
+        blob = json.dumps(identity_data(self), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def registered_model(self) -> str:
@@ -202,40 +187,6 @@ class Config(StrictModel):
         problems = self.training_problems()
         if problems:
             raise ConfigError(f"{source} cannot be used for training:\n  " + "\n  ".join(problems))
-
-
-def _drop_unset_additions(data: dict[str, Any]) -> None:
-    """Leave keys added after runs were recorded out of the hash while they hold their default
-    (`agent.describe_environment` off, `agent.device` cpu, an environment's `device` cpu, an empty
-    environment `description`, no
-    `eval.environment_suites`, no `rollout.scaffold`, no `reward.turn.indicators`, a `data.sources`
-    entry's unset `config` / `hf_split`, `train.rollout_correction` off), so those runs keep
-    their hash and resume as the same run."""
-    if data["train"].get("rollout_correction", {}).get("mode") == "off":  # today's loss, whatever its bounds
-        data["train"].pop("rollout_correction", None)
-    if not data["agent"].get("describe_environment"):
-        data["agent"].pop("describe_environment", None)
-    if data["agent"].get("device") == "cpu":
-        data["agent"].pop("device", None)
-    if not data["eval"].get("environment_suites"):
-        data["eval"].pop("environment_suites", None)
-    if data["rollout"]["scaffold"]["fn"] is None:
-        data["rollout"].pop("scaffold")
-    if "turn" in data["reward"] and data["reward"]["turn"]["indicators"] is None:
-        data["reward"]["turn"].pop("indicators")
-    for source in data["data"]["sources"]:  # a mapped file's entry: the `hf:` keys, unset
-        if isinstance(source, dict):
-            for key in ("config", "hf_split"):
-                if source.get(key) is None:
-                    source.pop(key, None)
-    optimizer = data["eval"].get("baselines", {}).get("optimizer")
-    envs = [data["environment"], *data["train"].get("environments", []), *data["eval"]["environments"],
-            *([optimizer] if optimizer else [])]
-    for env in envs:
-        if not env.get("description"):
-            env.pop("description", None)
-        if env.get("device") == "cpu":
-            env.pop("device", None)
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -356,53 +307,3 @@ def parse_overrides(items: Sequence[str] | None) -> dict[str, Any]:
         except ValueError:
             parsed[key] = value
     return parsed
-
-
-def runs_home() -> Path:
-    """Root of everything a run writes (warehouse, MLflow, checkpoints); `PROMPT_R1_HOME` moves it."""
-    return Path(os.environ.get("PROMPT_R1_HOME", Path.cwd() / "runs")).resolve()
-
-
-def default_db_path() -> Path:
-    return runs_home() / "warehouse.duckdb"
-
-
-def new_run_id() -> str:
-    """Id of a run started outside MLflow: 32 hex digits, the shape of MLflow's run ids (which the
-    flows use), so `runs/<config>/<run_id>` holds one kind of id and a run id names its folder
-    whoever started the run. Runs are ordered by the start time in their `run.json`, not by id.
-
-    >>> import re; bool(re.fullmatch(r"[0-9a-f]{32}", new_run_id())) and new_run_id() != new_run_id()
-    True
-    """
-    import uuid
-
-    return uuid.uuid4().hex
-
-
-def logs_dir() -> Path:
-    """Logs of work that belongs to no run (managed servers started by `ask`, `serve`, `serve-env`)."""
-    return runs_home() / "logs"
-
-
-def run_dir(config_name: str, run_id: str) -> Path:
-    """Where one run keeps checkpoints, evaluation outputs and server logs."""
-    for part in (config_name, run_id):  # a `/` or `..` would put the run outside the run home
-        if not SAFE_NAME.match(part):
-            raise ConfigError(f"{part!r} cannot name a run folder (a config name or --run-id): use 1-64 "
-                              "letters, digits, `.`, `_`, `-`, starting with a letter or digit")
-    return runs_home() / config_name / run_id
-
-
-def in_process_share(cfg: Config, engines: int) -> float:
-    """Each of `engines` vLLM agent engines sharing one GPU (built in one process, on its first
-    GPU; or 1, an engine placed by Ray on a GPU of its own, where the driver's server may be too):
-    their part of `agent.vllm_gpu_memory_utilization`, less what a managed vLLM environment server
-    takes there.
-
-    >>> from prompt_r1.config.experiment import parse_config
-    >>> in_process_share(parse_config({}), 2), in_process_share(parse_config({"environment": {"kind": "vllm"}}), 2)
-    (0.45, 0.3)
-    """
-    server = max((e.gpu_memory_utilization for e in cfg.eval_environments() if e.kind == "vllm"), default=0.0)
-    return round(max(0.05, (cfg.agent.vllm_gpu_memory_utilization - server) / max(1, engines)), 4)

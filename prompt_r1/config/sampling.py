@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from prompt_r1.config.base import SafeName, StrictModel
+from prompt_r1.config.identity import layout, when_set
 from prompt_r1.core.scorer import SPEC_PATTERN
 
 
@@ -39,10 +40,12 @@ class DataSource(StrictModel):
                       "directory, or `hf:NAME` (a hub dataset) / `hf:FOLDER` (a dataset saved with `save_to_disk`). "
                       "An `hf:` source's columns may be dotted paths into struct columns (`answers.text`).")
     config: str | None = Field(None, min_length=1, description="hf: the dataset's configuration (gsm8k's `main`); "
-                               "None = its default.")
+                               "None = its default.",
+        json_schema_extra=when_set())
     hf_split: str | None = Field(None, min_length=1, description="hf: the split of the dataset to load (`train`, "
                                  "`validation`, `test`); None = `train`. Its questions are filed under `split`, which "
-                                 "defaults to `train` for a `train` split and `test` for any other.")
+                                 "defaults to `train` for a `train` split and `test` for any other.",
+        json_schema_extra=when_set())
     dataset: SafeName | None = Field(None, description="Dataset name of its questions; None = the file's stem.")
     split: Literal["train", "test", "ood"] | None = Field(
         None, description="Split of every row (unless `columns.split` names a column); None = `train` under a "
@@ -106,6 +109,7 @@ class DataConfig(StrictModel):
         description="Deadline of one call of a dataset's own scorer or of `reward.turn.scorer`, in seconds; a call "
         "that has not returned by then stops training or evaluation naming the scorer and the question (an LLM "
         "judge without a timeout of its own would otherwise stall the run in silence).",
+        json_schema_extra=layout(),
     )
     max_question_chars: int = Field(
         20_000, ge=1,
@@ -165,6 +169,7 @@ class AgentConfig(StrictModel):
         "waiting at once as one left-padded batch over the KV cache (needs `batch_invariant: false`); "
         "`bfloat16` suits it. Evaluation, `ask` and `serve` sample on CPU (or with vLLM). The vllm backend "
         "places itself (`tensor_parallel_size`).",
+        json_schema_extra=when_set(),
     )
     max_new_tokens: int = Field(128, ge=1, description="Token limit of one agent turn.")
     max_response_tokens: int = Field(
@@ -178,6 +183,7 @@ class AgentConfig(StrictModel):
         description="Put a one-line description of the environment (its `description`, else its name and "
         "model) into the agent's prompt, so one agent can adapt to each environment of a training pool and "
         "an unseen one can be described at evaluation. Off = the prompt is exactly the reference's.",
+        json_schema_extra=when_set(),
     )
     temperature: float = Field(
         1.0, ge=0.0,
@@ -266,6 +272,7 @@ class ScaffoldConfig(StrictModel):
         "scaffold's turn must never say for that question (beside its gold answers, always refused): what only "
         "an environment's reply may tell. The two-hop task's: `prompt_r1.data.first_call:two_hop_privileged` "
         "(the bridge country's spellings).",
+        json_schema_extra=when_set(),
     )
     members: int = Field(
         0, ge=0,
@@ -305,7 +312,8 @@ class RolloutConfig(StrictModel):
         description="transformers backend: the share of a GPU each rollout actor's placement bundle holds "
         "(0.25: four actors on one GPU, Ray packs them). Needed by `agent.device: cuda` (an actor without a "
         "GPU share sees none); with `agent.device: cpu` it only reserves. The vllm backend takes "
-        "`agent.tensor_parallel_size` GPUs instead.")
+        "`agent.tensor_parallel_size` GPUs instead.",
+        json_schema_extra=layout())
     ray_address: str | None = Field(
         None, description="Ray cluster address (`head:6379`, `ray://head:10001`); None = this process starts "
         "its own local Ray instance (`ray.init(address=\"local\")`), never joining one already running on "
@@ -334,14 +342,16 @@ class RolloutConfig(StrictModel):
         "restarted by Ray: the restarted actor first loads the weights last sent, then redoes only its own share "
         "of the batch (seeded per episode, so the trajectories are the same). One more in the same batch fails "
         "it naming the actor, as does any death with `max_staleness` >= 1 (Ray does not restart those actors). "
-        "Counted in `rollout_actor_restarts`, per step (and in a validation's metrics when it saw one). 0 = no restarts.")
+        "Counted in `rollout_actor_restarts`, per step (and in a validation's metrics when it saw one). 0 = no restarts.",
+        json_schema_extra=layout())
     colocate: bool = Field(
         False, description="vllm backend with a GPU learner: each rollout engine shares the GPUs of the learner "
         "ranks it is paired with (engine i: ranks i x tp to (i+1) x tp - 1, tp = `agent.tensor_parallel_size`) "
         "instead of GPUs of its own, for machines with few GPUs (one GPU: `configs/one-gpu.yaml`). The engines "
         "start with vLLM sleep mode and sleep (weights to host memory, KV cache freed) while the learner updates. "
-        "Needs `max_staleness` 0 and `num_workers` x tp <= `train.world_size`. The transformers backend and "
-        "runs without GPUs sample on CPU as before.")
+        "Needs `max_staleness` 0 and `num_workers` x tp <= `train.world_size`. The transformers backend on "
+        "`agent.device: cuda` shares the ranks' GPUs alike (its policy keeps its weights there and frees its cached "
+        "blocks while the learner updates); with a learner without GPUs the engines are placed as usual.")
     max_staleness: int = Field(
         0, ge=0, description="Asynchronous rollouts: how many policy versions (GRPO updates) the weights that "
         "sample a batch may be behind the learner that trains on it. 0 = on-policy, the synchronous schedule "
@@ -351,7 +361,8 @@ class RolloutConfig(StrictModel):
     scaffold: ScaffoldConfig = Field(
         default_factory=ScaffoldConfig,
         description="Guided exploration of the first call: a task's proposed first turn for some members of each "
-        "training group (off by default).")
+        "training group (off by default).",
+        json_schema_extra=when_set(by="fn"))
 
 
     @model_validator(mode="after")
@@ -446,6 +457,7 @@ class TurnRewardConfig(StrictModel):
         "returning a dict of name -> True / False / None (None: not defined for this trajectory). Evaluation's "
         "turn table and each training step report each one's share. The two-hop task's: "
         "`prompt_r1.data.first_call:two_hop_indicators` (the first call asks the first hop; two leaks).",
+        json_schema_extra=when_set(),
     )
     weight: float = Field(
         0.5, ge=0.0, le=100.0,
@@ -472,16 +484,19 @@ class RewardConfig(StrictModel):
     format_cap: float = Field(1.0, description="Cap of the format score (epsilon); the answer F1 counts only at the cap.")
     cost: CostRewardConfig = Field(
         default_factory=CostRewardConfig, description="What environment calls cost in the reward (off by default).",
+        json_schema_extra=when_set(by="mode"),
     )
     turn: TurnRewardConfig = Field(
         default_factory=TurnRewardConfig,
         description="A per-turn reward a task defines, credited to that turn's tokens (off by default).",
+        json_schema_extra=when_set(by="scorer"),
     )
     normalize_parts: bool = Field(
         False,
         description="GDPO (arXiv 2601.05242): the advantage is the sum over the reward's parts (format, gated answer, "
-        "cost) of each part's group-normalised advantage, instead of the advantage of their sum. False = GRPO on "
-        "the total, as before.",
+        "cost) of each part's group-normalised advantage, instead of the advantage of their sum. False = GRPO's "
+        "advantage of the total.",
+        json_schema_extra=when_set(),
     )
 
     @property

@@ -1,8 +1,9 @@
 """How a run trains: the `train` section (GRPO, optimiser, precision, the learner's layout, checkpoints).
 
-`LAYOUT_KEYS` are the keys that say how the learner is laid out, or how it computes the same
-update (its logits in chunks, its micro-batches packed), rather than what it computes;
-`Config.hash` leaves them out, so a run resumes at another world size as the same run.
+The keys that say how the learner is laid out, or how it computes the same update (its logits
+in chunks, its micro-batches packed), rather than what it computes, are marked `layout()`
+(`prompt_r1.config.identity`): `Config.hash` leaves them out, so a run resumes at another world
+size as the same run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from prompt_r1.config.base import StrictModel
 from prompt_r1.config.env import PoolEnvConfig
+from prompt_r1.config.identity import layout, when_set
 
 
 class RolloutCorrectionConfig(StrictModel):
@@ -77,6 +79,7 @@ class TrainConfig(StrictModel):
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=RolloutCorrectionConfig,
         description="Correction of the sampler/learner gap at any staleness, and its metrics (off by default).",
+        json_schema_extra=when_set(by="mode"),
     )
     kl_coef: float = Field(
         0.001, ge=0,
@@ -120,6 +123,7 @@ class TrainConfig(StrictModel):
         "goes to padding; the same log-probs, loss and gradients to float rounding. Must exceed "
         "`agent.max_response_tokens`; a trajectory longer than N stops the step naming both. Needs "
         "`loss_agg: token-mean`; not with `strategy: fsdp`. `prompt-r1 plan` counts N tokens a micro-batch.",
+        json_schema_extra=layout(),
     )
     logits_chunk_tokens: int = Field(
         0, ge=0,
@@ -128,36 +132,44 @@ class TrainConfig(StrictModel):
         "N response positions at a time, recomputed in the backward (`core.grpo.chunked_logprobs`): at most "
         "B x N x V logits exist at once, for the same log-probs and gradients to float rounding and a second "
         "vocabulary projection's compute. `prompt-r1 plan` counts it. Not with `strategy: fsdp`.",
+        json_schema_extra=layout(),
     )
     world_size: int = Field(
         1, ge=1,
         description="Learner ranks. 1 = one learner; N > 1 = N Ray actors in a placement group joined by "
         "torch.distributed (nccl where CUDA and NCCL are available, gloo otherwise), each taking whole GRPO "
         "groups of the batch, the loss normalised by the global token count so N ranks give the gradient of one.",
+        json_schema_extra=layout(),
     )
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp",
         description="How learner ranks share the model: `ddp` (every rank holds all weights, gradients are "
         "all-reduced) or `fsdp` (FSDP2 `fully_shard` over a device mesh: weights, gradients and AdamW state "
         "sharded, for full fine-tuning that does not fit one device; not with LoRA).",
+        json_schema_extra=layout(),
     )
-    cpus_per_rank: float = Field(1.0, gt=0, description="CPUs in each learner rank's placement bundle.")
+    cpus_per_rank: float = Field(
+        1.0, gt=0, description="CPUs in each learner rank's placement bundle.", json_schema_extra=layout()
+    )
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK",
         description="Ray placement strategy of the learner ranks' bundles: PACK keeps them on as few nodes as "
         "possible (collectives stay inside a node), SPREAD puts them on different nodes where it can (one rank "
         "per node), STRICT_* refuse anything else (a STRICT placement that cannot be met fails at "
         "train.placement_timeout_s).",
+        json_schema_extra=layout(),
     )
     placement_timeout_s: float = Field(
         300.0, gt=0,
         description="Deadline for the learner ranks' placement group to be placed; past it the error names "
         "the resources missing and what to change.",
+        json_schema_extra=layout(),
     )
     dist_timeout_s: float = Field(
         600.0, gt=0,
         description="Deadline for torch.distributed set-up and each collective, and for a learner rank's "
         "step: a rank that dies or hangs fails the step within it, naming the rank.",
+        json_schema_extra=layout(),
     )
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N steps (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
@@ -168,6 +180,7 @@ class TrainConfig(StrictModel):
         description="The training pool of environment LLMs, each with a sampling `weight` (empty = the one "
         "`environment`, a pool of one). Names must be unique; evaluation reports environments outside "
         "the pool as held out.",
+        json_schema_extra=when_set(),
     )
 
     @model_validator(mode="after")
@@ -199,8 +212,3 @@ class TrainConfig(StrictModel):
                              "so every question would draw the last environment; weights are relative: use e.g. 1 and 3")
         return pool
 
-
-# `train` keys that say how the learner is laid out (ranks, placement, deadlines), not what it
-# computes: left out of `Config.hash`, the run's identity
-LAYOUT_KEYS = ("world_size", "strategy", "cpus_per_rank", "placement_strategy", "placement_timeout_s",
-               "dist_timeout_s", "logits_chunk_tokens", "pack_tokens")

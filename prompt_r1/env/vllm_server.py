@@ -60,7 +60,7 @@ from pathlib import Path
 
 import httpx
 
-from prompt_r1.config.experiment import runs_home
+from prompt_r1.config.run_home import runs_home
 from prompt_r1.core.failures import UserError
 from prompt_r1.env.inprocess import load_chat_template
 from prompt_r1.env.server_guard import process_cmdline, spawn_guarded, stop_group, sweep_leftovers, write_record

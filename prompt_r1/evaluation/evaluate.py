@@ -35,7 +35,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig, in_process_share
+from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.failures import check_error_rate
 from prompt_r1.core.questions import QuestionRow
@@ -45,6 +45,7 @@ from prompt_r1.data.scorers import check_scorers
 from prompt_r1.evaluation.questions import EvalError, check_dataset_limits, select_questions, suite_datasets
 from prompt_r1.evaluation.answers import AGENT_ONLY_SUFFIX, COT_SUFFIX, extract_agent_only_answer, extract_cot_answer
 from prompt_r1.evaluation.turns import evaluation_turns
+from prompt_r1.planning.memory import in_process_share
 from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)

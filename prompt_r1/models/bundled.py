@@ -34,7 +34,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from prompt_r1.config.experiment import runs_home
+from prompt_r1.config.run_home import runs_home
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.fsutil import LockBusy, atomic_dir, file_lock, holder_stopped, holder_text, read_holder, record_holder
 

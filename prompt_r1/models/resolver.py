@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prompt_r1.config.experiment import runs_home
+from prompt_r1.config.run_home import runs_home
 from prompt_r1.config.base import SAFE_NAME
 from prompt_r1.config.tracking import champion_uri, default_registered_model
 from prompt_r1.models.agent_files import ADAPTER_CONFIG, HUB_ID, AgentSpecError

@@ -3,7 +3,8 @@
 Why it exists: `planning.plan` (`prompt-r1 plan`, and `train`'s check before any model loads)
 needs each process's memory before anything loads; this module is that estimate, the one
 statement of the memory rule, and `plan` places its results on the machines. It works from the
-agent's shape (`models.architecture`) and imports no torch.
+agent's shape (`models.architecture`) and imports no torch. `in_process_share` splits one GPU's
+memory between evaluation's vLLM agent engines built in one process, for `evaluate` and `plan` alike.
 
 The memory rule, per learner rank (P weights, T trainable: P, or the LoRA adapter's under
 `agent.lora.enabled`; S = `train.world_size` under `fsdp`, 1 under `ddp`; c = 2 bytes under
@@ -393,3 +394,17 @@ def components(cfg: Config, arch: Architecture, machine: Machine, prompt_tokens:
                              startup=startup))
     out += [engine_component(cfg, arch, machine, prompt_tokens, i) for i in range(cfg.rollout.num_workers)]
     return out + environment_components(cfg, machine)
+
+
+def in_process_share(cfg: Config, engines: int) -> float:
+    """Each of `engines` vLLM agent engines sharing one GPU (built in one process, on its first
+    GPU; or 1, an engine placed by Ray on a GPU of its own, where the driver's server may be too):
+    their part of `agent.vllm_gpu_memory_utilization`, less what a managed vLLM environment server
+    takes there.
+
+    >>> from prompt_r1.config.experiment import parse_config
+    >>> in_process_share(parse_config({}), 2), in_process_share(parse_config({"environment": {"kind": "vllm"}}), 2)
+    (0.45, 0.3)
+    """
+    server = max((e.gpu_memory_utilization for e in cfg.eval_environments() if e.kind == "vllm"), default=0.0)
+    return round(max(0.05, (cfg.agent.vllm_gpu_memory_utilization - server) / max(1, engines)), 4)

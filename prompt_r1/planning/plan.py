@@ -28,7 +28,7 @@ from prompt_r1.core.failures import UserError
 from prompt_r1.models.architecture import Architecture
 from prompt_r1.planning.memory import (
     DEFAULT_PROMPT_TOKENS, Component, Machine, colocated, components, engine_kv_least,
-    tensor_parallel_size,
+    in_process_share, tensor_parallel_size,
 )
 from prompt_r1.planning.fixes import (engine_fits, engine_fixes, learner_fixes, limit_text, settings_text,
                                            variant)
@@ -325,7 +325,6 @@ def evaluation_text(cfg: Config, arch: Architecture, machine: Machine, prompt_to
     '2 agent engines (base, trained), each placed by Ray on 1 GPU of its own, at agent.vllm_gpu_..._utilization 0.9 each'
     """
     from prompt_r1.config.evaluation import engine_place
-    from prompt_r1.config.experiment import in_process_share
 
     agents = cfg.eval.agent_checkpoints if {"agent", "agent_only"} & set(cfg.eval.methods) else []
     if not agents:

@@ -91,12 +91,14 @@ def _has_checkpoint(run_dir: Path) -> bool:
 def changed_settings(run_dir: Path, config: Config) -> list[str]:
     """`key: old -> new` for each setting in which `config` differs from the config the run's newest
     checkpoint was written with (its `config.yaml`), so a refused resume names what changed, not
-    two hashes. Left out, as from the hash: the learner's layout (`LAYOUT_KEYS`), where evaluation's
-    engines run, and keys the checkpoint's config does not have (added to the project after it).
-    Empty when there is no readable checkpoint config."""
+    two hashes. Left out, as from the hash: the layout keys (`prompt_r1.config.identity`: the
+    learner's layout, where evaluation's engines run, where the run is tracked), and keys the
+    checkpoint's config does not have (added to the project after it). Empty when there is no
+    readable checkpoint config."""
     import yaml
 
-    from prompt_r1.config.experiment import LAYOUT_KEYS, flatten
+    from prompt_r1.config.experiment import Config, flatten
+    from prompt_r1.config.identity import layout_paths
     from prompt_r1.learner.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
@@ -105,9 +107,15 @@ def changed_settings(run_dir: Path, config: Config) -> list[str]:
     except (OSError, yaml.YAMLError, AttributeError):
         return []
     new = config.flat()
-    skipped = {f"train.{key}" for key in LAYOUT_KEYS}
+    layout = set(layout_paths(Config))
     return [f"{key}: {old[key]!r} -> {new.get(key)!r}" for key in sorted(old)
-            if key not in skipped and not key.startswith("eval.agent_placement") and old[key] != new.get(key)]
+            if not layout & _prefixes(key) and old[key] != new.get(key)]
+
+
+def _prefixes(key: str) -> set[str]:
+    """A dotted key and the sections above it: `a.b.c` -> {`a`, `a.b`, `a.b.c`}."""
+    parts = key.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
 
 
 def mismatches(record: dict[str, Any], config_hash: str, pool: str, settings: list[str] | None = None) -> list[str]:

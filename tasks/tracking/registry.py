@@ -23,7 +23,8 @@ from pathlib import Path
 import mlflow
 from mlflow import MlflowClient
 
-from prompt_r1.config.experiment import Config, runs_home
+from prompt_r1.config.experiment import Config
+from prompt_r1.config.run_home import runs_home
 from prompt_r1.config.tracking import CHAMPION_ALIAS
 from prompt_r1.core.urls import redact_url
 from prompt_r1.core.fsutil import atomic_dir

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 import mlflow
 from mlflow import MlflowClient
 
-from prompt_r1.config.experiment import Config, flatten, runs_home
+from prompt_r1.config.experiment import Config, flatten
+from prompt_r1.config.run_home import runs_home
 from prompt_r1.core.urls import redact_url, redact_urls_in
 from prompt_r1.core.fsutil import LockBusy, atomic_copy_file, file_lock
 

@@ -147,7 +147,8 @@ def test_ask_json_against_a_dead_environment_is_the_episode_with_its_error_and_e
 def test_resume_passes_over_a_corrupted_newest_checkpoint_and_says_so(home):
     """A run stopped after its step-2 checkpoint, whose weights file was then truncated: the
     resume names that checkpoint, continues from step 1, and finishes the run."""
-    from prompt_r1.config.experiment import load_config, run_dir
+    from prompt_r1.config.experiment import load_config
+    from prompt_r1.config.run_home import run_dir
     from prompt_r1.models.resolver import resolve_agent
     from prompt_r1.learner.checkpoint import save_checkpoint
     from prompt_r1.models.export import MANIFEST

@@ -104,7 +104,7 @@ def test_traversing_name_in_a_file_names_the_key_and_file(tmp_path):
 
 
 def test_run_dir_refuses_a_traversing_run_id(tmp_path, monkeypatch):
-    from prompt_r1.config.experiment import run_dir
+    from prompt_r1.config.run_home import run_dir
 
     monkeypatch.setenv("PROMPT_R1_HOME", str(tmp_path))
     assert run_dir("smoke", "20250101-000000-abcdef") == tmp_path.resolve() / "smoke" / "20250101-000000-abcdef"

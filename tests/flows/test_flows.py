@@ -180,7 +180,8 @@ def test_train_flow_continues_only_a_run_with_the_same_config_and_pool(home):
     from types import SimpleNamespace
 
     from flows.train import continued_run
-    from prompt_r1.config.experiment import load_config, run_dir
+    from prompt_r1.config.experiment import load_config
+    from prompt_r1.config.run_home import run_dir
     from prompt_r1.training.run_folder import write_record
     from tasks.tracking.runs import setup_mlflow
 

@@ -257,7 +257,8 @@ def test_cli_resume_picks_the_same_unfinished_run(home, monkeypatch) -> None:
 
 
 def test_training_session_checks_the_run_before_loading_anything(home, warehouse) -> None:
-    from prompt_r1.config.experiment import load_config, run_dir
+    from prompt_r1.config.experiment import load_config
+    from prompt_r1.config.run_home import run_dir
     from prompt_r1.data.ingest import ingest
     from prompt_r1.training.run_folder import ResumeError, write_record
     from prompt_r1.training.session import TrainingSession

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from prompt_r1.models import bundled as models, resolver as agent_resolver
 from prompt_r1.models.resolver import (BUNDLED, AgentSpecError, parse_labelled_specs, resolve_agent,
                                       resolve_agents, spec_label)
-from prompt_r1.config.experiment import load_config, new_run_id
+from prompt_r1.config.experiment import load_config
+from prompt_r1.config.run_home import new_run_id
 from prompt_r1.training.run_folder import find_resumable, open_run
 
 ROOT = Path(__file__).resolve().parents[2]
