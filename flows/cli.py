@@ -101,7 +101,7 @@ def rerun_mlflow_run(run_id: str) -> dict:
     """Re-execute the flow of an MLflow run from its logged resolved config and agents."""
     from prompt_r1.config.run_home import runs_home
     from prompt_r1.core.urls import redact_url
-    from tasks.tracking.runs import is_local, setup_mlflow, tracking_uri
+    from tasks.tracking.runs import is_local, point_mlflow, registry_uri, setup_mlflow, tracking_uri
 
     where = tracking_uri()  # MLFLOW_TRACKING_URI, else the run home's store
     if is_local(where) and not (runs_home() / "mlflow.db").is_file():  # a look-up must not create an empty store
@@ -116,7 +116,7 @@ def rerun_mlflow_run(run_id: str) -> dict:
     from flows.train import train_flow
     from prompt_r1.core.urls import MASK
 
-    mlflow.set_tracking_uri(where)
+    point_mlflow(where, registry_uri(where))
     try:
         run = MlflowClient().get_run(run_id)
     except Exception:

@@ -28,7 +28,7 @@ from prompt_r1.config.run_home import runs_home
 from prompt_r1.config.tracking import CHAMPION_ALIAS
 from prompt_r1.core.urls import redact_url
 from prompt_r1.core.fsutil import atomic_dir
-from tasks.tracking.runs import is_local, registry_uri, tracking_uri
+from tasks.tracking.runs import is_local, point_mlflow, registry_uri, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +157,7 @@ def registry_agent_path(uri: str, tracking: str | None = None) -> Path | None:
 
         # a folder left without its agent (an older, interrupted download) is replaced
         with atomic_dir(target, replace=True) as tmp:
-            mlflow.set_tracking_uri(where)
-            mlflow.set_registry_uri(registry_uri(where))
+            point_mlflow(where, registry_uri(where))
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version.version}",
                                                              dst_path=str(tmp / "download")))
             agent = _agent_artifact(local)

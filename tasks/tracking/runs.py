@@ -92,6 +92,21 @@ def is_local(uri: str) -> bool:
     return uri == local_tracking_uri()
 
 
+def point_mlflow(tracking: str, registry: str) -> None:
+    """MLflow's tracking and registry URIs for this process. MLflow also writes them into
+    `MLFLOW_TRACKING_URI` / `MLFLOW_REGISTRY_URI` for subprocesses to inherit; those variables are the
+    user's choice of server (`tracking_uri`), so they are put back as the user left them: otherwise
+    the first home a process tracked into would become every later flow's and subprocess's server."""
+    user = {name: os.environ.get(name) for name in (TRACKING_URI_ENV, REGISTRY_URI_ENV)}
+    mlflow.set_tracking_uri(tracking)
+    mlflow.set_registry_uri(registry)
+    for name, value in user.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def setup_mlflow(config_name: str, uri: str | None = None) -> str:
     """Point MLflow at the tracking store (`tracking_uri(uri)`, `uri` being the config's
     `tracking.uri`) and select (or create) the config's experiment.
@@ -106,8 +121,7 @@ def setup_mlflow(config_name: str, uri: str | None = None) -> str:
     global _configured
     _configured = uri
     where = tracking_uri(uri)
-    mlflow.set_tracking_uri(where)
-    mlflow.set_registry_uri(registry_uri(where))
+    point_mlflow(where, registry_uri(where))
     if is_local(where):
         exp_id, tags = _setup_local(config_name)
     else:
