@@ -25,6 +25,23 @@ os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 # them (tasks.tracking.runs reads these) never receives a test's runs or models.
 for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
     os.environ.pop(_name, None)
+
+
+@pytest.fixture(autouse=True)
+def _no_mlflow_uri_between_tests():
+    """After each test, MLflow points nowhere and neither URI variable is set: `mlflow.set_tracking_uri`
+    (in a test's own code, or MLflow's) writes `MLFLOW_TRACKING_URI`, which the next test's flows would
+    read as a team's server and track into the previous test's home."""
+    yield
+    if "mlflow" in sys.modules:
+        import mlflow
+
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
+        os.environ.pop(name, None)
+
+
 SHARED_DATA = Path(os.environ.get("PROMPT_R1_SHARED_DATA", ROOT.parent / "shared" / "data" / "prompt-r1"))
 
 
