@@ -254,7 +254,7 @@ def test_train_flow_whose_final_validation_fails_registers_nothing(home, tmp_pat
     from prefect.testing.utilities import prefect_test_harness
 
     import flows.train
-    from tasks.tracking.registry import MODEL_NAME
+    from prompt_r1.config.experiment import load_config
     from tasks.tracking.runs import tracking_uri
 
     monkeypatch.setattr(flows.train, "TrainingSession", _session_whose_environment_dies_after_training(
@@ -270,7 +270,8 @@ def test_train_flow_whose_final_validation_fails_registers_nothing(home, tmp_pat
     (run,) = client.search_runs([client.get_experiment_by_name("smoke").experiment_id], "tags.flow = 'train'")
     assert run.info.status == "FAILED" and "validation after 2 update" in run.data.tags["env_failure"]
     assert "registered_version" not in run.data.tags
-    assert client.search_model_versions(f"name = '{MODEL_NAME}'") == []
+    model = load_config("configs/smoke.yaml").registered_model()  # the config's own registered model
+    assert client.search_model_versions(f"name = '{model}'") == []
 
 
 def test_registration_refuses_a_validation_that_scored_nothing():
