@@ -121,14 +121,16 @@ class DataConfig(StrictModel):
     @model_validator(mode="after")
     def _one_entry_per_file_and_dataset(self) -> "DataConfig":
         """One file may feed several datasets (several mappings), but two entries that map one file
-        to one dataset would each claim the other's questions at every ingest."""
+        (or one split of a Hugging Face dataset) to one dataset would each claim the other's questions
+        at every ingest."""
         from pathlib import Path
 
-        seen: dict[tuple[Path, str], int] = {}
+        seen: dict[tuple, int] = {}
         for i, source in enumerate(self.sources):
             if isinstance(source, DataSource):
                 path = Path(source.path).expanduser().resolve()
-                key = (path, source.dataset or path.stem)
+                # a Hugging Face entry reads one split of one config: two splits are two sources
+                key = (path, source.dataset or path.stem, source.config, source.hf_split)
                 if key in seen:
                     raise ValueError(f"data.sources[{i}] maps {path} to dataset `{key[1]}`, as data.sources[{seen[key]}] "
                                      "does; one entry per file and dataset: drop one, or give it another `dataset`")
