@@ -102,7 +102,8 @@ def test_a_deadline_that_passes_names_the_busy_actor_and_the_setting(local_ray, 
             group.gather(group.call_each("nap", [(0.0,), (600.0,)]), "napping", timeout_s=2.0,
                          field="test.nap_timeout_s", fix="nap less")
         waited = time.monotonic() - started
-        assert 2.0 <= waited < 2.0 + 8.0, waited  # the deadline, not the 600 s nap
+        # Ray's wait may wake a few ms before its own deadline: the point is the deadline, not the 600 s nap
+        assert 2.0 - 0.1 <= waited < 2.0 + 8.0, waited
         message = str(caught.value)
         assert message == (f"napping did not finish within 2s (test.nap_timeout_s): no answer from test actor 1 "
                            f"(node {where1['node_ip']}, pid {where1['pid']}); nap less"), message
