@@ -59,11 +59,13 @@ def check_scorers(questions: list[QuestionRow], timeout_s: float | None = None) 
             raise ScorerError(f"{err} (needed by dataset {q.dataset}, e.g. question {q.question_id!r})") from err
 
 
-def scorer_fingerprints(questions: Iterable[QuestionRow], turn_spec: str | None = None) -> dict[str, str]:
-    """spec -> a hash of its code (`core.scorer_code`), for every scorer `questions` name and the turn
-    scorer: what a run's rewards depend on beside its config and pool. A verifiers rubric is the files
-    of its reward functions; a spec whose file cannot be read is `unknown` (loading it says why)."""
-    specs = {q.scorer for q in questions if q.scorer} | ({resolved_spec(turn_spec)} if turn_spec else set())
+def scorer_fingerprints(questions: Iterable[QuestionRow], *code_specs: str | None) -> dict[str, str]:
+    """spec -> a hash of its code (`core.scorer_code`), for every scorer `questions` name and every
+    other import path a run's rewards or rollouts call (`code_specs`: the turn scorer, the task's
+    indicators, a scaffold; None is skipped): what a run depends on beside its config and pool. A
+    verifiers rubric is the files of its reward functions; a spec whose file cannot be read is
+    `unknown` (loading it says why)."""
+    specs = {q.scorer for q in questions if q.scorer} | {resolved_spec(spec) for spec in code_specs if spec}
     out: dict[str, str] = {}
     for spec in sorted(specs):
         if spec.startswith(VERIFIERS):

@@ -32,19 +32,24 @@ def _questions(spec: str) -> list[QuestionRow]:
     return [QuestionRow(f"q{i}", "own", "train", f"q {i}?", ["a"], "custom", "scorer", scorer=spec) for i in range(3)]
 
 
-@pytest.mark.parametrize("which", ["dataset", "turn"])
+CODE_SPECS = ["turn", "indicators", "scaffold"]  # the further import paths the session fingerprints, in its order
+
+
+@pytest.mark.parametrize("which", ["dataset", *CODE_SPECS])
 @pytest.mark.parametrize("edit", range(len(EDITS)))
 def test_a_resume_after_the_scorers_code_changed_is_refused_and_force_records_it(tmp_path, which, edit) -> None:
     file = _scorer(tmp_path / "scorer.py")
-    dataset_spec, turn_spec = (f"{file}:score", None) if which == "dataset" else (None, f"{file}:turns")
-    questions = _questions(dataset_spec) if dataset_spec else _questions(None)
+    code_specs: list[str | None] = [None] * len(CODE_SPECS)
+    if which != "dataset":
+        code_specs[CODE_SPECS.index(which)] = f"{file}:turns"
+    questions = _questions(f"{file}:score" if which == "dataset" else None)
     run = tmp_path / "run"
-    first = scorer_fingerprints(questions, turn_spec)
+    first = scorer_fingerprints(questions, *code_specs)
     assert len(first) == 1
     open_run(run, "c", "h", "p", resume=False, scorers=first)
-    open_run(run, "c", "h", "p", resume=True, scorers=scorer_fingerprints(questions, turn_spec))  # unchanged: fine
+    open_run(run, "c", "h", "p", resume=True, scorers=scorer_fingerprints(questions, *code_specs))  # unchanged: fine
     file.write_text(EDITS[edit](file.read_text()))
-    second = scorer_fingerprints(questions, turn_spec)
+    second = scorer_fingerprints(questions, *code_specs)
     with pytest.raises(ResumeError, match=r"scorer code .*scorer.py:(score|turns) \w+ -> \w+.*--force"):
         open_run(run, "c", "h", "p", resume=True, scorers=second)
     open_run(run, "c", "h", "p", resume=True, force=True, scorers=second)
