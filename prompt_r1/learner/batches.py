@@ -143,6 +143,29 @@ def check_packable(model: torch.nn.Module) -> None:
                           "which the packed path does not apply; set train.pack_tokens to 0 (padded micro-batches)")
 
 
+def check_pack_budget(budget: int, max_response_tokens: int, prompt_lengths: Mapping[str, int]) -> None:
+    """A `ConfigError` naming `train.pack_tokens` when a trajectory of this pool could outgrow one
+    packed row: the longest agent prompt (`prompt_lengths`: question id -> prompt tokens, with the
+    environment's description line when the agent sees one) plus `agent.max_response_tokens`, which
+    caps every response. Checked before any model or actor starts, so the mistake never waits for the
+    first update; 0 (padded micro-batches) checks nothing.
+
+    >>> check_pack_budget(100, 60, {"q1": 40, "q2": 12})
+    >>> check_pack_budget(100, 60, {"q1": 41})
+    Traceback (most recent call last):
+    ...
+    prompt_r1.config.base.ConfigError: train.pack_tokens 100 cannot hold question q1's trajectory: its prompt is 41 tokens and agent.max_response_tokens 60 comes on top; raise train.pack_tokens to at least 101, or set it to 0 (padded micro-batches)
+    """
+    if not budget or not prompt_lengths:
+        return
+    longest = max(prompt_lengths, key=lambda q: (prompt_lengths[q], q))
+    need = prompt_lengths[longest] + max_response_tokens
+    if need > budget:
+        raise ConfigError(f"train.pack_tokens {budget} cannot hold question {longest}'s trajectory: its prompt is "
+                          f"{prompt_lengths[longest]} tokens and agent.max_response_tokens {max_response_tokens} comes "
+                          f"on top; raise train.pack_tokens to at least {need}, or set it to 0 (padded micro-batches)")
+
+
 def pack_groups(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
     """`indices` cut in order into runs whose `lengths` (prompt + response tokens) add up to at most
     `budget`; a trajectory longer than the budget alone is an error naming both numbers.

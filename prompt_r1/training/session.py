@@ -161,11 +161,14 @@ class TrainingSession:
         self._check_scaffold()
         check_run_capacity(self.cfg)
         # Checked before any model loads, so a refused resume fails in a second.
-        # the scorers' code is part of the run's identity: a resume after it changed is refused like a config change
-        scorers = scorer_fingerprints(self.train_questions + self.val_questions, self.cfg.reward.turn.scorer)
+        # the scorers' (and indicators' and scaffold's) code is part of the run's identity: a resume after it
+        # changed is refused like a config change
+        scorers = scorer_fingerprints(self.train_questions + self.val_questions, self.cfg.reward.turn.scorer,
+                                      self.cfg.reward.turn.indicators, self.cfg.rollout.scaffold.fn)
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), self.questions.hash, self.resume, self.force,
                  config=self.cfg, scorers=scorers)
         self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
+        self._check_pack_budget()  # needs the agent's tokenizer; before the learner, the pool or any rollout
         # in this process, or train.world_size ranks in Ray (then nothing here holds a model)
         self.learner = self._stack.enter_context(open_learner(self.cfg, self.model_path))
         # the newest intact checkpoint: a damaged newer one is named in a warning and passed over
@@ -191,6 +194,22 @@ class TrainingSession:
             checked = check_scaffold(load_scaffold(spec, privileged), self.train_questions)
             log.info("scaffold %s: %d training questions checked, none names a gold answer%s", spec, checked,
                      f" or what {privileged} forbids" if privileged else "")
+
+    def _check_pack_budget(self) -> None:
+        """`train.pack_tokens` against the longest agent prompt of the pool plus the response budget."""
+        from transformers import AutoTokenizer
+
+        from prompt_r1.core.tokens import agent_prompt_ids
+        from prompt_r1.learner.batches import check_pack_budget
+
+        if not self.cfg.train.pack_tokens:
+            return
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        lines = ([env.prompt_description() for env in self.cfg.training_environments()]
+                 if self.cfg.agent.describe_environment else [None])
+        lengths = {q.question_id: max(len(agent_prompt_ids(tokenizer, q.question, line)) for line in lines)
+                   for q in self.train_questions}
+        check_pack_budget(self.cfg.train.pack_tokens, self.cfg.agent.max_response_tokens, lengths)
 
     def restore(self, checkpoint: Path) -> None:
         """Continue from `checkpoint`: the learner's state, the step, the data position and the cost

@@ -7,10 +7,11 @@ import random
 import pytest
 import torch
 
+from prompt_r1.config.base import ConfigError
 from prompt_r1.core import grpo
 from prompt_r1.core.trajectory import Trajectory
 from grpo_helpers import tiny_llama
-from prompt_r1.learner.batches import collate, pack, pack_groups
+from prompt_r1.learner.batches import check_pack_budget, collate, pack, pack_groups
 
 
 def _random_trajectories(seed: int, n: int) -> list[Trajectory]:
@@ -40,6 +41,29 @@ def test_pack_groups_keep_order_and_budget_and_fill_greedily(seed) -> None:
     assert all(sum(size[i] for i in g) <= budget for g in groups)
     # greedy: each group's next trajectory would not have fitted into it
     assert all(sum(size[i] for i in a) + size[b[0]] > budget for a, b in zip(groups, groups[1:]))
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_pack_budget_check_refuses_exactly_the_pools_whose_longest_prompt_and_response_overflow(seed) -> None:
+    """Restated: every trajectory (prompt + at most the response budget) fits a row iff the budget
+    is at least the longest prompt plus that budget; when refused, the message names the question
+    and the least budget that fits, and that budget is accepted."""
+    rng = random.Random(seed)
+    lengths = {f"q{i}": rng.randint(1, 300) for i in range(rng.randint(1, 30))}
+    response, budget = rng.randint(1, 300), rng.randint(1, 700)
+    fits = all(n + response <= budget for n in lengths.values())
+    if fits:
+        check_pack_budget(budget, response, lengths)
+        return
+    with pytest.raises(ConfigError) as caught:
+        check_pack_budget(budget, response, lengths)
+    need = max(lengths.values()) + response
+    assert f"train.pack_tokens {budget} cannot hold question" in str(caught.value)
+    assert f"at least {need}," in str(caught.value)
+    named = str(caught.value).split("question ")[1].split("'s")[0]
+    assert lengths[named] == max(lengths.values())
+    check_pack_budget(need, response, lengths)
+    check_pack_budget(0, response, lengths)  # padded micro-batches: nothing to hold
 
 
 def test_a_trajectory_longer_than_the_pack_is_named_with_both_numbers() -> None:
