@@ -40,7 +40,7 @@ k = 0 nothing changes.
 The same class is one rank of a learner group (`train.world_size` > 1, `ray_group`): it then
 holds a `Ranks` from `collectives` (the collectives: global token counts, gradient sums, sharding)
 and trains its share of every mini-batch; alone it holds the identity `Ranks` and computes
-exactly what it always did.
+the single-process update.
 """
 
 from __future__ import annotations
