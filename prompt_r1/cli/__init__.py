@@ -6,7 +6,7 @@ many environment calls failed ends with exit code 3 and a message naming the env
 its first error.
 
 Owns: `common` (the app, shared options, failure exits), `stages` (ingest, train, evaluate,
-rollout, serve-env), `use` (ask, serve, export), `logging_setup`. The orchestrated commands
+rollout, serve-env), `use` (ask, serve, export), `logging_setup`; `__main__` runs them as `python -m prompt_r1.cli`. The orchestrated commands
 (`pipeline`, `run-flow`, `rerun`) are added by `flows.cli`.
 
 Two hooks the commands rely on are installed by `flows.cli` when it is imported (the `prompt-r1`

@@ -230,6 +230,20 @@ def test_no_function_is_longer_than_60_lines():
     assert long == []
 
 
+def test_every_package_docstring_names_its_modules():
+    """A package's docstring is its table of contents: each module and subpackage in it is named
+    (as `name`), so a module added without a word about what it holds shows up here."""
+    missing = []
+    for top in ("prompt_r1", "flows", "tasks", "warehouse"):
+        for init in sorted((ROOT / top).rglob("__init__.py")):
+            doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+            names = [p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"]
+            names += [p.name for p in init.parent.iterdir() if (p / "__init__.py").is_file()]
+            missing += [f"{init.relative_to(ROOT)}: {name}" for name in sorted(names)
+                        if not any(f"`{name}{end}" in doc for end in ("`", "/`", "."))]
+    assert missing == []
+
+
 def test_every_markdown_section_appears_once():
     """A merge that repeats a block of a document leaves two sections of the same title, one of
     them stale (the README once carried two demo sections with different timings)."""
