@@ -1,6 +1,7 @@
-"""MLflow runs for the flows: the store, one experiment per config name, a run's identity,
-training metrics and the datasets a run read (evaluation runs: `eval_runs`; the registry:
-`registry`).
+"""MLflow runs for the flows: the store, one experiment per config name, a run's identity (its
+commit and package versions read once per process), the training run to open (`open_training_run`:
+the unfinished one to continue, or a new one with its tags), training metrics and the datasets a
+run read (evaluation runs: `eval_runs`; the registry: `registry`).
 
 The store is the team's when there is one: a config's `tracking.uri`, else `MLFLOW_TRACKING_URI`
 (as verl, transformers and MLflow itself read it), decides where runs, traces, registered models
