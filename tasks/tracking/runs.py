@@ -38,7 +38,6 @@ from prompt_r1.config.experiment import Config, flatten
 from prompt_r1.config.run_home import runs_home
 from prompt_r1.core.urls import redact_url, redact_urls_in
 from prompt_r1.core.fsutil import LockBusy, atomic_copy_file, file_lock
-from prompt_r1.policy import backend_deterministic
 from prompt_r1.training.run_folder import find_resumable
 
 if TYPE_CHECKING:
@@ -353,6 +352,8 @@ def open_training_run(experiment_id: str, cfg: Config, questions: "TrainingPool"
     """The training run of `cfg` on `questions`: the unfinished one to continue (`continued_run`,
     when `resume`) or a new one, tagged with the flow, config hash, pool hash and whether the
     backend reruns exactly. Returns (the active run, whether it is continued)."""
+    from prompt_r1.policy import backend_deterministic  # here: the policy package loads torch
+
     previous = continued_run(experiment_id, cfg, questions) if resume else None
     if previous:
         run = start_training_run(run_id=previous)
