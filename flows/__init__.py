@@ -1,4 +1,10 @@
-"""Prefect flows: ingest -> train -> evaluate, and the end-to-end pipeline (the main job)."""
+"""Prefect flows: ingest -> train -> evaluate, and the end-to-end pipeline (the main job).
+
+Modules: `ingest`, `train`, `evaluate` (one flow each), `pipeline` (the three in one run, one
+environment server kept up across them) and `cli` (the `prompt-r1` entry point: the library's
+commands plus `pipeline`, `run-flow` and `rerun`, with the MLflow hooks the library's commands
+rely on).
+"""
 
 import os
 

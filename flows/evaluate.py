@@ -22,8 +22,7 @@ from prompt_r1.evaluation.evaluate import EvalAgents, EvalOutcome, evaluate
 from prompt_r1.evaluation.heldout import environment_split, heldout_comparisons
 from prompt_r1.core.failures import EnvironmentFailure
 from tasks.artifacts import publish_eval_table
-from tasks.evaluate import evaluate_environment
-from tasks.ingest import ingest_sources
+from tasks.stages import evaluate_environment, ingest_sources
 from tasks.tracking.traces import episodes_to_trace
 from tasks.tracking.registry import install_registry_resolver
 from tasks.tracking.eval_runs import log_eval_environment, log_heldout_metrics, log_results_table

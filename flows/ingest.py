@@ -6,7 +6,7 @@ from prefect import flow
 
 from prompt_r1 import load_config
 from prompt_r1.config.run_home import default_db_path
-from tasks.ingest import ingest_sources
+from tasks.stages import ingest_sources
 
 
 @flow(name="ingest", log_prints=True)

@@ -19,7 +19,7 @@ from flows.train import train_flow
 from prompt_r1 import load_config
 from prompt_r1.config.run_home import default_db_path, run_dir
 from prompt_r1.env.vllm_server import keep_server
-from tasks.ingest import ingest_sources
+from tasks.stages import ingest_sources
 from tasks.tracking.runs import log_run_identity, setup_mlflow
 from warehouse.store import Warehouse
 

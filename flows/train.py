@@ -14,52 +14,22 @@ choice, the dataset record and the session.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import mlflow
-from mlflow import MlflowClient
 from prefect import flow
 
 from prompt_r1 import load_config
 from prompt_r1.config.experiment import Config
-from prompt_r1.config.run_home import default_db_path, run_dir, runs_home
+from prompt_r1.config.run_home import default_db_path, run_dir
 from prompt_r1.core.failures import EnvironmentFailure
-from prompt_r1.policy import backend_deterministic
 from prompt_r1.data.pool import TrainingPool
-from prompt_r1.training.run_folder import find_resumable
 from prompt_r1.training.session import TrainingSession
 from tasks.artifacts import publish_training_metrics
-from tasks.train import FlowTrainingHooks, registration_score
-from tasks.ingest import ingest_sources
+from tasks.stages import FlowTrainingHooks, ingest_sources, registration_score
 from tasks.tracking.registry import register_agent
-from tasks.tracking.runs import MetricBuffer, log_datasets, log_run_identity, setup_mlflow, start_training_run
+from tasks.tracking.runs import MetricBuffer, log_datasets, log_run_identity, open_training_run, setup_mlflow
 from warehouse.store import Warehouse
-
-log = logging.getLogger(__name__)
-
-
-def continued_run(experiment_id: str, cfg: Config, questions: TrainingPool) -> str | None:
-    """The run to continue (`find_resumable`: the newest unfinished run folder of this config and
-    pool) when it is a training run of this experiment whose MLflow run did not finish; every
-    newer candidate passed over is logged with the reason."""
-    client = MlflowClient()
-
-    def mlflow_reason(run_id: str) -> str | None:
-        try:
-            run = client.get_run(run_id)
-        except mlflow.exceptions.MlflowException:
-            return "no MLflow run of that id (a run of `prompt-r1 train`: continue it with `prompt-r1 train --resume`)"
-        if run.info.experiment_id != experiment_id or run.data.tags.get("flow") != "train":
-            return f"MLflow run {run_id} is not a training run of experiment {experiment_id}"
-        if run.info.status == "FINISHED":
-            return "its MLflow run finished"
-        return None
-
-    run_id, skipped = find_resumable(runs_home() / cfg.name, cfg.hash(), questions.hash, accept=mlflow_reason)
-    for reason in skipped:
-        log.warning("not continuing unfinished training run %s", reason)
-    return run_id
 
 
 @flow(name="train", log_prints=True)
@@ -74,21 +44,9 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
         ingest_sources(list(cfg.data.sources), db, cfg.data.max_question_chars)
     with Warehouse(db) as wh:
         questions = TrainingPool.load(wh, cfg)
-        previous = continued_run(exp_id, cfg, questions) if resume else None
-        if previous:
-            run = start_training_run(run_id=previous)
-            log.info("continuing unfinished training run %s (config hash %s, pool hash %s)", previous, cfg.hash(),
-                     questions.hash)
-        else:
-            run = start_training_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
-                                     parent_run_id=parent_run_id,
-                                     tags={"flow": "train", "config_hash": cfg.hash(), "pool_hash": questions.hash,
-                                           # exact reruns whatever the environment latency (docs/determinism.md)
-                                           "deterministic": str(backend_deterministic(cfg.agent)).lower()})
-            log.info("starting training run %s (config hash %s, pool hash %s)", run.info.run_id, cfg.hash(),
-                     questions.hash)
+        run, continued = open_training_run(exp_id, cfg, questions, resume, parent_run_id)
         with run:
-            outcome, version, champion = _train(cfg, config, wh, run.info.run_id, questions, logged=bool(previous))
+            outcome, version, champion = _train(cfg, config, wh, run.info.run_id, questions, logged=continued)
     final, val = outcome.agent, outcome.validation
     return {"run_id": run.info.run_id, "checkpoint": str(final) if final else None, "validation": val,
             "validation_before": outcome.validation_before,

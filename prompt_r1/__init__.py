@@ -9,8 +9,9 @@ The public Python API (`prompt_r1.api`), importable from here:
 
 The subpackages follow the paper's pipeline, each importing only those before it:
 `core` (protocol, reward, GRPO maths, metrics, types) -> `config` -> `data` (ingestion, order)
-and `models` (bundled models, resolver) -> `env` and `policy` -> `rollout` -> `training` and
-`evaluation` -> `serving` -> `api` -> `cli`. The library imports nothing of Prefect, MLflow,
+and `models` (bundled models, resolver) -> `env`, `policy` and `cluster` (Ray actors) ->
+`rollout` and `learner` -> `planning` (memory and GPU plans) -> `training` and `evaluation` ->
+`serving` -> `api` -> `cli`. The library imports nothing of Prefect, MLflow,
 `tasks/` or `flows/`; `tests/project/test_layout.py` keeps it so. Names load lazily, so importing a
 small module (`prompt_r1.core.reward`) does not import torch.
 """

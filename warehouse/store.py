@@ -1,4 +1,5 @@
-"""The one module that reads and writes the DuckDB warehouse.
+"""The one module that opens, reads and writes the DuckDB warehouse (`sources` writes one
+source's questions inside its transaction).
 
 Everything durable goes through `Warehouse`: ingested questions, rollout trajectories and
 their environment calls, the environment reply cache, and evaluation rows. SQL lives here
@@ -18,7 +19,6 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,44 +28,11 @@ import pyarrow as pa
 
 from prompt_r1.core.failures import UserError
 from prompt_r1.core.questions import QuestionRow
+from warehouse.sources import SourceCounts, questions_table, write_source
 
 SCHEMA = Path(__file__).with_name("schema.sql")
 # How long an open waits for another process to release the file before giving up.
 LOCK_WAIT_S = 30.0
-
-
-# Columns of the Arrow table a source's questions arrive in (`add_source`), in table order.
-QUESTION_COLUMNS = pa.schema([
-    ("question_id", pa.string()), ("dataset", pa.string()), ("split", pa.string()),
-    ("question", pa.string()), ("golds", pa.list_(pa.string())), ("task_family", pa.string()),
-    ("primary_metric", pa.string()), ("row_index", pa.int64()),
-    ("metadata", pa.string()), ("scorer", pa.string()),  # JSON object or null; import path or null
-])
-# A question counts as updated when one of these differs from the stored row (a row that only
-# moved in its file is rewritten, not counted).
-_CONTENT = ("dataset", "split", "question", "golds", "task_family", "primary_metric", "metadata", "scorer")
-# Tables that refer to questions by id: a re-keyed question's rows follow it.
-_QUESTION_REFS = ("trajectories", "env_calls", "eval_predictions")
-
-
-def questions_table(rows: Iterable[QuestionRow]) -> pa.Table:
-    """QuestionRows as the Arrow table `add_source` takes."""
-    rows = list(rows)
-    cells = {name: [getattr(r, name) for r in rows] for name in QUESTION_COLUMNS.names}
-    cells["metadata"] = [None if m is None else json.dumps(m, sort_keys=True, default=str) for m in cells["metadata"]]
-    return pa.table(cells, schema=QUESTION_COLUMNS)
-
-
-@dataclass(frozen=True)
-class SourceCounts:
-    """What writing one source changed: questions new, changed in place, dropped (gone from the
-    source), and present already with the same content."""
-
-    inserted: int
-    updated: int
-    removed: int
-    unchanged: int
-    rekeyed: int = 0  # stored under another id before (an earlier row-key rule), found by their text
 
 
 def lock_holder(message: str) -> str:
@@ -224,7 +191,7 @@ class Warehouse:
     ) -> SourceCounts:
         """Write one source's questions in one transaction; the source is the truth about its rows.
 
-        `rows` is an Arrow table with `QUESTION_COLUMNS` (or QuestionRows). A question whose id
+        `rows` is an Arrow table with `sources.QUESTION_COLUMNS` (or QuestionRows). A question whose id
         is stored already is updated in place when its content differs (a corrected gold answer),
         questions stored from an earlier version of `source_file` that it no longer holds are
         removed, and the source replaces that file's earlier `sources` row.
@@ -235,41 +202,8 @@ class Warehouse:
         a change of row-key rule loses nothing already recorded (`question_renames` keeps the map).
         """
         table = rows if isinstance(rows, pa.Table) else questions_table(rows)
-        table = table.select(QUESTION_COLUMNS.names).cast(QUESTION_COLUMNS)
-        now = _now()
-        changed = " OR ".join(f"i.{c} IS DISTINCT FROM q.{c}" for c in _CONTENT)
         with self.transaction() as cur:
-            cur.register("incoming", table)
-            try:
-                rekeyed = self._rekey(cur, source_file, now) if rekey else 0
-                inserted, updated = cur.execute(
-                    f"SELECT count(*) FILTER (WHERE q.question_id IS NULL), "
-                    f"count(*) FILTER (WHERE q.question_id IS NOT NULL AND ({changed})) "
-                    "FROM incoming i LEFT JOIN questions q USING (question_id)").fetchone()
-                # Only changed rows are rewritten (an upsert of every row costs ~10x on 100k rows).
-                cur.execute(
-                    "UPDATE questions q SET " + ", ".join(f"{c} = i.{c}" for c in _CONTENT)
-                    + f", row_index = i.row_index, ingested_at = ? FROM incoming i WHERE q.question_id = i.question_id "
-                    f"AND ({changed} OR i.row_index IS DISTINCT FROM q.row_index)", [now])
-                cur.execute(
-                    "UPDATE questions q SET source_file = ?, source_hash = ? FROM incoming i "
-                    "WHERE q.question_id = i.question_id", [source_file, content_hash])
-                cur.execute(
-                    "INSERT INTO questions (question_id, dataset, split, question, golds, task_family, primary_metric, "
-                    "source_file, source_hash, row_index, ingested_at, metadata, scorer) "
-                    "SELECT question_id, dataset, split, question, golds, task_family, "
-                    "primary_metric, ?, ?, row_index, ?, metadata, scorer FROM incoming i "
-                    "ANTI JOIN questions q USING (question_id)",
-                    [source_file, content_hash, now])
-                removed = cur.execute(
-                    "DELETE FROM questions WHERE source_file = ? AND question_id NOT IN "
-                    "(SELECT question_id FROM incoming)", [source_file]).fetchone()[0]
-            finally:
-                cur.unregister("incoming")
-            cur.execute("DELETE FROM sources WHERE source_file = ?", [source_file])
-            cur.execute("INSERT INTO sources VALUES (?,?,?,?,?)",
-                        [source_file, content_hash, dataset, table.num_rows, now])
-        return SourceCounts(inserted - rekeyed, updated, removed - rekeyed, table.num_rows - inserted - updated, rekeyed)
+            return write_source(cur, source_file, content_hash, dataset, table, rekey, _now())
 
     def adopt_questions(self, old_file: str, source_file: str, dataset: str) -> None:
         """Move `dataset`'s questions (and its `sources` row) stored under `old_file` to `source_file`,
@@ -279,43 +213,6 @@ class Warehouse:
             cur.execute("UPDATE questions SET source_file = ? WHERE source_file = ? AND dataset = ?",
                         [source_file, old_file, dataset])
             cur.execute("DELETE FROM sources WHERE source_file = ? AND dataset = ?", [old_file, dataset])
-
-    @staticmethod
-    def _rekey(cur, source_file: str, now: datetime) -> int:
-        """Point the rows that refer to `source_file`'s questions stored under ids `incoming` no
-        longer has at the ids `incoming` gives the same (dataset, split, text, golds, repeat), else
-        the same (dataset, split, text, repeat); returns
-        how many questions were re-keyed. The stored questions themselves are then replaced by
-        `add_source`'s insert and removal, like any other change."""
-        # by (dataset, split, text, golds, repeat) first: a twin inserted above a stored row is not it;
-        # then the rest by (dataset, split, text, repeat): a repeated text whose golds were corrected
-        cur.execute(
-            "CREATE OR REPLACE TEMP TABLE renames AS "
-            "WITH stored AS (SELECT question_id AS old_id, dataset, split, question, golds, row_index FROM questions "
-            "  WHERE source_file = ? AND question_id NOT IN (SELECT question_id FROM incoming)), "
-            "fresh AS (SELECT question_id AS new_id, dataset, split, question, golds, row_index FROM incoming "
-            "  WHERE question_id NOT IN (SELECT question_id FROM questions)), "
-            "s1 AS (SELECT old_id, dataset, split, question, golds, ROW_NUMBER() OVER "
-            "  (PARTITION BY dataset, split, question, golds ORDER BY row_index, old_id) AS n FROM stored), "
-            "f1 AS (SELECT new_id, dataset, split, question, golds, ROW_NUMBER() OVER "
-            "  (PARTITION BY dataset, split, question, golds ORDER BY row_index) AS n FROM fresh), "
-            "by_golds AS (SELECT old_id, new_id FROM s1 JOIN f1 USING (dataset, split, question, golds, n)), "
-            "s2 AS (SELECT old_id, dataset, split, question, ROW_NUMBER() OVER "
-            "  (PARTITION BY dataset, split, question ORDER BY row_index, old_id) AS n FROM stored "
-            "  WHERE old_id NOT IN (SELECT old_id FROM by_golds)), "
-            "f2 AS (SELECT new_id, dataset, split, question, ROW_NUMBER() OVER "
-            "  (PARTITION BY dataset, split, question ORDER BY row_index) AS n FROM fresh "
-            "  WHERE new_id NOT IN (SELECT new_id FROM by_golds)) "
-            "SELECT old_id, new_id FROM by_golds UNION ALL "
-            "SELECT old_id, new_id FROM s2 JOIN f2 USING (dataset, split, question, n)", [source_file])
-        count = cur.execute("SELECT count(*) FROM renames").fetchone()[0]
-        if count:
-            for ref in _QUESTION_REFS:
-                cur.execute(f"UPDATE {ref} t SET question_id = r.new_id FROM renames r WHERE t.question_id = r.old_id")
-            cur.execute("INSERT OR REPLACE INTO question_renames SELECT old_id, new_id, ?, ? FROM renames",
-                        [source_file, now])
-        cur.execute("DROP TABLE renames")
-        return count
 
     def questions(
         self,

@@ -1,7 +1,7 @@
 """The GPU check's parts (peak, a-f): what each runs and what it reads back; `gpu_check.py` runs them.
 
 Why it is its own file: the driver (runs, deadlines, the summary) and the parts change for different
-reasons; a part is a function of the driver's `Runner` and arguments that returns its figures as a dict.
+reasons; a part is a function of a `runner.Runner` and arguments that returns its figures as a dict.
 """
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from benchmarks.gpu.gpu_check import Runner
+from benchmarks.gpu.runner import Runner
 
 # Dense bf16 tensor-core TFLOP/s from the cards' datasheets (no sparsity), MFU's second denominator;
 # the most specific name first (an "H100 PCIe" is not an SXM "H100")

@@ -46,16 +46,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.gpu.runner import ROOT, Runner
 from benchmarks.gpu.check_parts import C_STEPS, C_STOP_AFTER, part_a, part_b, part_c, part_d, part_e, part_f, part_peak
 
-ROOT = Path(__file__).resolve().parents[2]
 PARTS = "abcdef"
 # the three runs: (parts, part f's arms); a run's caps sum to about ten minutes
 RUNS = {"learner": ("abce", []), "two-hop": ("df", ["trained"]), "two-hop-control": ("f", ["control"])}
@@ -63,56 +61,6 @@ RUNS = {"learner": ("abce", []), "two-hop": ("df", ["trained"]), "two-hop-contro
 # the dry run's are larger because a shared 2-core CPU machine is slower than a GPU host.
 CAPS = {"peak": 15, "a": 220, "b": 60, "c": 120, "d": 120, "e": 110, "f": 450}
 DRY_CAPS = {"peak": 120, "a": 500, "b": 400, "c": 700, "d": 500, "e": 400, "f": 900}
-
-
-class Runner:
-    """Runs each part's commands under the part's deadline, logging their output to one file."""
-
-    def __init__(self, log: Path, env: dict[str, str], budget_s: float, caps: dict[str, float]):
-        self.log = log.open("a")
-        self.env, self.caps = env, caps
-        self.deadline = time.monotonic() + budget_s
-
-    def start(self, part: str) -> None:
-        """Part `part` begins: its commands share its cap (and the whole run's deadline)."""
-        self.part_deadline = min(self.deadline, time.monotonic() + self.caps[part])
-
-    def left(self, part: str) -> float:
-        return max(0.0, self.part_deadline - time.monotonic())
-
-    def run(self, cmd: list[str], timeout: float, env: dict[str, str] | None = None,
-            watch=None) -> subprocess.CompletedProcess:
-        """`cmd` with its output in the log; past `timeout` its process group is killed (TimeoutError).
-        `watch()`, polled every 0.2 s, may stop it early by returning True (then SIGINT)."""
-        self.log.write(f"\n$ {' '.join(cmd)}\n")
-        self.log.flush()
-        with tempfile.TemporaryFile("w+") as output:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, stdout=output, stderr=subprocess.STDOUT,
-                                    text=True, start_new_session=True)
-            end, stopped, killed = time.monotonic() + timeout, False, False
-            while proc.poll() is None:
-                if watch is not None and not stopped and watch():
-                    os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: the CLI stops cleanly
-                    stopped = True
-                if time.monotonic() > end:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    killed = True
-                    break
-                time.sleep(0.2)
-            output.seek(0)
-            text = output.read()
-        self.log.write(text)
-        self.log.flush()
-        if killed:
-            raise TimeoutError(f"{' '.join(cmd[1:4])} ran past its {timeout:.0f} s; output tail: {text[-600:]}")
-        return subprocess.CompletedProcess(cmd, proc.returncode, text, "")
-
-    def checked(self, cmd: list[str], timeout: float, **kw) -> str:
-        done = self.run(cmd, timeout, **kw)
-        if done.returncode:
-            raise RuntimeError(f"exit {done.returncode}: {done.stdout.strip()[-800:]}")
-        return done.stdout
 
 
 def run_part(name: str, fn, results: dict, runner: Runner, *a) -> None:

@@ -3,7 +3,7 @@ of very uneven multi-turn trajectories, with padded micro-batches (the baseline)
 in chunks, packed, and both.
 
 Why it exists: both settings are tested to give the padded, whole-logits update to float rounding
-(tests/learner/test_batches.py, tests/core/test_grpo.py, tests/learner/test_trainer.py), but were
+(tests/learner/test_batches.py, tests/core/test_grpo.py, tests/learner/test_grpo_learner.py), but were
 never timed. Packing removes the padding of uneven trajectories from the decoder's work (at the
 price of one longer sequence whose attention runs under a block-diagonal mask, and of running
 each row's prompt itself: a padded micro-batch of one group runs its shared prompt once where

@@ -6,8 +6,15 @@ many environment calls failed ends with exit code 3 and a message naming the env
 its first error.
 
 Owns: `common` (the app, shared options, failure exits), `stages` (ingest, train, evaluate,
-rollout, serve-env), `use` (ask, serve, export), `logging_setup`. The orchestrated commands
+rollout, serve-env), `use` (ask, serve, export), `logging_setup`; `__main__` runs them as `python -m prompt_r1.cli`. The orchestrated commands
 (`pipeline`, `run-flow`, `rerun`) are added by `flows.cli`.
+
+Two hooks the commands rely on are installed by `flows.cli` when it is imported (the `prompt-r1`
+entry point): `models.resolver.register_scheme("models", ...)`, which resolves an `--agent
+models:/NAME@alias` spec (and the champion the commands take without `--agent`) from the MLflow
+registry, and `serving.observers.observe_episodes(...)`, which logs the episode of `ask --trace` /
+`serve --trace` as an MLflow trace. Under `python -m prompt_r1.cli` alone a `models:/` spec is
+refused and `--trace` logs nothing.
 
 Imports: every other subpackage of `prompt_r1` and `prompt_r1.api` (it is the top of the
 library), never `tasks/`, `flows/`, Prefect or MLflow.

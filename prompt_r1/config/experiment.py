@@ -3,8 +3,8 @@
 Every knob of a run lives in one pydantic model tree loaded from YAML (`configs/*.yaml`).
 Unknown keys and bad values are errors that name the key and the file, so a typo never
 silently falls back to a default. The same models are flattened into MLflow params and
-hashed to identify a run. The sections live beside this module (`sampling`: data, agent,
-rollout, reward; `training`: train; `evaluation`: eval; `env`: one environment; `base`: what
+hashed to identify a run. The sections live beside this module (`sampling`: data, agent;
+`rollout`; `reward`; `training`: train; `evaluation`: eval; `env`: one environment; `base`: what
 every section shares); this module assembles the whole tree and loads it from YAML with `--set`
 overrides. The run home (folders and ids) is `prompt_r1.config.run_home`.
 """
@@ -25,7 +25,9 @@ from prompt_r1.config.base import ConfigError, SafeName, StrictModel
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.config.evaluation import BaselinesConfig, EvalConfig
 from prompt_r1.config.identity import identity_data, layout
-from prompt_r1.config.sampling import AgentConfig, DataConfig, LoraConfig, RewardConfig, RolloutConfig
+from prompt_r1.config.reward import RewardConfig
+from prompt_r1.config.rollout import RolloutConfig
+from prompt_r1.config.sampling import AgentConfig, DataConfig, LoraConfig
 from prompt_r1.config.tracking import TrackingConfig, default_registered_model
 from prompt_r1.config.training import TrainConfig
 from prompt_r1.core.urls import redact_url

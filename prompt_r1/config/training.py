@@ -20,13 +20,13 @@ from prompt_r1.config.identity import layout, when_set
 
 class RolloutCorrectionConfig(StrictModel):
     """The sampler against the learner at any staleness (`core.rollout_correction`; docs/training.md,
-    "Sampler/learner mismatch"): off by default, today's loss and metrics."""
+    "Sampler/learner mismatch"): off by default: the loss and metrics of `max_staleness` alone."""
 
     mode: Literal["off", "metrics", "token-tis", "geo-mask", "both"] = Field(
         "off",
         description="How the learner treats the gap between the sampler's log-probs of the agent tokens "
         "(`Trajectory.logprobs`) and its own before the update. `off`: nothing beyond `rollout.max_staleness`'s "
-        "token TIS (today's runs). `metrics`: the `rollout_corr/*` metrics each step, the loss unchanged. "
+        "token TIS. `metrics`: the `rollout_corr/*` metrics each step, the loss unchanged. "
         "`token-tis`: also each agent token's policy term times min(exp(old - sampler), `train.tis_cap`), at "
         "any staleness. `geo-mask`: also a trajectory's policy terms zeroed when the geometric mean of its agent "
         "tokens' ratios leaves [`geo_low`, `geo_high`]. `both`: token TIS and the mask. Any mode but off needs "

@@ -122,6 +122,26 @@ def truncated_is_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.T
     return torch.exp(old_logprobs.float() - behaviour_logprobs.float()).clamp(max=cap).detach()
 
 
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: LossAgg = "token-mean",
+              max_len: int | None = None) -> torch.Tensor:
+    """One scalar from [B, T] per-token values over the mask-1 tokens: "token-mean" averages over
+    every such token of the batch, "seq-mean-token-sum-norm" sums each row, divides by `max_len`
+    (default T) and averages the rows.
+
+    >>> aggregate(torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])).item()
+    3.0
+    >>> aggregate(torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
+    ...           "seq-mean-token-sum-norm").item()
+    2.25
+    """
+    if agg == "token-mean":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if agg == "seq-mean-token-sum-norm":
+        norm = float(max_len if max_len is not None else per_token.shape[-1])
+        return ((per_token * mask).sum(-1) / norm).mean()
+    raise ValueError(f"unknown loss aggregation {agg!r}; use 'token-mean' or 'seq-mean-token-sum-norm'")
+
+
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None,
                 advantages: torch.Tensor, mask: torch.Tensor, clip_low: float = 0.2,
                 clip_high: float = 0.2, kl_coef: float = 0.001, agg: LossAgg = "token-mean",
@@ -168,15 +188,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs
     kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None else torch.zeros_like(pg)
     n_tokens = mask.sum()
     safe_tokens = n_tokens.clamp(min=1.0)
-    if agg == "token-mean":
-        pg_term = (pg * mask).sum() / safe_tokens
-        kl_term = (kl * mask).sum() / safe_tokens
-    elif agg == "seq-mean-token-sum-norm":
-        norm = float(max_len if max_len is not None else logprobs.shape[-1])
-        pg_term = ((pg * mask).sum(-1) / norm).mean()
-        kl_term = ((kl * mask).sum(-1) / norm).mean()
-    else:
-        raise ValueError(f"unknown loss aggregation {agg!r}; use 'token-mean' or 'seq-mean-token-sum-norm'")
+    pg_term = aggregate(pg, mask, agg, max_len)
+    kl_term = aggregate(kl, mask, agg, max_len)
     loss = pg_term + kl_coef * kl_term
     with torch.no_grad():
         took_clipped = (clipped > unclipped).to(mask.dtype)

@@ -191,7 +191,7 @@ class Correction:
     def weights(self, old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
                 seq_ids: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(token TIS weights, the weights of each token's policy term): None where none apply.
-        Off at staleness 0 both are None, today's loss; stale and off both are the TIS weights."""
+        Off at staleness 0 both are None, the plain loss; stale and off both are the TIS weights."""
         tis = truncated_is_weights(old, behaviour, self.tis_cap) if self.token_weights else None
         if not self.sequence_mask:
             return tis, tis

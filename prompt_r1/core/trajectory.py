@@ -68,7 +68,7 @@ class Trajectory:
         """JSON-able dict (the `rollout --out` line and the warehouse row)."""
         record = asdict(self)
         record["reward"] = self.reward.as_dict() if self.reward else None
-        if not self.turn_rewards:  # no turn scorer: the record as it always was
+        if not self.turn_rewards:  # no turn scorer: the record carries no turn fields
             del record["turn_rewards"]
         if not self.scaffold_tokens:  # sampled throughout: the record as it always was
             del record["scaffold_tokens"]

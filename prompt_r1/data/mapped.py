@@ -35,7 +35,7 @@ def mapping_text(source: DataSource) -> str:
     resolved, so the same entry run from another folder is another source only when it means
     another file, and the hash of its code)."""
     data = source.model_dump(mode="json")
-    for key in ("config", "hf_split"):  # the `hf:` keys, unset: a file's hash as before they existed
+    for key in ("config", "hf_split"):  # the `hf:` keys, unset: left out, so a file's hash does not depend on them
         if data[key] is None:
             del data[key]
     if source.scorer:

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from prompt_r1.config.experiment import DataConfig
 from prompt_r1.core.failures import UserError
-from warehouse.store import QUESTION_COLUMNS
+from warehouse.sources import QUESTION_COLUMNS
 
 FAMILIES = ("multihop_qa", "standard_qa", "math", "generation", "custom")  # custom: a user's own task
 SCORER_METRIC = "scorer"  # the primary metric of a dataset scored by its own scorer (`core.scorer`)

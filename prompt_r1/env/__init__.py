@@ -10,6 +10,9 @@ synchronous) that yields an `Environment` whose methods are async:
 
 Call `await env.aclose()` from the event loop that used the environment before leaving the block.
 
+Modules: `base` (the contract every backend shares, prices and cost), `openai_env`, `inprocess`,
+`vllm_server` (the managed server) and `server_guard` (child servers that die with their parent).
+
 Imports: `prompt_r1.core`, `prompt_r1.config`, `prompt_r1.models` (bundled model folders, KV-cache sizing).
 """
 

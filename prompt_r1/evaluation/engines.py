@@ -14,10 +14,10 @@ engine: the tokenizer, and `generate` forwarded to the actor within `rollout.rol
 so episodes and `agent_only` run unchanged and the driver touches no CUDA.
 
 Where they run (`eval.agent_placement`; the rule is `config.evaluation.engine_place`, which `plan`
-follows too, applied here by `engines_in_ray` to the GPUs Ray counts): `driver` keeps today's
-in-process engines; `ray` uses actors; `auto` uses actors for the vllm backend when Ray (started
+follows too, applied here by `engines_in_ray` to the GPUs Ray counts): `driver` keeps the
+engines in this process; `ray` uses actors; `auto` uses actors for the vllm backend when Ray (started
 here if need be, sized as `init_ray` sizes it) counts GPUs, else the driver. When the cluster has
-fewer GPUs than the engines need, the engines share the driver's GPU as before, with a warning
+fewer GPUs than the engines need, the engines share the driver's GPU, with a warning
 (queueing them one after another would hold each engine only for its own rows, but every method
 of an environment uses all agents at once).
 """

@@ -39,7 +39,7 @@ def turn_rows(episodes: Sequence[Mapping[str, Any]], questions: Mapping[str, Que
     `turn<t>_reward`, `turn<t>_full`, `turn<t>_some` (means over the episodes that reached turn t),
     and each of its indicators' share (`reward.turn.indicators`) under its own name.
 
-    >>> from prompt_r1.config.sampling import RewardConfig
+    >>> from prompt_r1.config.reward import RewardConfig
     >>> q = QuestionRow("q1", "d", "test", "Q?", ["a"], "qa", "f1")
     >>> ep = {"env_name": "e", "method": "agent:base", "dataset": "d", "question_id": "q1", "error": None,
     ...       "env_calls": [{}, {}], "trajectory": {"agent_turns": ["x", "y", "z"], "env_replies": ["r", "s"]}}

@@ -4,7 +4,7 @@
 the `Ranks` object it holds:
 
 - `Ranks` (world size 1, the in-process learner): every collective is the identity and the
-  model is used as built, so one learner computes exactly what it computed before groups existed.
+  model is used as built, so one learner computes what a single process computes.
 - `ReplicatedRanks` (`train.strategy: ddp`): every rank holds all weights and trains its own
   whole GRPO groups; after a mini-batch's backward passes the gradients are SUMMED over ranks
   (bucketed all-reduces, once per optimiser step rather than per backward as DDP would), so

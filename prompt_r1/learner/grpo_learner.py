@@ -10,22 +10,14 @@ compared, never trusted for the ratio), `update` (`ppo_epochs` x mini-batches of
 trajectories, gradients accumulated so the sum equals the full mini-batch loss) and `metrics`
 (loss statistics, summed over ranks once). The batch's own statistics (`rollout_stats`: rewards,
 turns, lengths) are no part of the update: the training session computes them, whichever learner
-it has. Under LoRA the reference is the same model with the adapter disabled; under full
-fine-tuning it is a frozen copy of the initial weights.
+it has. The policy and its reference are built by `policy_build`; the weights leave by `weights_out`.
 
 Precision: weights, gradients and AdamW state are always float32 ("master weights"); with
 `agent.dtype: bfloat16` only the forward/backward compute runs in bfloat16: under autocast, or,
 for FSDP on a GPU, by FSDP's `MixedPrecisionPolicy` (weights gathered in bfloat16, gradients
 reduced in float32; no autocast, so no second bfloat16 copy of each gathered weight). At lr 1e-6
 a bfloat16 weight cannot take the update (its spacing near 0.02 is about 1e-4), so updating
-bfloat16 weights directly would leave almost every weight unchanged. The frozen reference of full
-fine-tuning is held in bfloat16 on a GPU (it never updates), in float32 on the CPU.
-
-Start-up memory: a learner alone (or a DDP rank) reads the float32 model into host memory and
-moves it to its device (4 bytes a parameter, 8 with the reference before it is cast). FSDP ranks
-build on the meta device; rank 0 alone reads the float32 model into host memory (4 bytes a
-parameter, once per group) and every rank's device receives only its shards, plus one full
-tensor at a time while it is broadcast (`collectives`).
+bfloat16 weights directly would leave almost every weight unchanged.
 
 Log-probs (old, new and reference) are those of the sampling distribution, softmax(logits / T)
 at `agent.temperature`, which is what the policy backends report for each sampled token.
@@ -33,19 +25,15 @@ at `agent.temperature`, which is what the policy backends report for each sample
 The sampler against the learner (`core.rollout_correction`): the ratio keeps the recomputed old
 log-probs; the sampling log-probs the engine recorded (`Trajectory.logprobs`) enter as a truncated
 importance weight per token (cap `train.tis_cap`) when a batch may come from weights up to k updates
-older (`rollout.max_staleness` >= 1) or `train.rollout_correction` asks for it at any staleness,
-and as a geometric sequence mask where it asks for that; its metrics where it is not off. Off at
-k = 0 nothing changes.
+older (`rollout.max_staleness` >= 1) or `train.rollout_correction` asks for it, and as a geometric
+sequence mask where it asks for that.
 
-The same class is one rank of a learner group (`train.world_size` > 1, `ray_group`): it then
-holds a `Ranks` from `collectives` (the collectives: global token counts, gradient sums, sharding)
-and trains its share of every mini-batch; alone it holds the identity `Ranks` and computes
-exactly what it always did.
+As one rank of a learner group (`train.world_size` > 1, `ray_group`) it holds a `Ranks` from
+`collectives` (global token counts, gradient sums, sharding) and trains its share of every mini-batch.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -54,7 +42,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.grpo import (decoupled_advantages, group_advantages, packed_token_logprobs, policy_loss,
@@ -63,15 +51,16 @@ from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import pad_token_id, stop_token_ids, torch_dtype
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.turn_credit import token_advantages, turn_advantages, turn_spans
-from prompt_r1.core.weights import WeightUpdate, peft_config_dict
+from prompt_r1.core.weights import WeightUpdate
 from prompt_r1.models.bundled import model_load_errors
 from prompt_r1.learner.batches import (MicroBatch, check_packable, collate, empty_micro_batch,
                                        informative_question_ids, pack, pack_groups, plan_mini_batches, question_order)
 from prompt_r1.learner.collectives import Ranks, tied_aliases
 from prompt_r1.learner.devices import autocast_dtype, resolve_device
 from prompt_r1.learner.finite import check_finite_update
-from prompt_r1.learner.sync_copy import device_copy, host_copy
+from prompt_r1.learner.policy_build import build_policy
 from prompt_r1.learner.update_state import PreparedBatch, UpdateSums, run_correction
+from prompt_r1.learner.weights_out import adapter_update, merged_state_dict, on_device_update
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +92,8 @@ class GRPOLearner:
         self.mixed_precision = self.compute_dtype if self.ranks.builds_on_meta and self.device.type == "cuda" else None
         if self.mixed_precision is not None:
             self.compute_dtype = None
-        self.model, self.reference = self._build_policy()
+        self.model, self.reference = build_policy(cfg, self.model_path, self.ranks, self.device,
+                                                  self.mixed_precision)
         if cfg.train.pack_tokens:  # packed rows must mean what padded ones do on this model
             check_packable(self.model)
         # a micro-batch's shared prompt runs once (`token_logprobs`' share_prefix): not where forward
@@ -120,65 +110,6 @@ class GRPOLearner:
         warmup = cfg.train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
-
-    def _build_policy(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
-        """The policy and its frozen reference (None under LoRA, whose reference is the policy with
-        the adapter off, and when `train.kl_coef` is 0), built and laid out as the group trains
-        them (`Ranks.distribute`: FSDP shards, DDP starts every rank from rank 0's weights), before
-        the optimiser sees the parameters; the identity layout for a learner alone."""
-        train = self.cfg.train
-        # the frozen reference in the compute dtype on a GPU (half the memory; its forward runs
-        # in that dtype anyway); on the CPU in float32, as the tests compare values
-        on_gpu_in_bf16 = self.device.type == "cuda" and self.cfg.agent.dtype == "bfloat16"
-        ref_dtype = torch.bfloat16 if on_gpu_in_bf16 else torch.float32
-        with_reference = not self.use_lora and train.kl_coef > 0
-        reference: torch.nn.Module | None = None
-        if self.ranks.builds_on_meta:
-            # FSDP: rank 0 alone reads the weights (host memory); every rank builds empty models
-            # that `distribute` shards and fills from rank 0 (see `collectives`)
-            source = self._build_model(meta=False) if self.ranks.rank == 0 else None
-            torch.set_rng_state(self.ranks.broadcast_object(torch.get_rng_state()))  # as after rank 0's build
-            model = self._build_model(meta=True)
-            if with_reference:
-                reference = self._build_model(meta=True, lora=False).to(ref_dtype)
-        else:
-            source = None
-            model = self._build_model(meta=False).to(self.device)
-            if with_reference:
-                reference = copy.deepcopy(model).to(ref_dtype)
-        if reference is not None:
-            reference.eval().requires_grad_(False)
-        model.config.use_cache = False
-        if train.gradient_checkpointing:
-            # non-reentrant: works with frozen inputs (LoRA) and needs no input-grad hooks
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model = self.ranks.distribute(model, source, self.mixed_precision)
-        if reference is not None:
-            reference = self.ranks.distribute(reference, source, self.mixed_precision)
-        return model, reference
-
-    def _build_model(self, meta: bool, lora: bool | None = None) -> torch.nn.Module:
-        """The policy as the run configures it, on the CPU in float32 (master weights, whatever
-        agent.dtype says: that is the rollout/compute dtype), or empty on the meta device; with the
-        LoRA adapter when `lora` (default: agent.lora.enabled)."""
-        with model_load_errors(self.model_path, "agent.model"):
-            if meta:
-                from transformers import AutoConfig
-
-                config = AutoConfig.from_pretrained(self.model_path)
-                with torch.device("meta"):
-                    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-                model.eval()  # as from_pretrained leaves it
-            else:
-                model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        if self.use_lora if lora is None else lora:
-            from peft import LoraConfig as PeftLoraConfig, get_peft_model
-
-            cfg = self.cfg.agent.lora
-            model = get_peft_model(model, PeftLoraConfig(
-                r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                target_modules=cfg.target_modules, task_type="CAUSAL_LM"))  # a list, or peft's "all-linear"
-        return model
 
     # -- log-probs ---------------------------------------------------------------------------
     def _reference_context(self):
@@ -449,59 +380,28 @@ class GRPOLearner:
                        + bonus * torch.tensor(t.loss_mask, dtype=torch.float32))
         return out
 
-    # -- weights out ---------------------------------------------------------------------------
+    # -- weights out (`weights_out`) ------------------------------------------------------------
     @torch.no_grad()
     def weights_for_sync(self, version: int) -> WeightUpdate | None:
         """The weight sync for the rollout engines, as policy `version` (updates applied): under
-        LoRA the adapter alone (PEFT's `get_peft_model_state_dict`, float32, a few MB) with its
-        LoraConfig, else the full weights of `merged_state_dict`, tied weights once (an engine
-        ties them itself, as it does loading the model's own files). Checksummed here (see
-        `core.weights`). Under FSDP every rank must call it; rank 0 gets the update, others None.
-        Where the engines share this learner's GPU (`Config.syncs_on_device`) the full weights stay on it:
-        one cast copy the engines map and copy from, kept until the next `step`."""
+        LoRA the adapter alone (float32, a few MB) with its LoraConfig, else the full weights of
+        `merged_state_dict`, tied weights once (an engine ties them itself, as it does loading the
+        model's own files). Checksummed here (see `core.weights`). Under FSDP every rank must call
+        it; rank 0 gets the update, others None. Where the engines share this learner's GPU
+        (`Config.syncs_on_device`) the full weights stay on it: one cast copy the engines map and
+        copy from, kept until the next `step`."""
         if self.syncs_on_device:  # handed over in this GPU's memory (`core.device_share`)
-            skip = tied_aliases(self.model)
-            state = {k: v for k, v in self.model.state_dict().items() if k not in skip}
-            full = device_copy(state, torch_dtype(self.cfg.agent.dtype), self.device)
-            self._handed_over = WeightUpdate.make(version, "full", full, on_device=True)
+            self._handed_over = on_device_update(self.model, tied_aliases(self.model),
+                                                 torch_dtype(self.cfg.agent.dtype), self.device, version)
             return self._handed_over
         if not self.use_lora:
             full = self.merged_state_dict(skip=tied_aliases(self.model))
             return WeightUpdate.make(version, "full", full) if full else None
-        from peft import get_peft_model_state_dict
-
-        adapter = {k: v.detach().to("cpu", torch.float32, copy=True)
-                   for k, v in get_peft_model_state_dict(self.model).items()}
-        return WeightUpdate.make(version, "adapter", adapter, peft_config_dict(self.model.peft_config["default"]))
+        return adapter_update(self.model, version)
 
     @torch.no_grad()
     def merged_state_dict(self, skip: Collection[str] = ()) -> dict[str, torch.Tensor]:
         """Plain HF state dict of the current weights (LoRA deltas merged in, model untouched), on
-        CPU in the rollout dtype (`agent.dtype`), without the names in `skip`: the full-weight sync
-        (`weights_for_sync`), and under LoRA the merged model that engines running the adapter must
-        match. Without LoRA the tensors are views of one host buffer (`host_copy`: pickle them as a
-        `WeightUpdate`, or clone them). Under FSDP every rank must call it (the weights are
-        gathered); rank 0 gets them, others `{}`."""
-        dtype = torch_dtype(self.cfg.agent.dtype)
-        if not self.use_lora:
-            full = self.ranks.full_state_dict(self.model)  # gathered under FSDP (rank 0; others get {})
-            weights = self.model.state_dict() if full is None else full
-            return host_copy({k: v for k, v in weights.items() if k not in skip}, dtype)
-        from peft.tuners.lora import LoraLayer
-
-        base = self.model.get_base_model()
-        deltas = {}
-        for name, module in base.named_modules():
-            if isinstance(module, LoraLayer) and module.active_adapters:
-                delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-                deltas[f"{name}.weight"] = delta
-        out: dict[str, torch.Tensor] = {}
-        for key, value in base.state_dict().items():
-            clean = key.replace(".base_layer.", ".")
-            if ".lora_" in key or "lora_embedding" in key or clean in skip:
-                continue
-            tensor = value.detach().float()
-            if clean in deltas:
-                tensor = tensor + deltas[clean].float()
-            out[clean] = tensor.to("cpu", dtype, copy=True)
-        return out
+        CPU in the rollout dtype (`agent.dtype`), without the names in `skip` (`weights_out`).
+        Under FSDP every rank must call it (the weights are gathered); rank 0 gets them, others `{}`."""
+        return merged_state_dict(self.model, self.ranks, self.use_lora, torch_dtype(self.cfg.agent.dtype), skip)

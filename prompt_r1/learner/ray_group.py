@@ -7,7 +7,7 @@ onto few nodes or spread over many). Each rank reports where it landed (node, GP
 `LearnerGroup.placements`, logged at start); on GPUs the ranks of a node then see all of its
 rank GPUs in one order and each picks its own (`rank_gpus`, as Ray Train does). Rank 0 reports
 its node's address and a free port, every rank joins the process group there
-(`parallel.join_process_group`: nccl with CUDA, gloo otherwise) and builds the ordinary `GRPOLearner`, policy and reference included; the driver
+(`collectives.join_process_group`: nccl with CUDA, gloo otherwise) and builds the ordinary `GRPOLearner`, policy and reference included; the driver
 (`LearnerGroup`) holds no model. For each step the driver plans the batch's mini-batches, splits
 each one over the ranks by whole GRPO groups (`batches.split_plan`) and sends every rank its
 trajectories and its share; the ranks' losses are normalised by global counts, so N ranks make

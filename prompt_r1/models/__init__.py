@@ -5,7 +5,9 @@ Owns `bundled` (SmolLM2 / Gemma GGUF packages and tiny random models as HF folde
 bundled name, folder, run id, `models:/` URI through a registered scheme, hub id),
 `kv_cache` (the KV-cache bytes a vLLM engine on CPU needs, from a folder's `config.json`) and
 `architecture` (parameter count and layer shapes from `config.json` alone, or from
-`architectures.json` for models not on this machine, such as the paper's Qwen3-4B).
+`architectures.json` for models not on this machine, such as the paper's Qwen3-4B), `export`
+(a checkpoint's manifest and its export to a plain HF model), `adapter` (a LoRA adapter folder
+as an agent) and `agent_files` (the files that mark an agent folder).
 
 Imports: `prompt_r1.core`, `prompt_r1.config`.
 """

@@ -43,7 +43,7 @@ def adapter_files(folder: Path) -> list[Path]:
 def recorded_base(folder: Path) -> str | None:
     """The base model an adapter folder names (its `base_model_name_or_path`); None when it has no
     `adapter_config.json` or the field is unset. An `adapter_config.json` that cannot be read is an
-    `AgentSpecError` saying so (it used to read as "names no base model", which sent users to a field
+    `AgentSpecError` saying so, not as "names no base model", which would send users to a field
     the file may well have)."""
     path = Path(folder) / ADAPTER_CONFIG
     if not path.is_file():

@@ -18,7 +18,7 @@ entities are seen in the warm start: it teaches the shape of a follow-up, not th
 
 The mixed variant (`first_hop=True`, bundled as `smollm2-135m-protocol-followup-mix`) teaches a
 second first call on four of those examples: ask only the first hop ("Which country has Amman as
-its capital?"), then follow up as before. A cold start that samples one first call only leaves
+its capital?"), then follow up as the first variant does. A cold start that samples one first call only leaves
 GRPO nothing to choose between; this one samples both, and the reward chooses.
 """
 

@@ -11,7 +11,7 @@ The memory rule, per learner rank (P weights, T trainable: P, or the LoRA adapte
 bfloat16 autocast / FSDP mixed precision, else 4; d = bytes of `agent.dtype`):
 - policy weights: 4P/S bytes (float32 master weights, always; plus the adapter's 4T/S);
 - gradients 4T/S; AdamW state 8T/S (two float32 moments); with `ddp` over 2+ ranks one
-  all-reduce bucket (`parallel.BUCKET_ELEMENTS` gradient elements plus the largest trainable
+  all-reduce bucket (`learner.collectives.BUCKET_ELEMENTS` gradient elements plus the largest trainable
   tensor at most, float32: the bucket is flushed once it passes that size);
 - reference: a frozen copy in `agent.dtype`, dP/S, under full fine-tuning with `train.kl_coef` > 0;
   none at kl_coef 0, and none under LoRA (the reference is the same model with the adapter off);
@@ -88,7 +88,7 @@ RUNTIME_GIB = 1.0        # a process's CUDA context and libraries
 ENGINE_RUNTIME_GIB = 2.0  # vLLM's CUDA graphs and activation workspace on top
 DEFAULT_PROMPT_TOKENS = 512  # the ~300-token instruction template, the chat template and a question
 DEFAULT_GPU_MEMORY_GIB = 80.0
-BUCKET_ELEMENTS = 1 << 24  # `parallel.BUCKET_ELEMENTS` (that module imports torch; a test checks they agree)
+BUCKET_ELEMENTS = 1 << 24  # `learner.collectives.BUCKET_ELEMENTS` (that module imports torch; a test checks they agree)
 RESIDENT = ("policy weights", "AdamW state", "reference copy", "FSDP", "runtime")  # kept between updates
 
 

@@ -1,7 +1,8 @@
 """Agent policy backends behind one interface (`Policy`), chosen by `agent.backend`.
 
-`make_policy(agent_cfg, model_path)` builds a `TransformersPolicy` (CPU or a GPU, reference log-probs) or a
-`VLLMPolicy` (offline vLLM engine, imported only when asked for, so vLLM stays optional).
+`make_policy(agent_cfg, model_path)` builds a `TransformersPolicy` (`hf`: CPU or a GPU, reference
+log-probs) or a `VLLMPolicy` (`vllm_policy`: offline vLLM engine, imported only when asked for, so
+vLLM stays optional); `base` holds the interface.
 
 Imports: `prompt_r1.core`, `prompt_r1.config`, `prompt_r1.models`.
 """

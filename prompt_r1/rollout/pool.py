@@ -52,7 +52,7 @@ with); the pool keeps the last sync in the object store for that. Episodes are s
 (question, sample, turn), so the redone share equals the lost one. An actor that died while idle
 is found by the version it stamps on its trajectories (a restarted one says 0) and redone the same
 way. At most `rollout.actor_restarts` restarts per batch (or weight sync), then the batch fails
-naming the actor as before; `restarts` counts them (the session logs `rollout_actor_restarts`).
+naming the actor; `restarts` counts them (the session logs `rollout_actor_restarts`).
 With `max_staleness` >= 1 batches and weight loads queue up behind each other on the actors, and a
 restart loses the queue: there Ray does not restart actors and a death fails the step.
 """

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prompt_r1.config.sampling import RewardConfig
+from prompt_r1.config.reward import RewardConfig
 from prompt_r1.core.cost_reward import (CostWindow, Prices, bonus_reward, cheapness, penalty_reward,
                                         trajectory_cost)
 from prompt_r1.core.reward import compute_reward

@@ -44,15 +44,23 @@ from typing import TYPE_CHECKING, Any
 from prompt_r1.config.experiment import Config
 from prompt_r1.config.env import env_prices
 from prompt_r1.core.cost_reward import CostWindow
+from prompt_r1.core.failures import EnvironmentFailure, check_pool_error_rates
+from prompt_r1.core.signals import interrupts_held
 from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
 from prompt_r1.core.questions import QuestionRow
+from prompt_r1.data.order import batches
 from prompt_r1.data.pool import TrainingPool
 from prompt_r1.data.scorers import scorer_fingerprints
+from prompt_r1.models.resolver import resolve_agent
 from prompt_r1.rollout.reward_stage import RewardStage, indicator_shares
-from prompt_r1.rollout.scaffold import assert_unscaffolded
+from prompt_r1.rollout.scaffold import assert_unscaffolded, check_scaffold, load_scaffold
+from prompt_r1.training.checks import check_run_capacity, check_run_settings
 from prompt_r1.training.hooks import StepResult, TrainingHooks, TrainingOutcome
 from prompt_r1.training.run_ahead import InFlight, RunAhead
+from prompt_r1.training.run_folder import mark_finished, open_run, own_run
 
+# The learner (torch, transformers) and the rollout pool (Ray) are imported where a run starts them,
+# so importing this module (the flows do, before any run starts) loads neither.
 if TYPE_CHECKING:  # the caller opens the warehouse; the library only reads and writes through it
     from warehouse.store import Warehouse
 
@@ -142,10 +150,6 @@ class TrainingSession:
         """Data, learner, environment server, rollout actors; each started piece is on `_stack`."""
         from prompt_r1.learner.base import open_learner
         from prompt_r1.learner.checkpoint import resume_checkpoint
-        from prompt_r1.models.resolver import resolve_agent
-        from prompt_r1.training.checks import check_run_capacity, check_run_settings
-        from prompt_r1.training.run_folder import own_run
-        from prompt_r1.training.run_folder import open_run
 
         check_run_settings(self.cfg)  # before data, models, servers or Ray: a config that cannot train fails at once
         # One process per run folder (a second is refused naming the holder), taken before Ray
@@ -187,7 +191,6 @@ class TrainingSession:
     def _check_scaffold(self) -> None:
         """`rollout.scaffold.fn`, loaded and called once per training question: one that cannot be
         imported, fails, or names a gold answer or a privileged name stops the run before any model loads."""
-        from prompt_r1.rollout.scaffold import check_scaffold, load_scaffold
 
         spec, privileged = self.cfg.rollout.scaffold.fn, self.cfg.rollout.scaffold.privileged
         if spec is not None:
@@ -226,14 +229,12 @@ class TrainingSession:
         """Stop what `_start` started, newest first. A second Ctrl-C is held off meanwhile
         (`interrupts_held`; each stop has its own deadline): cut short, it would leave actors,
         servers or Ray's agents running."""
-        from prompt_r1.core.signals import interrupts_held
 
         with interrupts_held("stopping the run's actors and servers", CLOSE_PATIENCE_S):
             self._stack.close()
 
     def mark_finished(self) -> None:
         """The run is complete: later resumes of it are refused."""
-        from prompt_r1.training.run_folder import mark_finished
 
         mark_finished(self.run_dir)
 
@@ -258,8 +259,6 @@ class TrainingSession:
 
     # -- stages (each one Prefect task in the flow) --------------------------------------
     def next_batch(self) -> list[QuestionRow]:
-        from prompt_r1.data.order import batches
-
         ids = [q.question_id for q in self.train_questions]
         position, batch = next(iter(batches(ids, self.cfg.rollout.batch_questions, self.cfg.seed, self.position)))
         self.position = position + 1
@@ -300,7 +299,6 @@ class TrainingSession:
         When the step's share of one environment's failed calls passes its `max_error_rate`, the
         step's rows are recorded (failures included) and `EnvironmentFailure` is raised instead: no
         update, no step advance."""
-        from prompt_r1.core.failures import EnvironmentFailure, check_pool_error_rates
 
         try:
             rate = check_pool_error_rates(self.cfg.training_environments(), trajectories,
@@ -373,7 +371,6 @@ class TrainingSession:
         one environment's failed calls passes its `max_error_rate`, and also when failures left no question
         scored (whatever the rate): a score made of failures is never reported, so no agent is
         checkpointed, exported or registered on one."""
-        from prompt_r1.core.failures import EnvironmentFailure, check_pool_error_rates
 
         if not self.val_questions:
             return {}

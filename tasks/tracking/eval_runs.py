@@ -35,7 +35,6 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
     params (`instruction`, `cache_key`), metrics (`train_score`, `opt_*` spend) and, all together,
     to the environment run as `baselines/<env>.json`. `episodes` (`episode_record`s, already
     capped) are logged as traces of their method's run (`tasks.tracking.traces`)."""
-    from prompt_r1.evaluation.compare import cost_points
     from prompt_r1.evaluation.report import averages
     from tasks.tracking.traces import trace_episodes
 
@@ -60,20 +59,7 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
                 per = [r for r in rows if r["method"] == method]
                 headline = headline_metrics(per, suite_datasets or {})
                 metrics.update({metric_key(method, k): v for k, v in headline.items()})
-                m = {metric_key(r["dataset"], k): r[k] for r in per for k in ("score", "em", "f1", "substring", "ssim",
-                                                                            "ci_low", "ci_high")
-                     if r.get(k) is not None}
-                m.update({metric_key(r["dataset"], f"part_{name}"): value for r in per  # a dataset scorer's named parts
-                          for name, value in json.loads(r.get("parts") or "{}").items()})
-                m["env_errors"] = sum(r.get("errors", 0) for r in per)
-                m.update({metric_key(f"avg_{g}"): v for g, v in avg.items() if v is not None})
-                m["env_prompt_tokens"] = sum(r["env_prompt_tokens"] for r in per)
-                m["env_completion_tokens"] = sum(r["env_completion_tokens"] for r in per)
-                (cost,) = cost_points(per)
-                m.update({k: cost[k] for k in ("cost_usd", "usd_per_question", "correct", "usd_per_correct")
-                          if cost[k] is not None})
-                m.update(headline)
-                mlflow.log_metrics(m)
+                mlflow.log_metrics(_method_metrics(per, avg, headline))
                 trace_episodes([e for e in episodes or [] if e["method"] == method])
                 for b in (b for b in baselines or [] if b["env_name"] == env_name and b["method"] == method):
                     _log_baseline(b)
@@ -82,6 +68,28 @@ def log_eval_environment(parent_run_id: str, env_name: str, env_model: str, suit
             mlflow.log_dict(mine, f"baselines/{env_name}.json")
         mlflow.log_metrics(metrics)
         return env_run.info.run_id
+
+
+def _method_metrics(per: list[dict[str, Any]], avg: dict[str, float | None],
+                    headline: dict[str, float]) -> dict[str, float]:
+    """One method run's metrics: its cells' scores and scorer parts per dataset, the environment's
+    errors and tokens, its averages, its cost (`compare.cost_points`) and its headline."""
+    from prompt_r1.evaluation.compare import cost_points
+
+    m = {metric_key(r["dataset"], k): r[k] for r in per for k in ("score", "em", "f1", "substring", "ssim",
+                                                                "ci_low", "ci_high")
+         if r.get(k) is not None}
+    m.update({metric_key(r["dataset"], f"part_{name}"): value for r in per  # a dataset scorer's named parts
+              for name, value in json.loads(r.get("parts") or "{}").items()})
+    m["env_errors"] = sum(r.get("errors", 0) for r in per)
+    m.update({metric_key(f"avg_{g}"): v for g, v in avg.items() if v is not None})
+    m["env_prompt_tokens"] = sum(r["env_prompt_tokens"] for r in per)
+    m["env_completion_tokens"] = sum(r["env_completion_tokens"] for r in per)
+    (cost,) = cost_points(per)
+    m.update({k: cost[k] for k in ("cost_usd", "usd_per_question", "correct", "usd_per_correct")
+              if cost[k] is not None})
+    m.update(headline)
+    return m
 
 
 RESULTS_TABLE = "eval/results_table.json"

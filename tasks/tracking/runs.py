@@ -1,6 +1,7 @@
-"""MLflow runs for the flows: the store, one experiment per config name, a run's identity,
-training metrics and the datasets a run read (evaluation runs: `eval_runs`; the registry:
-`registry`).
+"""MLflow runs for the flows: the store, one experiment per config name, a run's identity (its
+commit and package versions read once per process), the training run to open (`open_training_run`:
+the unfinished one to continue, or a new one with its tags), training metrics and the datasets a
+run read (evaluation runs: `eval_runs`; the registry: `registry`).
 
 The store is the team's when there is one: a config's `tracking.uri`, else `MLFLOW_TRACKING_URI`
 (as verl, transformers and MLflow itself read it), decides where runs, traces, registered models
@@ -18,6 +19,7 @@ never reach MLflow: only the *name* of the key's variable is a config field.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import json
 import logging
@@ -36,6 +38,7 @@ from prompt_r1.config.experiment import Config, flatten
 from prompt_r1.config.run_home import runs_home
 from prompt_r1.core.urls import redact_url, redact_urls_in
 from prompt_r1.core.fsutil import LockBusy, atomic_copy_file, file_lock
+from prompt_r1.training.run_folder import find_resumable
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow
@@ -219,6 +222,7 @@ def metric_key(*parts: str) -> str:
     return "/".join(re.sub(r"[^A-Za-z0-9_\-. ]", "-", p) for p in parts)
 
 
+@functools.cache  # once per process: a pipeline run logs its identity in each of its flows
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
@@ -229,13 +233,18 @@ def git_commit() -> str:
 
 
 def package_versions() -> dict[str, str]:
-    versions = {}
+    return dict(_package_versions())  # a copy: the cached pairs stay as read
+
+
+@functools.cache
+def _package_versions() -> tuple[tuple[str, str], ...]:
+    versions = []
     for name in PACKAGES:
         try:
-            versions[name] = importlib.metadata.version(name)
+            versions.append((name, importlib.metadata.version(name)))
         except importlib.metadata.PackageNotFoundError:
             continue
-    return versions
+    return tuple(versions)
 
 
 def log_run_identity(cfg: Config, flow: str, data_hashes: dict[str, str], config_path: str | None = None) -> None:
@@ -313,6 +322,51 @@ def start_training_run(**kwargs: Any) -> mlflow.ActiveRun:
     disk, network, and GPU when `nvidia-ml-py` is installed) every 10 s into `system/*` metrics for
     as long as the run is active, resumed runs included."""
     return mlflow.start_run(**TRAINING_RUN_OPTIONS, **kwargs)
+
+
+def continued_run(experiment_id: str, cfg: Config, questions: "TrainingPool") -> str | None:
+    """The run to continue (`find_resumable`: the newest unfinished run folder of this config and
+    pool) when it is a training run of this experiment whose MLflow run did not finish; every
+    newer candidate passed over is logged with the reason."""
+    client = MlflowClient()
+
+    def mlflow_reason(run_id: str) -> str | None:
+        try:
+            run = client.get_run(run_id)
+        except mlflow.exceptions.MlflowException:
+            return "no MLflow run of that id (a run of `prompt-r1 train`: continue it with `prompt-r1 train --resume`)"
+        if run.info.experiment_id != experiment_id or run.data.tags.get("flow") != "train":
+            return f"MLflow run {run_id} is not a training run of experiment {experiment_id}"
+        if run.info.status == "FINISHED":
+            return "its MLflow run finished"
+        return None
+
+    run_id, skipped = find_resumable(runs_home() / cfg.name, cfg.hash(), questions.hash, accept=mlflow_reason)
+    for reason in skipped:
+        log.warning("not continuing unfinished training run %s", reason)
+    return run_id
+
+
+def open_training_run(experiment_id: str, cfg: Config, questions: "TrainingPool", resume: bool,
+                      parent_run_id: str | None = None) -> tuple[mlflow.ActiveRun, bool]:
+    """The training run of `cfg` on `questions`: the unfinished one to continue (`continued_run`,
+    when `resume`) or a new one, tagged with the flow, config hash, pool hash and whether the
+    backend reruns exactly. Returns (the active run, whether it is continued)."""
+    from prompt_r1.policy import backend_deterministic  # here: the policy package loads torch
+
+    previous = continued_run(experiment_id, cfg, questions) if resume else None
+    if previous:
+        run = start_training_run(run_id=previous)
+        log.info("continuing unfinished training run %s (config hash %s, pool hash %s)", previous, cfg.hash(),
+                 questions.hash)
+        return run, True
+    run = start_training_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
+                             parent_run_id=parent_run_id,
+                             tags={"flow": "train", "config_hash": cfg.hash(), "pool_hash": questions.hash,
+                                   # exact reruns whatever the environment latency (docs/determinism.md)
+                                   "deterministic": str(backend_deterministic(cfg.agent)).lower()})
+    log.info("starting training run %s (config hash %s, pool hash %s)", run.info.run_id, cfg.hash(), questions.hash)
+    return run, False
 
 
 def questions_frame(questions: "list[QuestionRow]"):

@@ -94,7 +94,7 @@ def test_inserting_a_line_at_the_top_is_one_new_question(warehouse, tmp_path):
 def _legacy_warehouse(warehouse, path, records):
     """The warehouse as the earlier positional rule (`<file name>:<row index>`) left it: the
     source's questions, a trajectory, an environment call and a prediction for each."""
-    from warehouse.store import questions_table
+    from warehouse.sources import questions_table
     from prompt_r1.core.questions import QuestionRow
 
     rows = [QuestionRow(question_id=question_id(r["dataset"], "test", f"{path.name}:{i}"), dataset=r["dataset"],

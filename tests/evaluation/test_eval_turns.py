@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.core.questions import QuestionRow
-from prompt_r1.config.sampling import RewardConfig
+from prompt_r1.config.reward import RewardConfig
 from prompt_r1.evaluation.turns import turn_rows, turn_table
 from prompt_r1.rollout.reward_stage import RewardStage
 

@@ -38,14 +38,14 @@ def _client():
 
 
 def test_pipeline_flow_end_to_end_and_rerun(prefect_api, home, monkeypatch):
-    import tasks.ingest
+    import tasks.stages
     from flows.cli import rerun_mlflow_run
     from flows.pipeline import pipeline_flow
     from prompt_r1.data.pool import TrainingPool
     from warehouse.store import Warehouse
 
     calls = {"ingest": 0, "pool": 0}
-    real_ingest, real_load = tasks.ingest.ingest, TrainingPool.load.__func__
+    real_ingest, real_load = tasks.stages.ingest, TrainingPool.load.__func__
 
     def counted_ingest(*args, **kwargs):
         calls["ingest"] += 1
@@ -55,7 +55,7 @@ def test_pipeline_flow_end_to_end_and_rerun(prefect_api, home, monkeypatch):
         calls["pool"] += 1
         return real_load(cls, *args, **kwargs)
 
-    monkeypatch.setattr(tasks.ingest, "ingest", counted_ingest)
+    monkeypatch.setattr(tasks.stages, "ingest", counted_ingest)
     monkeypatch.setattr(TrainingPool, "load", classmethod(counted_load))
     state = pipeline_flow("configs/smoke.yaml", return_state=True)
     assert state.is_completed(), state.message
@@ -179,11 +179,10 @@ def test_train_flow_continues_only_a_run_with_the_same_config_and_pool(home):
     MLflow run) and a folder whose MLflow run finished are passed over."""
     from types import SimpleNamespace
 
-    from flows.train import continued_run
     from prompt_r1.config.experiment import load_config
     from prompt_r1.config.run_home import run_dir
     from prompt_r1.training.run_folder import write_record
-    from tasks.tracking.runs import setup_mlflow
+    from tasks.tracking.runs import continued_run, setup_mlflow
 
     cfg = load_config("configs/smoke.yaml")
     pool = SimpleNamespace(hash="P")

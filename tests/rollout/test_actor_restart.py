@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.rollout import test_ray_rollout
-from tests.rollout.test_ray_rollout import EchoModelEnv, questions, smoke_cfg
+from tests.rollout import test_pool
+from tests.rollout.test_pool import EchoModelEnv, questions, smoke_cfg
 
 ray = pytest.importorskip("ray")
-local_ray = test_ray_rollout.local_ray  # the same local Ray, once per module
+local_ray = test_pool.local_ray  # the same local Ray, once per module
 
 
 class SlowLoggedEnv(EchoModelEnv):
@@ -88,7 +88,7 @@ def protocol_model(_model_cache):
 
 @pytest.fixture
 def reply_log(tmp_path):
-    for module in (sys.modules[__name__], test_ray_rollout):  # the actors unpickle the env class by value
+    for module in (sys.modules[__name__], test_pool):  # the actors unpickle the env class by value
         ray.cloudpickle.register_pickle_by_value(module)
     return tmp_path / "replies.jsonl"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.rollout.test_ray_rollout import questions, smoke_cfg
+from tests.rollout.test_pool import questions, smoke_cfg
 
 ray = pytest.importorskip("ray")
 

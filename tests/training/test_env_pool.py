@@ -178,7 +178,7 @@ def test_error_rates_are_checked_per_environment_against_its_own_limit():
 # -- per-environment metrics -----------------------------------------------------------------
 def test_environment_metrics_are_the_pooled_rule_on_each_environments_trajectories():
     from prompt_r1.core.reward import RewardBreakdown
-    from tasks.train import ENV_METRICS, environment_metrics
+    from tasks.stages import ENV_METRICS, environment_metrics
 
     a = [Trajectory("q0", i, [], env_name="a", reward=RewardBreakdown(1.0, 0.5 * i, 1.0 + 0.5 * i),
                     env_calls=[EnvCall(0, "a", "m", prompt_tokens=100 * (i + 1), completion_tokens=10)])
@@ -322,7 +322,7 @@ def test_the_plan_counts_a_managed_server_for_each_pool_member():
 
 
 def test_the_flow_logs_per_environment_metrics_only_for_a_pool(monkeypatch, tmp_path):
-    import tasks.train as train_tasks
+    import tasks.stages as train_tasks
     from prompt_r1.training.hooks import StepResult
 
     class Buffer:
@@ -351,7 +351,7 @@ def test_per_environment_metrics_reach_mlflow_under_train_env_name_metric(home):
     from mlflow import MlflowClient
 
     from tasks.tracking import runs as tracking
-    from tasks.train import environment_metrics
+    from tasks.stages import environment_metrics
 
     names = ["env-a", "env.b_2", "a-b-c", "x"]
     trajectories = [Trajectory(f"q{i}", 0, [], env_name=name) for i, name in enumerate(names)]

@@ -275,7 +275,7 @@ def test_train_flow_whose_final_validation_fails_registers_nothing(home, tmp_pat
 
 
 def test_registration_refuses_a_validation_that_scored_nothing():
-    from tasks.train import registration_score
+    from tasks.stages import registration_score
 
     assert registration_score({"val_reward": 0.0, "val_scored": 1.0}, True) == 0.0  # a real 0 is a score
     assert registration_score({}, False) is None  # no validation questions: registered unscored

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-import tasks.train as train_tasks  # imported first: Prefect's logging set-up replaces root handlers (caplog's)
+import tasks.stages as train_tasks  # imported first: Prefect's logging set-up replaces root handlers (caplog's)
 from prompt_r1.training.hooks import StepResult, TrainingHooks
 
 

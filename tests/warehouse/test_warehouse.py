@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.core.questions import QuestionRow
-from warehouse.store import SourceCounts, Warehouse, WarehouseError, WarehouseLockedError
+from warehouse.sources import SourceCounts
+from warehouse.store import Warehouse, WarehouseError, WarehouseLockedError
 
 ROOT = Path(__file__).resolve().parents[2]
 

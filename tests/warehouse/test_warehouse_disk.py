@@ -7,6 +7,7 @@ import duckdb
 import pytest
 
 from prompt_r1.core.questions import QuestionRow
+from warehouse import sources as warehouse_sources
 from warehouse.store import WarehouseError
 
 ERRORS = [duckdb.IOException('Could not write file "w.duckdb.wal": No space left on device'),
@@ -29,15 +30,13 @@ def test_a_refused_write_is_one_error_and_keeps_nothing(warehouse, monkeypatch, 
                 cur.execute("DELETE FROM questions")
                 raise error
     else:  # the ingest's own writes, failing half-way
-        real = warehouse._rekey
-
         def full(cur, source_file, now):
             cur.execute("DELETE FROM questions")
             raise error
-        monkeypatch.setattr(warehouse, "_rekey", full)
+        monkeypatch.setattr(warehouse_sources, "rekey_questions", full)
         with pytest.raises(WarehouseError, match="Nothing of this write was kept"):
             warehouse.add_source("second.jsonl", "h2", "d", _rows(2, "b"), rekey=True)
-        monkeypatch.setattr(warehouse, "_rekey", real)
+        monkeypatch.undo()
     assert warehouse.table_counts() == before
     assert len(warehouse.questions()) == 3
 

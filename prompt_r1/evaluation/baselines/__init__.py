@@ -6,6 +6,9 @@ by running the optimiser (then stored, unless an environment call of it failed).
 that environment failures made no result raises `OptimisationFailed` and is never stored, so the
 next run optimises again (see `base.check_optimisation`). The evaluation itself is the `cot` code
 path with that instruction (`prompt_r1.evaluation.evaluate`).
+
+Modules: `base` (the cache, the budget and the checks every method shares), `opro`,
+`gepa_adapter` and `textgrad_opt`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,16 @@
-"""The training schedule's stages as Prefect tasks, and the flow's hooks into the schedule.
+"""The pipeline's Prefect stages: ingestion, one environment's evaluation, and the training
+schedule's stages with the flow's hooks into it.
 
-`TrainingSession.run` (the library) owns the order of the stages; `FlowTrainingHooks` runs each
-stage as a Prefect task named after it (so the flow's graph reads batch -> rollout -> reward ->
-update -> record -> broadcast -> validate -> checkpoint, with retries where a stage talks to the
-environment), buffers metrics for MLflow and updates a progress artifact. A run with a training
-pool (`train.environments`) also logs each step's numbers per environment
-(`environment_metrics`, `train_env/<name>/<metric>`) beside the pooled ones.
+- `ingest_sources`: ingestion, cached in the warehouse itself (`sources` is keyed on each file's
+  sha256), not in Prefect's result store, which would go stale when the warehouse file is deleted
+  or replaced. So the task always runs, and each unchanged source is a no-op that costs one hash.
+- `evaluate_environment`: one environment LLM per task run (so each shows up, and retries, alone).
+- `FlowTrainingHooks`: `TrainingSession.run` (the library) owns the order of the training stages;
+  the hooks run each as a Prefect task named after it (so the flow's graph reads batch -> rollout
+  -> reward -> update -> record -> broadcast -> validate -> checkpoint, with retries where a stage
+  talks to the environment), buffer metrics for MLflow and update a progress artifact. A run with
+  a training pool (`train.environments`) also logs each step's numbers per environment
+  (`environment_metrics`, `train_env/<name>/<metric>`) beside the pooled ones.
 
 Ray is driven from these tasks rather than through prefect-ray's task runner: the rollout
 workers are *stateful* Ray actors (each holds a policy copy that receives new weights after
@@ -25,14 +30,47 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from prompt_r1.config.env import EnvConfig
+from prompt_r1.core.failures import EnvironmentFailure
 from prompt_r1.core.trajectory import Trajectory, stats_by_environment
+from prompt_r1.data.ingest import ingest
+from prompt_r1.data.rows import MAX_QUESTION_CHARS
 from prompt_r1.env.base import cost_usd
+from prompt_r1.evaluation.evaluate import EvalOutcome
 from prompt_r1.training.hooks import StepResult, TrainingHooks
 from tasks.artifacts import training_progress
-from tasks.evaluate import retry_unless_environment_failure
 from tasks.tracking.runs import MetricBuffer
+from warehouse.store import Warehouse
 
 T = TypeVar("T")
+
+
+@task(name="ingest-sources", cache_policy=NO_CACHE)
+def ingest_sources(sources: list, db: str, max_question_chars: int = MAX_QUESTION_CHARS) -> list[dict]:
+    """Ingest files and folders into the warehouse; already-ingested content is skipped."""
+    with Warehouse(db) as wh:
+        reports = ingest(wh, sources, max_question_chars=max_question_chars)
+    return [vars(r) for r in reports]
+
+
+def retry_unless_environment_failure(task, task_run, state) -> bool:
+    """Prefect retry condition: retry a crash, never a run stopped for environment failures (the
+    client already retried each call; running the whole evaluation again would not help)."""
+    try:
+        state.result()
+    except EnvironmentFailure:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+@task(name="evaluate-environment", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=10,
+      retry_condition_fn=retry_unless_environment_failure, task_run_name="evaluate-{env_cfg.name}")
+def evaluate_environment(env_cfg: EnvConfig, work: Callable[[], EvalOutcome]) -> EvalOutcome:
+    """One environment's part of the library's evaluation (`evaluate(..., on_environment=...)`):
+    `work` evaluates `env_cfg` with the agents the flow opened once for every environment."""
+    return work()
+
 
 # Stages that talk to the environment are retried (a rollout is seeded, so a retry redraws the
 # same samples); the update is not (its failure is an `EnvironmentFailure` or a real bug). A
