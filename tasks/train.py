@@ -3,7 +3,8 @@
 `TrainingSession.run` (the library) owns the order of the stages; `FlowTrainingHooks` runs each
 stage as a Prefect task named after it (so the flow's graph reads batch -> rollout -> reward ->
 update -> record -> broadcast -> validate -> checkpoint, with retries where a stage talks to the
-environment), buffers metrics for MLflow and updates a progress artifact. A run with a training
+environment), buffers metrics for MLflow and updates a progress artifact; with a
+`RolloutTracer` (`tracking.trace_rollouts` > 0) k trajectories a step become MLflow traces. A run with a training
 pool (`train.environments`) also logs each step's numbers per environment
 (`environment_metrics`, `train_env/<name>/<metric>`) beside the pooled ones.
 
@@ -28,6 +29,7 @@ from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.trajectory import Trajectory, stats_by_environment
 from prompt_r1.env.base import cost_usd
 from prompt_r1.training.hooks import StepResult, TrainingHooks
+from prompt_r1.training.rollout_traces import RolloutTracer
 from tasks.artifacts import training_progress
 from tasks.evaluate import retry_unless_environment_failure
 from tasks.tracking.runs import MetricBuffer
@@ -84,9 +86,11 @@ class FlowTrainingHooks(TrainingHooks):
     `environment_metrics`."""
 
     def __init__(self, total_steps: int, buffer: MetricBuffer, ckpt_dir: Path,
-                 environments: list[EnvConfig] | None = None, format_cap: float = 1.0):
+                 environments: list[EnvConfig] | None = None, format_cap: float = 1.0,
+                 tracer: RolloutTracer | None = None):
         super().__init__(total_steps)
         self.buffer, self.ckpt_dir = buffer, ckpt_dir
+        self.tracer, self.rollout_traces = tracer, []  # k rollouts a step as traces, logged at checkpoints
         self.environments, self.format_cap = list(environments or []), format_cap
         self.last_trajectories: list = []
         self.history: list[tuple[int, dict[str, float]]] = []  # this invocation's steps, for the table artifact
@@ -103,6 +107,8 @@ class FlowTrainingHooks(TrainingHooks):
                    if self.environments else {})
         self.buffer.add(result.step, {**result.metrics, **per_env})
         self.last_trajectories = result.trajectories
+        if self.tracer is not None:
+            self.rollout_traces.extend(self.tracer.records(result))
         self.history.append((result.step, result.metrics))
         training_progress(result.step, self.total_steps, result.metrics)
 
@@ -115,6 +121,12 @@ class FlowTrainingHooks(TrainingHooks):
 
     def after_checkpoint(self, step: int, path: Path) -> None:
         self.buffer.flush()
+        if self.rollout_traces:  # as the metrics: at checkpoints, so a resumed run never traces a step twice
+            from tasks.tracking.traces import trace_episodes
+
+            trace_episodes(self.rollout_traces)
+            mlflow.flush_trace_async_logging()
+            self.rollout_traces = []
         mlflow.log_text("\n".join(json.dumps(x.to_record()) for x in self.last_trajectories[:4]),
                         f"trajectories/step-{step - 1:05d}.jsonl")
 
