@@ -8,7 +8,11 @@ rely on).
 
 import os
 
+from flows.prefect_home import prepare_prefect_home
+
 # Prefect reads its settings once, on import. Its 20 s default for starting the ephemeral API
 # server is too short on a loaded 2-core machine (the flow dies before its first task); a user's
 # own setting still wins.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+# A missing PREFECT_HOME (any depth) is created, and server telemetry is off unless set.
+prepare_prefect_home()

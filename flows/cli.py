@@ -18,6 +18,13 @@ from prompt_r1.models.resolver import register_scheme
 from prompt_r1.serving.observers import observe_episodes
 from prompt_r1.core.failures import EnvironmentFailure
 from prompt_r1.training.checks import check_run
+from flows.prefect_home import prefect_home_problem
+
+
+def _check_prefect_home() -> None:
+    """Stop before any flow starts when Prefect's home cannot be used (see flows/prefect_home.py)."""
+    if problem := prefect_home_problem():
+        fail(problem)
 
 
 def _registry_agent(uri: str) -> Path | None:
@@ -43,6 +50,7 @@ def pipeline(
     from flows.pipeline import pipeline_flow
 
     check_run(load(config, set_))  # validate before starting anything
+    _check_prefect_home()
     try:
         result = pipeline_flow(str(config), data, parse_overrides(set_) or None)
     except EnvironmentFailure as err:
@@ -67,6 +75,7 @@ def run_flow(
     agents = parse_labelled_specs(agent) or None
     if name == "train":
         check_run(cfg)
+    _check_prefect_home()
     overrides = parse_overrides(set_) or None
     try:
         _run_named_flow(name, config, overrides, agents)
@@ -99,6 +108,7 @@ def rerun(run_id: str = typer.Argument(..., help="MLflow run id of a pipeline, t
 
 def rerun_mlflow_run(run_id: str) -> dict:
     """Re-execute the flow of an MLflow run from its logged resolved config and agents."""
+    _check_prefect_home()
     from prompt_r1.config.run_home import runs_home
     from prompt_r1.core.urls import redact_url
     from tasks.tracking.runs import is_local, point_mlflow, registry_uri, setup_mlflow, tracking_uri

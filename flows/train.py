@@ -24,6 +24,7 @@ from prompt_r1.config.experiment import Config
 from prompt_r1.config.run_home import default_db_path, run_dir
 from prompt_r1.core.failures import EnvironmentFailure
 from prompt_r1.data.pool import TrainingPool
+from prompt_r1.training.rollout_traces import RolloutTracer
 from prompt_r1.training.session import TrainingSession
 from tasks.artifacts import publish_training_metrics
 from tasks.stages import FlowTrainingHooks, ingest_sources, registration_score
@@ -53,6 +54,13 @@ def train_flow(config: str = "configs/smoke.yaml", overrides: dict[str, Any] | N
             "model_version": version, "champion": champion}
 
 
+def rollout_tracer(cfg: Config, questions: TrainingPool) -> RolloutTracer | None:
+    """`tracking.trace_rollouts` trajectories a step as traces (None when 0), shown with their questions."""
+    if not cfg.tracking.trace_rollouts:
+        return None
+    return RolloutTracer(cfg, cfg.tracking.trace_rollouts, {q.question_id: q for q in questions.train})
+
+
 def _train(cfg: Config, config: str, wh: Warehouse, run_id: str, questions: TrainingPool, logged: bool):
     """The session inside the active MLflow run: identity and datasets (once per run), metrics,
     and the agent's registration. Returns (outcome, registered version, became champion)."""
@@ -64,7 +72,8 @@ def _train(cfg: Config, config: str, wh: Warehouse, run_id: str, questions: Trai
         buffer.recover(session.ckpt_dir / f"metrics-{session.step:05d}.json")
         try:
             environments = cfg.training_environments() if cfg.train.environments else []  # per-env metrics
-            hooks = FlowTrainingHooks(cfg.train.steps, buffer, session.ckpt_dir, environments, cfg.reward.format_cap)
+            hooks = FlowTrainingHooks(cfg.train.steps, buffer, session.ckpt_dir, environments, cfg.reward.format_cap,
+                                      tracer=rollout_tracer(cfg, questions))
             outcome = session.run(hooks)
         except EnvironmentFailure as err:  # the flow and MLflow run fail; nothing is registered
             mlflow.set_tag("env_failure", str(err)[:5000])

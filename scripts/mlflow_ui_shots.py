@@ -12,7 +12,9 @@ throw-away profile) and writes:
   the demo prints): the `eval-<environment>` runs grouped by `env_model`, headline charts only;
 - `mlflow-trace.png`: one agent episode's trace (its spans, the environment call's tokens and cost,
   the score and gold answers);
-- `mlflow-results-table.png`: the evaluation's results table in the run's artifact view.
+- `mlflow-results-table.png`: the evaluation's results table in the run's artifact view;
+- `mlflow-rollout-trace.png`: one training rollout's trace (`tracking.trace_rollouts`: tagged
+  step, reward, advantage, environment), when the database holds a training run.
 
 Chromium comes from Debian: `apt-get update && apt-get install -y chromium`. Why it exists: the
 docs show pictures of what the UI really shows, made from a real run, not described from memory.
@@ -163,10 +165,13 @@ def pick_objects(db: Path, experiment: str | None, method: str) -> dict[str, Any
         raise SystemExit(f"{db}: experiment {exp.name} holds no traces (eval.trace_episodes > 0?)")
     # the richest one: most environment calls, scored
     trace = max(traces, key=lambda t: (t.info.state.value == "OK", len(t.data.spans), t.info.request_time))
+    rollouts = mlflow.search_traces(locations=[exp.experiment_id], filter_string="tags.method = 'train-rollout'",
+                                    return_type="list", max_results=200)
+    rollout = max(rollouts, key=lambda t: (len(t.data.spans), t.info.request_time)) if rollouts else None
     from tasks.tracking.runs import save_compare_view
 
     save_compare_view(client, exp.experiment_id, exp.tags)  # a database from before the view existed
-    return {"experiment": exp, "eval_run": evals[0], "trace": trace}
+    return {"experiment": exp, "eval_run": evals[0], "trace": trace, "rollout": rollout}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             tabs = json.loads(wait_for(f"http://127.0.0.1:{cdp_port}/json/list", args.deadline, "chromium", chrome))
             page = Page(next(t for t in tabs if t["type"] == "page")["webSocketDebuggerUrl"], args.width, args.height)
             try:
-                shoot(page, base, exp_id, run.info.run_id, trace, args)
+                shoot(page, base, exp_id, run.info.run_id, trace, args, picked["rollout"])
             finally:
                 page.close()
         finally:
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def shoot(page: Page, base: str, exp_id: str, run_id: str, trace, args) -> None:
+def shoot(page: Page, base: str, exp_id: str, run_id: str, trace, args, rollout=None) -> None:
     """Each page, waited for until it shows what it should; one that never does is still shot
     (to see why) and named at the end, with a non-zero exit."""
     from tasks.tracking.runs import compare_url
@@ -228,6 +233,7 @@ def shoot(page: Page, base: str, exp_id: str, run_id: str, trace, args) -> None:
     def take(url: str, expect: list[str], name: str, settle_s: float = 3.0) -> None:
         try:
             page.goto(url, expect, args.deadline, settle_s)
+            page.js("document.querySelector('[data-component-id=\"mlflow.assistant.chat_panel.close\"]')?.click()")
         except SystemExit as err:
             missed.append(f"{name}: {err}")
         page.shot(out / name)
@@ -248,6 +254,10 @@ def shoot(page: Page, base: str, exp_id: str, run_id: str, trace, args) -> None:
          "mlflow-trace.png")
     take(f"{base}/#/experiments/{exp_id}/runs/{run_id}/artifacts/eval/results_table.json", ["env_model"],
          "mlflow-results-table.png")
+    if rollout is not None:
+        rid = rollout.info.trace_id
+        take(f"{base}/#/experiments/{exp_id}/traces?selectedEvaluationId={rid}&traceId={rid}", ["agent turn"],
+             "mlflow-rollout-trace.png")
     if missed:
         raise SystemExit("pages that did not show what they should:\n" + "\n".join(missed))
 

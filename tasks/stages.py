@@ -10,7 +10,8 @@ schedule's stages with the flow's hooks into it.
   -> reward -> update -> record -> broadcast -> validate -> checkpoint, with retries where a stage
   talks to the environment), buffer metrics for MLflow and update a progress artifact. A run with
   a training pool (`train.environments`) also logs each step's numbers per environment
-  (`environment_metrics`, `train_env/<name>/<metric>`) beside the pooled ones.
+  (`environment_metrics`, `train_env/<name>/<metric>`) beside the pooled ones; with a
+  `RolloutTracer` (`tracking.trace_rollouts` > 0), k trajectories a step become MLflow traces.
 
 Ray is driven from these tasks rather than through prefect-ray's task runner: the rollout
 workers are *stateful* Ray actors (each holds a policy copy that receives new weights after
@@ -37,6 +38,7 @@ from prompt_r1.data.rows import MAX_QUESTION_CHARS
 from prompt_r1.env.base import cost_usd
 from prompt_r1.evaluation.evaluate import EvalOutcome
 from prompt_r1.training.hooks import StepResult, TrainingHooks
+from prompt_r1.training.rollout_traces import RolloutTracer
 from tasks.artifacts import training_progress
 from tasks.tracking.runs import MetricBuffer
 from warehouse.store import Warehouse
@@ -122,9 +124,11 @@ class FlowTrainingHooks(TrainingHooks):
     `environment_metrics`."""
 
     def __init__(self, total_steps: int, buffer: MetricBuffer, ckpt_dir: Path,
-                 environments: list[EnvConfig] | None = None, format_cap: float = 1.0):
+                 environments: list[EnvConfig] | None = None, format_cap: float = 1.0,
+                 tracer: RolloutTracer | None = None):
         super().__init__(total_steps)
         self.buffer, self.ckpt_dir = buffer, ckpt_dir
+        self.tracer, self.rollout_traces = tracer, []  # k rollouts a step as traces, logged at checkpoints
         self.environments, self.format_cap = list(environments or []), format_cap
         self.last_trajectories: list = []
         self.history: list[tuple[int, dict[str, float]]] = []  # this invocation's steps, for the table artifact
@@ -141,6 +145,8 @@ class FlowTrainingHooks(TrainingHooks):
                    if self.environments else {})
         self.buffer.add(result.step, {**result.metrics, **per_env})
         self.last_trajectories = result.trajectories
+        if self.tracer is not None:
+            self.rollout_traces.extend(self.tracer.records(result))
         self.history.append((result.step, result.metrics))
         training_progress(result.step, self.total_steps, result.metrics)
 
@@ -153,6 +159,12 @@ class FlowTrainingHooks(TrainingHooks):
 
     def after_checkpoint(self, step: int, path: Path) -> None:
         self.buffer.flush()
+        if self.rollout_traces:  # as the metrics: at checkpoints, so a resumed run never traces a step twice
+            from tasks.tracking.traces import trace_episodes
+
+            trace_episodes(self.rollout_traces)
+            mlflow.flush_trace_async_logging()
+            self.rollout_traces = []
         mlflow.log_text("\n".join(json.dumps(x.to_record()) for x in self.last_trajectories[:4]),
                         f"trajectories/step-{step - 1:05d}.jsonl")
 

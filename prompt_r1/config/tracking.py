@@ -1,11 +1,12 @@
 """The `tracking` config section: where a run is tracked and which registered model its agent joins.
 
 The library itself never talks to a tracking server (the orchestration shell, `tasks.tracking`,
-does); this section only carries the two names a config decides, so that a config is the whole
+does); this section only carries what a config decides about tracking, so that a config is the whole
 description of a run: the tracking URI (`tracking.uri`, else `MLFLOW_TRACKING_URI`, else the run
 home's local store) and the registered model its agents are registered as, whose `champion` alias
-`ask`, `serve` and `transfer-eval` take when no agent is named. Neither changes what a run
-computes, so neither is part of the run's identity (`Config.hash`).
+`ask`, `serve` and `transfer-eval` take when no agent is named, and how many training rollouts
+a step shows as traces. None changes what a run computes, so none is part of the run's identity
+(`Config.hash`).
 
 A config file is shared (committed, logged as MLflow params): a URI holding a password is refused
 here; credentials go in `MLFLOW_TRACKING_USERNAME` / `MLFLOW_TRACKING_PASSWORD` or in
@@ -53,6 +54,12 @@ class TrackingConfig(StrictModel):
         None,
         description="Registered model this config's trained agents join; its `champion` alias is the agent "
         "`ask`, `serve` and `transfer-eval` take without --agent. Unset: `prompt-r1-<name>`.",
+    )
+    trace_rollouts: int = Field(
+        4, ge=0,
+        description="Training trajectories logged as MLflow traces per step (in the train run, at each "
+        "checkpoint), picked evenly over the step's batch by environment and question, tagged `step`, "
+        "`reward`, `advantage` and `environment`; 0 = none. Every trajectory stays in the warehouse either way.",
     )
 
     @field_validator("uri")

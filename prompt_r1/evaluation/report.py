@@ -4,7 +4,9 @@ The wide table is one block per environment: datasets as rows, methods as column
 primary metric x 100 in each cell with its 95% bootstrap interval over questions, the paper's averages (in-domain, OOD) and the change of
 each agent method over `direct`. Plots: per-environment bars with and without the agent, and
 the OOD averages across environments (the transfer picture), and accuracy versus environment
-cost. Given the per-question rows, paired comparisons of `agent:trained` with every other method
+cost; with both agent checkpoints, what training changed
+(`training_effect.png`, `prompt_r1.evaluation.effect_plot`). Bars carry their 95% interval as an
+error bar. Given the per-question rows, paired comparisons of `agent:trained` with every other method
 (`prompt_r1.evaluation.compare`). Given the environment split (`prompt_r1.evaluation.heldout`),
 each environment is marked held out or trained on (block titles, a `held_out` column in
 results.csv, the cost table) and the trained agent's differences on held-out environments get
@@ -151,8 +153,24 @@ def baseline_table(baselines: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def bar_heights(cells: Mapping[tuple[str, str], Mapping[str, Any]], datasets: Sequence[str],
+                method: str) -> tuple[list[float], list[list[float]]]:
+    """One method's bars over `datasets` (cells: (dataset, method) -> result row): the scores x 100
+    (0 where absent or every call failed) and `yerr` [below, above] from each cell's 95% interval.
+
+    >>> bar_heights({("d", "m"): {"score": 0.5, "ci_low": 0.25, "ci_high": 0.6}}, ["d", "x"], "m")
+    ([50.0, 0.0], [[25.0, 0.0], [10.0, 0.0]])
+    """
+    from prompt_r1.evaluation.effect_plot import bar_errors
+
+    rows = [cells.get((d, method)) or {} for d in datasets]
+    errors = [bar_errors(r.get("score"), r.get("ci_low"), r.get("ci_high")) for r in rows]
+    return [(r.get("score") or 0.0) * 100 for r in rows], [[e[0] for e in errors], [e[1] for e in errors]]
+
+
 def plot_results(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """Per-environment grouped bars (datasets x methods) and OOD averages across environments."""
+    """Per-environment grouped bars (datasets x methods, each with its 95% interval as an error
+    bar) and OOD averages across environments."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,16 +180,18 @@ def plot_results(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     methods = _methods(results)
     envs = sorted({r["env_name"] for r in results})
     for env_name in envs:
-        cell = {(r["dataset"], r["method"]): r["score"] for r in results if r["env_name"] == env_name}
+        cell = {(r["dataset"], r["method"]): r for r in results if r["env_name"] == env_name}
         datasets = sorted({d for d, _ in cell}, key=lambda d: (d in OOD, d))
         fig, ax = plt.subplots(figsize=(max(6, len(datasets) * 0.9), 4))
         width = 0.8 / max(1, len(methods))
         for i, m in enumerate(methods):
             xs = [j + i * width for j in range(len(datasets))]
-            ax.bar(xs, [(cell.get((d, m)) or 0) * 100 for d in datasets], width, label=m)  # absent/failed: no bar
+            heights, errors = bar_heights(cell, datasets, m)
+            ax.bar(xs, heights, width, label=m, yerr=errors, capsize=2,  # absent/failed: no bar
+                   error_kw={"elinewidth": 0.8, "ecolor": "black"})
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(datasets))])
         ax.set_xticklabels(datasets, rotation=35, ha="right", fontsize=8)
-        ax.set_ylabel("primary metric x 100")
+        ax.set_ylabel("primary metric x 100 (95% interval)")
         ax.set_title(f"{env_name}: with and without the agent")
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -211,7 +231,7 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     `split`, held-out marks and the trained agent on held-out environments per suite (`suites`:
     suite -> datasets; results.md and heldout.csv); with the agent's `turns` (`turns.turn_rows`), what
     it did with the environment (results.md and turns.csv); with both agent checkpoints, what
-    training changed (`training_effect`: results.md and training_effect.md). A folder the user named
+    training changed (`training_effect`: results.md, training_effect.md and training_effect.png). A folder the user named
     is checked first (`check_report_folder`)."""
     from prompt_r1.evaluation.compare import paired_comparisons, plot_accuracy_vs_cost
     from prompt_r1.evaluation.heldout import heldout_comparisons
@@ -229,6 +249,7 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     if effect:
         files["training_effect"] = out_dir / "training_effect.md"
         files["training_effect"].write_text(effect.lstrip("\n"))
+        files["training_effect_plot"] = _effect_plot(results, comparisons, turns, out_dir, held_out)
     files["markdown"].write_text("# Evaluation results\n\nPrimary metric x 100 [95% bootstrap interval over "
                                  "questions].\n\n" + markdown_table(results, held_out) + effect + heldout_md + paired
                                  + _turns_section(turns)
@@ -294,6 +315,15 @@ def _effect_section(results: list[dict[str, Any]], comparisons: list[dict[str, A
             "bootstrap interval over questions]; the change is paired over the questions both scored, with its "
             "two-sided sign-flip p-value; the shares (of agent episodes no failure ended) are base -> trained.\n\n"
             + effect_table(rows))
+
+
+def _effect_plot(results: list[dict[str, Any]], comparisons: list[dict[str, Any]],
+                 turns: Sequence[Mapping[str, Any]] | None, out_dir: Path, held_out: Mapping[str, bool] | None) -> Path:
+    """training_effect.png: the section's rows as bars with intervals (`effect_plot`)."""
+    from prompt_r1.evaluation.effect_plot import plot_training_effect
+    from prompt_r1.evaluation.training_effect import effect_rows
+
+    return plot_training_effect(effect_rows(results, comparisons, turns or []), out_dir, held_out)
 
 
 def _turns_section(turns: Sequence[Mapping[str, Any]] | None) -> str:

@@ -45,14 +45,14 @@ import torch
 from transformers import AutoTokenizer
 
 from prompt_r1.config.experiment import Config
-from prompt_r1.core.grpo import (decoupled_advantages, group_advantages, packed_token_logprobs, policy_loss,
-                                 token_logprobs)
+from prompt_r1.core.grpo import packed_token_logprobs, policy_loss, token_logprobs
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import pad_token_id, stop_token_ids, torch_dtype
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.turn_credit import token_advantages, turn_advantages, turn_spans
 from prompt_r1.core.weights import WeightUpdate
 from prompt_r1.models.bundled import model_load_errors
+from prompt_r1.learner.advantages import outcome_advantages
 from prompt_r1.learner.batches import (MicroBatch, check_packable, collate, empty_micro_batch,
                                        informative_question_ids, pack, pack_groups, plan_mini_batches, question_order)
 from prompt_r1.learner.collectives import Ranks, tied_aliases
@@ -207,17 +207,7 @@ class GRPOLearner:
         """Each trajectory's outcome advantage within its GRPO group (`core.grpo`) and, under turn
         credit, each of its response tokens' (`_token_advantages`; else None). A rank holds whole
         groups, so its advantages are those one learner computes on the whole batch."""
-        train = self.cfg.train
-        rewards = torch.tensor([t.reward.total if t.reward else 0.0 for t in trajectories])
-        groups = torch.tensor([question_index[t.question_id] for t in trajectories], dtype=torch.long)
-        if not trajectories:
-            advantages = torch.zeros(0)
-        elif self.cfg.reward.normalize_parts:  # GDPO: each part normalised within its group, then summed
-            cap = self.cfg.reward.format_cap
-            parts = torch.tensor([t.reward.parts(cap) if t.reward else (0.0, 0.0, 0.0) for t in trajectories])
-            advantages = decoupled_advantages(parts, groups, scale_by_std=train.scale_by_std)
-        else:  # per group: a rank holds whole groups, so these are global
-            advantages = group_advantages(rewards, groups, scale_by_std=train.scale_by_std)
+        advantages = outcome_advantages(trajectories, self.cfg, question_index)  # also what rollout traces show
         # turn credit: one advantage per response token, the outcome's plus the turn's (core.turn_credit);
         # a scaffold's cross-entropy term also moves single tokens
         if not self.cfg.reward.turn_credit and not self.cfg.rollout.scaffold.ce_coef:

@@ -55,6 +55,7 @@ from prompt_r1.core.seeding import NO_STEP, draw_environment, draw_seed
 from prompt_r1.core.tokens import agent_prompt_ids, text_ids
 from prompt_r1.core.trajectory import EnvCall, Trajectory
 from prompt_r1.core.questions import QuestionRow
+from prompt_r1.rollout.progress import RolloutProgress
 from prompt_r1.rollout.reward_stage import RewardStage
 from prompt_r1.rollout.scaffold import Scaffold, scaffold_turn, scaffolded_members
 
@@ -99,6 +100,7 @@ class _Loop:
     def __init__(self, policy: Policy, agent_cfg: AgentConfig, rollout_cfg: RolloutConfig):
         self.policy, self.tokenizer = policy, policy.tokenizer
         self.agent_cfg, self.rollout_cfg = agent_cfg, rollout_cfg
+        self.progress: RolloutProgress | None = None  # advanced once per finished trajectory
 
     def room(self, episode: _Episode) -> int:
         return self.agent_cfg.max_response_tokens - len(episode.trajectory.token_ids)
@@ -179,12 +181,18 @@ class _Loop:
             for task in pending:
                 task.cancel()
 
-    @staticmethod
-    def _send(pending: dict[asyncio.Task, _Episode], episode: _Episode, messages: list[dict[str, str]] | None) -> None:
+    def _send(self, pending: dict[asyncio.Task, _Episode], episode: _Episode,
+              messages: list[dict[str, str]] | None) -> None:
         """Start the environment call of an agent turn that asked one (None: the episode ended)."""
-        if messages is not None:
-            turn = len(episode.env_prompts) - 1
-            pending[asyncio.create_task(_call_env(episode.env, messages, turn))] = episode
+        if messages is None:
+            self._finished()
+            return
+        turn = len(episode.env_prompts) - 1
+        pending[asyncio.create_task(_call_env(episode.env, messages, turn))] = episode
+
+    def _finished(self) -> None:
+        if self.progress is not None:
+            self.progress.advance()
 
     async def _replies(self, pending: dict[asyncio.Task, _Episode], gather_window_s: float) -> list[_Episode]:
         """Wait for the first environment reply, then at most `gather_window_s` more for others;
@@ -200,6 +208,8 @@ class _Loop:
             text, call = task.result()
             if self.absorb_reply(episode, text, call):
                 ready.append(episode)
+            else:  # a failed call, or no room left: the episode ended
+                self._finished()
         return ready
 
     def absorb_scaffold(self, episode: _Episode, text: str) -> list[dict[str, str]] | None:
@@ -256,6 +266,7 @@ async def rollout_batch(
     score: bool = True,
     env_weights: Sequence[float] | None = None,
     scaffold: Scaffold | None = None,
+    progress: RolloutProgress | None = None,
 ) -> list[Trajectory]:
     """Sample `group_size` (default `rollout_cfg.group_size`) trajectories per question.
 
@@ -268,6 +279,7 @@ async def rollout_batch(
     draws its environment by `draw_environment(seed, step, question, env_weights)`.
     With `scaffold` (training only) the last `rollout_cfg.scaffold.members` of each group start
     from the scaffold's first turn (`rollout.scaffold`), its tokens counted in `scaffold_tokens`.
+    `progress` is advanced once per trajectory as it ends (`rollout.progress`).
     """
     group = group_size or rollout_cfg.group_size
     envs = list(env) if isinstance(env, Sequence) else [env]
@@ -276,6 +288,7 @@ async def rollout_batch(
         raise ValueError(f"rollout_batch needs one weight per environment: {len(envs)} environment(s), "
                          f"{len(weights)} weight(s)")
     loop = _Loop(policy, agent_cfg, rollout_cfg)
+    loop.progress = progress
     episodes = loop.episodes(envs, weights, questions, group, seed, step)
     await loop.drive(episodes, questions, group, seed, step, gather_window_s, scaffold)
     trajectories = [e.trajectory for e in episodes]

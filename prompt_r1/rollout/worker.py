@@ -88,17 +88,21 @@ class RolloutWorker:
         sample, turn), so which actor gets a question never matters. `scaffold` (training
         rollouts only) starts some members from `rollout.scaffold.fn`'s first turn."""
         from prompt_r1.rollout.episode import rollout_batch
+        from prompt_r1.rollout.progress import RolloutProgress
         from prompt_r1.rollout.scaffold import load_scaffold
 
         spec = self.cfg.rollout.scaffold.fn
         if scaffold and (greedy or spec is None):
             raise ValueError("a scaffolded rollout needs rollout.scaffold.fn and sampling (never greedy: validation "
                              "and probes measure the policy alone)")
-        with _temperature(self.policy, 0.0 if greedy else None):
+        total = len(questions) * (group_size or self.cfg.rollout.group_size)
+        label = "validation rollout" if greedy else f"rollout step {step}"
+        with _temperature(self.policy, 0.0 if greedy else None), RolloutProgress(total, label) as progress:
             trajectories = self._loop.run_until_complete(rollout_batch(
                 self.policy, self.envs, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
                 group_size=group_size, seed=seed, step=step, score=score, env_weights=self.weights,
-                scaffold=load_scaffold(spec, self.cfg.rollout.scaffold.privileged) if scaffold else None))
+                scaffold=load_scaffold(spec, self.cfg.rollout.scaffold.privileged) if scaffold else None,
+                progress=progress))
         for trajectory in trajectories:  # the engine's own version, not the driver's idea of it
             trajectory.policy_version = self.version
         return trajectories

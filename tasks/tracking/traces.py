@@ -16,6 +16,9 @@ itself carries no traces work. A trace is:
   feedback from code. An episode ended by a failed call has no score: its trace is in ERROR.
 
 `pick_evenly` bounds the work: at most `eval.trace_episodes` traces per environment run.
+Training rollouts (`prompt_r1.training.rollout_traces`, `tracking.trace_rollouts` a step) are
+traces of the same shape, `method` `train-rollout`, with their own tags (`step`, `reward`,
+`advantage`, `environment`, `group_index`, `policy_version`) and the reward as feedback.
 `trace_answer` does the same for an `ask` / `serve` episode (`--trace`; no gold, no score).
 """
 
@@ -32,6 +35,7 @@ from mlflow.tracing.provider import detach_span_from_context, set_span_in_contex
 from prompt_r1.core.protocol import parse_turn
 
 SCORER = AssessmentSource(source_type="CODE", source_id="prompt_r1.core.metrics")
+REWARD = AssessmentSource(source_type="CODE", source_id="prompt_r1.core.reward")
 NS = 1_000_000_000
 
 
@@ -82,6 +86,7 @@ def log_episode_trace(episode: dict[str, Any]) -> str:
     start = min([t[0] for t in turns] + [c[0] for c in call_times], default=0)
     end = max([t[1] for t in turns] + [c[1] for c in call_times], default=start)
     tags = {k: str(episode[k]) for k in ("env_name", "env_model", "method", "dataset", "question_id")}
+    tags.update(episode.get("tags") or {})  # a training rollout's step, reward, advantage, environment
     root = mlflow.start_span_no_context(
         "episode", span_type=SpanType.AGENT, inputs={"question": episode["question"]}, start_time_ns=start,
         tags=tags, attributes={"stop_reason": traj.get("stop_reason", ""), "num_turns": len(traj["agent_turns"]),
@@ -128,6 +133,11 @@ def log_assessments(trace_id: str, episode: dict[str, Any]) -> None:
     """The gold answers (expectation, when known) and, for a scored episode, its score (feedback)."""
     if episode["golds"]:
         mlflow.log_expectation(trace_id=trace_id, name="gold_answers", value=list(episode["golds"]), source=SCORER)
+    if episode.get("reward") is not None:  # a training rollout: the reward it was trained with
+        mlflow.log_feedback(trace_id=trace_id, name="reward", value=float(episode["reward"]), source=REWARD,
+                            rationale="the training reward (-1 + format + answer) of this trajectory",
+                            metadata={"parts": json.dumps(episode.get("reward_parts")),
+                                      "advantage": json.dumps(episode.get("advantage")), "step": str(episode.get("step"))})
     if episode.get("error") or episode.get("score") is None:
         return
     scores = {m: episode.get(m) for m in ("em", "f1", "substring", "ssim")}
