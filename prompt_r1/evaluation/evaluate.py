@@ -270,7 +270,8 @@ def evaluate(
     """
     check_dataset_limits(warehouse, cfg)
     questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset, cfg.eval.dataset_limits)
-    check_scorers(questions, cfg.data.scorer_timeout_s)  # one that cannot load stops here, before any model loads
+    # one that cannot load stops here, before any model loads; data.judges become the LLM judges
+    check_scorers(questions, cfg.data.scorer_timeout_s, cfg.data.judges, warehouse)
     if not questions:
         raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
     environments = list(environments or cfg.eval_environments())
@@ -340,7 +341,8 @@ def _evaluate_environment(cfg: Config, warehouse: Warehouse, run_id: str, env_cf
     warehouse.write_eval(run_id, env_rows, part.results)  # failures included: recorded before any stop
     part.predictions = env_rows
     part.env_error_rates[env_cfg.name] = check_error_rate(
-        env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
+        env_cfg.name, [r.get("error") for r in env_rows  # a judge's failures are checked by score_many
+                       if not r["method"].startswith("agent_only") and not r.get("judge_failed")],
         env_cfg.max_error_rate, "evaluation")
     return part
 

@@ -10,7 +10,9 @@ validation and evaluation alike:
   task's: did the first call decompose, did anything leak), which steps and evaluation report as
   shares and which never enter the reward.
 
-A trajectory an environment failure ended is never scored: a failure is not an answer. Training
+A trajectory an environment failure ended is never scored: a failure is not an answer. Nor is one
+whose LLM judgement failed (`data.judge`: the judge's call failed, or its verdict states no score):
+it gets that failure as its `error` and no reward, a dropped sample, never a 0. Training
 is strict: a question the turn scorer does not define stops the run (`check`, before any model
 loads). Evaluation is lenient: a dataset the task's turn scorer does not define gets no turn rewards
 and no indicators, never an invented 0 (`defines`).
@@ -28,7 +30,9 @@ from prompt_r1.core.cost_reward import (CostWindow, Prices, bonus_reward, cheapn
 from prompt_r1.core.reward import compute_reward
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.turn_credit import TurnRewardError, TurnScorer, load_turn_scorer, score_turns
-from prompt_r1.data.scorers import check_scorers, score_question
+from prompt_r1.core.scorer import AnswerScore
+from prompt_r1.data.judge import JudgeFailure
+from prompt_r1.data.scorers import check_scorers, score_many
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow
@@ -53,11 +57,13 @@ class RewardStage:
             load_turn_scorer(turn.indicators, INDICATORS) if turn.indicators else None)
         self._defined: dict[tuple[str, str, str], bool] = {}
 
-    def check(self, questions: Sequence[QuestionRow], timeout_s: float | None = None) -> None:
+    def check(self, questions: Sequence[QuestionRow], timeout_s: float | None = None,
+              judges: Sequence[Any] | None = None, warehouse: Any = None) -> None:
         """Before any model loads: every dataset scorer loads (`timeout_s`, `data.scorer_timeout_s`,
-        becomes every scorer call's deadline), and (strict) the turn scorer defines every question
-        (called once with an empty trajectory; it raises for a question it does not define)."""
-        check_scorers(list(questions), timeout_s)
+        becomes every scorer call's deadline; `judges`, `data.judges`, the LLM judges, their replies
+        cached in `warehouse`), and (strict) the turn scorer defines every question (called once with
+        an empty trajectory; it raises for a question it does not define)."""
+        check_scorers(list(questions), timeout_s, judges, warehouse)
         if self.turn_scorer is not None and self.strict:
             for question in questions:
                 score_turns(self.turn_scorer, question, Trajectory(question.question_id, 0, []))
@@ -120,6 +126,25 @@ def indicator_shares(records: Sequence[Mapping[str, bool | None]]) -> dict[str, 
     return {name: sum(values) / len(values) for name, values in sorted(seen.items())}
 
 
+def _own_scores(trajectories: Sequence[Trajectory], questions_by_id: Mapping[str, QuestionRow],
+                weights: Mapping[str, Any]) -> dict[int, AnswerScore | JudgeFailure]:
+    """The dataset scorer's result for each trajectory whose reward asks for it, in one batch
+    (`score_many`: an LLM judge's calls go out together): a first pass of `compute_reward` records
+    which answers its answer term would score (only at the format cap), the batch scores them."""
+    wanted: list[tuple[Trajectory, QuestionRow, str]] = []
+    for traj in trajectories:
+        question = questions_by_id[traj.question_id]
+        if question.scorer is None:
+            continue
+        asked: list[str] = []
+        compute_reward(traj.agent_turns, question.golds, **weights,
+                       answer_score=lambda answer, seen=asked: seen.append(answer) or 0.0)
+        if asked:
+            wanted.append((traj, question, asked[0]))
+    results = score_many([(q, answer) for _, q, answer in wanted])
+    return {id(t): r for (t, _, _), r in zip(wanted, results)}
+
+
 def score_trajectories(trajectories: Sequence[Trajectory], questions_by_id: Mapping[str, QuestionRow],
                        reward_cfg: RewardConfig, prices: Prices | None = None,
                        cost_window: CostWindow | None = None) -> None:
@@ -136,13 +161,18 @@ def score_trajectories(trajectories: Sequence[Trajectory], questions_by_id: Mapp
     the window's percentiles; `penalty` needs no window."""
     weights = reward_cfg.format_weights()
     for traj in trajectories:
+        if traj.error is None and traj.question_id not in questions_by_id:
+            raise KeyError(f"no question {traj.question_id!r}: pass every question the trajectories answer")
+    own = _own_scores([t for t in trajectories if t.error is None], questions_by_id, weights)
+    for traj in trajectories:
         if traj.error is not None:
             continue
-        if traj.question_id not in questions_by_id:
-            raise KeyError(f"no question {traj.question_id!r}: pass every question the trajectories answer")
         question = questions_by_id[traj.question_id]
-        own = None if question.scorer is None else (lambda answer, q=question: score_question(q, answer).score)
-        traj.reward = compute_reward(traj.agent_turns, question.golds, **weights, answer_score=own)
+        if isinstance(mine := own.get(id(traj)), JudgeFailure):
+            traj.error = str(mine)  # a dropped sample: no reward, never a 0
+            continue
+        answer_score = None if question.scorer is None else (lambda _answer, m=mine: m.score)
+        traj.reward = compute_reward(traj.agent_turns, question.golds, **weights, answer_score=answer_score)
     cost = reward_cfg.cost
     if cost.mode == "off":
         return

@@ -156,7 +156,8 @@ class TrainingSession:
         self.by_id = {q.question_id: q for q in self.train_questions}
         # a dataset scorer that cannot load, a turn scorer that cannot judge this pool or a scaffold that
         # names an answer stops here, before Ray or any model starts; every scorer call gets data.scorer_timeout_s
-        self.reward_stage.check(self.train_questions, self.cfg.data.scorer_timeout_s)
+        self.reward_stage.check(self.train_questions, self.cfg.data.scorer_timeout_s, self.cfg.data.judges,
+                                self.warehouse)
         RewardStage(self.cfg.reward, strict=False).check(self.val_questions, self.cfg.data.scorer_timeout_s)
         self._check_scaffold()
         check_run_capacity(self.cfg)
