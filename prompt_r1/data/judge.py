@@ -177,27 +177,30 @@ class JudgeScorer:
         return reply_cache_key(self.cfg.environment, messages)
 
     # -- calls -------------------------------------------------------------------------------
-    async def _ask(self, messages: list[dict[str, str]]) -> Verdict:
-        key = self._key(messages)
+    def _lookup(self, key: str) -> Verdict | None:
+        """A reply this process already has, or the reply cache's (which then stands for the call)."""
         if key in self._replies:
             return self._replies[key]
-        if self.warehouse is not None:
-            try:
-                hit = self.warehouse.cache_get(key)
-            except Exception as err:  # a cache problem must not fail the judgement
-                log.warning("judge %s: reply cache read failed: %s", self.cfg.name, err)
-                hit = None
-            if hit is not None:
-                verdict = Verdict(hit[0], int(hit[1]), int(hit[2]), cached=True)
-                self._replies[key] = verdict
-                return verdict
-        reply = await self.environment().reply(messages)
+        if self.warehouse is None:
+            return None
+        try:
+            hit = self.warehouse.cache_get(key)
+        except Exception as err:  # a cache problem must not fail the judgement
+            log.warning("judge %s: reply cache read failed: %s", self.cfg.name, err)
+            return None
+        if hit is None:
+            return None
+        verdict = self._replies[key] = Verdict(hit[0], int(hit[1]), int(hit[2]), cached=True)
+        return verdict
+
+    async def _call(self, env: Any, key: str, messages: list[dict[str, str]]) -> Verdict:
+        """One call of the judge's environment (its retries and deadlines); a success is kept and cached."""
+        reply = await env.reply(messages)
         call = reply.call
         if call.error is not None:  # not kept: a later call tries again
             return Verdict("", call.prompt_tokens, call.completion_tokens, error=call.error)
         self.model_calls += 1
-        verdict = Verdict(reply.text, call.prompt_tokens, call.completion_tokens)
-        self._replies[key] = verdict
+        verdict = self._replies[key] = Verdict(reply.text, call.prompt_tokens, call.completion_tokens)
         if self.warehouse is not None:
             try:
                 self.warehouse.cache_put(key, self.cfg.environment.model, reply.text, call.prompt_tokens,
@@ -207,22 +210,28 @@ class JudgeScorer:
         return verdict
 
     def prefetch(self, items: Iterable[tuple["QuestionRow", str]]) -> None:
-        """Ask the judge about every (question, answer) at once and keep the replies; a blank answer
-        is never sent (it scores 0 without a call). A failure here is not raised: that answer's
-        `score` asks again and reports it."""
-        pending = {self._key(m): m for m in (self.messages(q, p) for q, p in items if p.strip())}
-        pending = {k: m for k, m in pending.items() if k not in self._replies}
+        """Ask the judge about every (question, answer) the cache cannot answer, all at once, and keep
+        the replies; a blank answer is never sent (it scores 0 without a call). The environment opens
+        first (a model load is no judgement's time); the calls then get the scorer deadline per round of
+        `concurrency`. A failure here is not raised: that answer's `score` asks again and reports it."""
+        pending: dict[str, list[dict[str, str]]] = {}
+        for q, p in items:
+            if p.strip():
+                messages = self.messages(q, p)
+                key = self._key(messages)
+                if key not in pending and self._lookup(key) is None:
+                    pending[key] = messages
         if not pending:
             return
+        env = self.environment()
 
         async def ask_all() -> None:
             import asyncio
 
-            await asyncio.gather(*(self._ask(m) for m in pending.values()), return_exceptions=True)
+            await asyncio.gather(*(self._call(env, k, m) for k, m in pending.items()), return_exceptions=True)
 
-        width = max(1, self.cfg.environment.concurrency)
-        rounds = -(-len(pending) // width)
-        try:  # the scorer deadline per round of `concurrency` calls
+        rounds = -(-len(pending) // max(1, self.cfg.environment.concurrency))
+        try:
             call_with_deadline(lambda: run_awaitable(ask_all()), f"{self.spec} judging {len(pending)} answers",
                                JudgeFailure, timeout_s=deadline() * rounds)
         except Exception as err:
@@ -238,7 +247,11 @@ class JudgeScorer:
             return AnswerScore(0.0)
         where = f"judge `{self.cfg.name}` for question {question.question_id!r}"
         messages = self.messages(question, prediction)
-        verdict = call_with_deadline(lambda: run_awaitable(self._ask(messages)), where, JudgeFailure)
+        key = self._key(messages)
+        verdict = self._lookup(key)
+        if verdict is None:
+            env = self.environment()  # opened outside the deadline: a model load is no judgement's time
+            verdict = call_with_deadline(lambda: run_awaitable(self._call(env, key, messages)), where, JudgeFailure)
         if verdict.error is not None:
             raise JudgeFailure(f"{where}: the judge's call failed: {verdict.error}")
         try:

@@ -56,6 +56,7 @@ class RewardStage:
         self.indicators_fn: Indicators | None = (
             load_turn_scorer(turn.indicators, INDICATORS) if turn.indicators else None)
         self._defined: dict[tuple[str, str, str], bool] = {}
+        self.judge_stats: dict[str, float] = {}  # the last batch's LLM judge cost and dropped samples (step metrics)
 
     def check(self, questions: Sequence[QuestionRow], timeout_s: float | None = None,
               judges: Sequence[Any] | None = None, warehouse: Any = None) -> None:
@@ -86,7 +87,7 @@ class RewardStage:
     def score(self, trajectories: Sequence[Trajectory], questions_by_id: Mapping[str, QuestionRow]) -> None:
         """The whole stage on one batch: outcome rewards (with cost), then each scored trajectory's
         turn rewards where the task defines its question."""
-        score_trajectories(trajectories, questions_by_id, self.cfg, self.prices, self.cost_window)
+        self.judge_stats = score_trajectories(trajectories, questions_by_id, self.cfg, self.prices, self.cost_window)
         for t in trajectories:
             if t.reward is not None and self.defines(questions_by_id[t.question_id]):
                 t.turn_rewards = score_turns(self.turn_scorer, questions_by_id[t.question_id], t)
@@ -147,7 +148,7 @@ def _own_scores(trajectories: Sequence[Trajectory], questions_by_id: Mapping[str
 
 def score_trajectories(trajectories: Sequence[Trajectory], questions_by_id: Mapping[str, QuestionRow],
                        reward_cfg: RewardConfig, prices: Prices | None = None,
-                       cost_window: CostWindow | None = None) -> None:
+                       cost_window: CostWindow | None = None) -> dict[str, float]:
     """The outcome part of the stage: set each trajectory's `reward` from its agent turns and its
     question (`compute_reward` with `reward_cfg`'s weights): the answer term is token F1 against the
     golds, or the score of the dataset's own scorer when it names one (`data.scorers`; a scorer
@@ -158,7 +159,10 @@ def score_trajectories(trajectories: Sequence[Trajectory], questions_by_id: Mapp
     calls at `prices`, env name -> per-1k prices) then enter the reward (`core.cost_reward`):
     `bonus` first adds every scored trajectory's sqrt(cost) to `cost_window` (the training
     session's rolling window; None = a window of this batch alone), then scales each against
-    the window's percentiles; `penalty` needs no window."""
+    the window's percentiles; `penalty` needs no window.
+
+    Returns, when an LLM judge scored any answer, `judge_cost_usd` (its calls at its prices) and
+    `judge_dropped` (trajectories whose judgement failed), for the step's metrics; else {}."""
     weights = reward_cfg.format_weights()
     for traj in trajectories:
         if traj.error is None and traj.question_id not in questions_by_id:
@@ -173,6 +177,17 @@ def score_trajectories(trajectories: Sequence[Trajectory], questions_by_id: Mapp
             continue
         answer_score = None if question.scorer is None else (lambda _answer, m=mine: m.score)
         traj.reward = compute_reward(traj.agent_turns, question.golds, **weights, answer_score=answer_score)
+    judged = [r for t in trajectories if (r := own.get(id(t))) is not None
+              and (isinstance(r, JudgeFailure) or "judge_cost_usd" in r.parts)]
+    stats = {"judge_cost_usd": sum(r.parts["judge_cost_usd"] for r in judged if not isinstance(r, JudgeFailure)),
+             "judge_dropped": float(sum(isinstance(r, JudgeFailure) for r in judged))} if judged else {}
+    _cost_terms(trajectories, reward_cfg, prices, cost_window)
+    return stats
+
+
+def _cost_terms(trajectories: Sequence[Trajectory], reward_cfg: RewardConfig, prices: Prices | None,
+                cost_window: CostWindow | None) -> None:
+    """`reward.cost` on the scored trajectories (see `score_trajectories`)."""
     cost = reward_cfg.cost
     if cost.mode == "off":
         return

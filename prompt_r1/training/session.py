@@ -304,6 +304,7 @@ class TrainingSession:
                         "env_error_trajectories": float(sum(1 for t in trajectories if t.error is not None))})
         metrics.update(policy_age(trajectories, self.step))
         metrics.update(self.step_indicators)
+        metrics.update(self.reward_stage.judge_stats)  # an LLM judge's cost and dropped samples (data.judges)
         if self.cfg.rollout.scaffold.fn is not None:  # how much of the batch the scaffold wrote, and how it did
             scaffolded = [t for t in kept if t.scaffold_tokens]
             metrics.update(scaffold_stats(scaffolded, len(kept), self.cfg.rollout.scaffold.verified_at))

@@ -207,7 +207,8 @@ def test_a_failed_judgement_drops_the_trajectory_in_training_never_a_zero_reward
     ask = "<think>t</think><interaction_prompt>q</interaction_prompt>"
     trajs = [Trajectory(f"q{i}", 0, [], agent_turns=[ask, f"<think>t</think><answer>{a}</answer>"])
              for i, a in enumerate(["good", "bad"])]
-    score_trajectories(trajs, {f"q{i}": _q(i) for i in range(2)}, RewardConfig())
+    stats = score_trajectories(trajs, {f"q{i}": _q(i) for i in range(2)}, RewardConfig())
+    assert stats == {"judge_cost_usd": pytest.approx(0.12), "judge_dropped": 1.0}  # the step's metrics
     assert trajs[0].reward.total == pytest.approx(1.0) and trajs[0].error is None
     assert trajs[1].reward is None and "judge `j`" in trajs[1].error and "states no score" in trajs[1].error
 
@@ -253,8 +254,11 @@ def test_the_bundled_smollm2_judges_a_batch_in_one_generate_and_its_cache_spares
                           ["Could you please send me the report?"], "custom", "f1", scorer="judge:judge"), answer)
              for i, answer in enumerate(["Could you please send me the report?", "banana", "Send the report.",
                                          "Please, could I have the report now?"])]
+    from prompt_r1.core.scorer_deadline import DEFAULT_DEADLINE_S, set_deadline
+
     with open_warehouse(tmp_path / "wh.duckdb") as wh:
         try:
+            set_deadline(cfg.data.scorer_timeout_s)  # the config's: a busy CPU is slow, not a hung judge
             use_judges([judge_cfg], wh)
             first = score_many(items)
             judge = judge_for("judge:judge")
@@ -271,3 +275,4 @@ def test_the_bundled_smollm2_judges_a_batch_in_one_generate_and_its_cache_spares
             assert [getattr(r, "score", str(r)) for r in second] == [getattr(r, "score", str(r)) for r in first]
         finally:
             close_judges()
+            set_deadline(DEFAULT_DEADLINE_S)
