@@ -3,7 +3,7 @@
 A question's `scorer` (set at ingestion, `QuestionRow.scorer`) is an import path
 (`package.module:function`, `path/to/file.py:function`; `core.scorer`), `verifiers:<env id>`, an
 installed verifiers environment's rubric (`data.verifiers_env`), or `judge:<name>`, an LLM judge of
-the run's `data.judges` (`data.judge`; registered by `check_scorers`). `score_many` scores a batch:
+the run's `data.judges` (`data.judge`; registered by `env.judge.use_judges`). `score_many` scores a batch:
 the judges' calls go out together, and a failed judgement is dropped, never a 0. The reward (`rollout.episode`),
 evaluation (`evaluation.scoring`) and the prompt-optimisation baselines all score through
 `answer_scorer` / `score_question`, so a dataset is scored the same way wherever it is, and every
@@ -16,18 +16,14 @@ import functools
 import inspect
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.scorer import AnswerScore, AnswerScorer, ScorerError, load_answer_scorer, resolved_spec
 from prompt_r1.core.scorer_code import code_fingerprint, files_fingerprint
 from prompt_r1.core.scorer_deadline import set_deadline
-from prompt_r1.config.judge import JudgeConfig, judge_name
-from prompt_r1.data.judge import JudgeFailure, judge_for, use_judges
+from prompt_r1.config.judge import judge_name
+from prompt_r1.data.judge import JudgeFailure, judge_for
 from prompt_r1.data.verifiers_env import PREFIX as VERIFIERS, RubricScorer
-
-if TYPE_CHECKING:
-    from warehouse.store import Warehouse
 
 
 @functools.cache
@@ -79,16 +75,13 @@ def score_many(items: Sequence[tuple[QuestionRow, str]]) -> list[AnswerScore | J
     return out
 
 
-def check_scorers(questions: list[QuestionRow], timeout_s: float | None = None,
-                  judges: Sequence[JudgeConfig] | None = None, warehouse: "Warehouse | None" = None) -> None:
+def check_scorers(questions: list[QuestionRow], timeout_s: float | None = None) -> None:
     """Load every scorer the questions name, so one that cannot be imported stops a run before any
     model loads (`ScorerError` naming it); `timeout_s` (`data.scorer_timeout_s`) becomes the deadline
-    of every scorer call in this process (`core.scorer_deadline`). `judges` (`data.judges`) become the
-    judges a `judge:<name>` scorer names, their replies cached in `warehouse` (`data.judge.use_judges`)."""
+    of every scorer call in this process (`core.scorer_deadline`). A `judge:<name>` scorer must name a
+    judge registered for the process (`env.judge.use_judges`, from the run's `data.judges`)."""
     if timeout_s is not None:
         set_deadline(timeout_s)
-    if judges is not None:
-        use_judges(judges, warehouse)
     first: dict[str, QuestionRow] = {}
     for q in questions:
         if q.scorer:

@@ -58,13 +58,11 @@ class RewardStage:
         self._defined: dict[tuple[str, str, str], bool] = {}
         self.judge_stats: dict[str, float] = {}  # the last batch's LLM judge cost and dropped samples (step metrics)
 
-    def check(self, questions: Sequence[QuestionRow], timeout_s: float | None = None,
-              judges: Sequence[Any] | None = None, warehouse: Any = None) -> None:
+    def check(self, questions: Sequence[QuestionRow], timeout_s: float | None = None) -> None:
         """Before any model loads: every dataset scorer loads (`timeout_s`, `data.scorer_timeout_s`,
-        becomes every scorer call's deadline; `judges`, `data.judges`, the LLM judges, their replies
-        cached in `warehouse`), and (strict) the turn scorer defines every question (called once with
-        an empty trajectory; it raises for a question it does not define)."""
-        check_scorers(list(questions), timeout_s, judges, warehouse)
+        becomes every scorer call's deadline), and (strict) the turn scorer defines every question
+        (called once with an empty trajectory; it raises for a question it does not define)."""
+        check_scorers(list(questions), timeout_s)
         if self.turn_scorer is not None and self.strict:
             for question in questions:
                 score_turns(self.turn_scorer, question, Trajectory(question.question_id, 0, []))

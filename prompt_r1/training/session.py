@@ -143,6 +143,7 @@ class TrainingSession:
         from prompt_r1.learner.base import open_learner
         from prompt_r1.learner.checkpoint import resume_checkpoint
         from prompt_r1.models.resolver import resolve_agent
+        from prompt_r1.env.judge import use_judges
         from prompt_r1.training.checks import check_run_capacity, check_run_settings
         from prompt_r1.training.run_folder import own_run
         from prompt_r1.training.run_folder import open_run
@@ -156,8 +157,8 @@ class TrainingSession:
         self.by_id = {q.question_id: q for q in self.train_questions}
         # a dataset scorer that cannot load, a turn scorer that cannot judge this pool or a scaffold that
         # names an answer stops here, before Ray or any model starts; every scorer call gets data.scorer_timeout_s
-        self.reward_stage.check(self.train_questions, self.cfg.data.scorer_timeout_s, self.cfg.data.judges,
-                                self.warehouse)
+        use_judges(self.cfg.data.judges, self.warehouse)  # the LLM judges a dataset's scorer may name
+        self.reward_stage.check(self.train_questions, self.cfg.data.scorer_timeout_s)
         RewardStage(self.cfg.reward, strict=False).check(self.val_questions, self.cfg.data.scorer_timeout_s)
         self._check_scaffold()
         check_run_capacity(self.cfg)

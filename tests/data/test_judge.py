@@ -8,7 +8,6 @@ SmolLM2-135M-Instruct as the judge."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 
@@ -18,8 +17,9 @@ from prompt_r1.config.env import EnvConfig
 from prompt_r1.config.judge import JudgeConfig
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.scorer import ScorerError
-from prompt_r1.data.judge import JudgeFailure, close_judges, judge_for, parse_verdict, render_rubric, use_judges
+from prompt_r1.data.judge import JudgeFailure, close_judges, judge_for, parse_verdict, render_rubric
 from prompt_r1.env.base import EnvReply, Environment
+from prompt_r1.env.judge import use_judges
 
 
 # -- the verdict rule ---------------------------------------------------------------------------
