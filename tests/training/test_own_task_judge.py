@@ -94,6 +94,7 @@ def test_train_and_evaluate_an_open_ended_task_with_a_real_judge(tmp_path) -> No
     # a rerun: every judgement from the reply cache (the same rows, the judge model never asked)
     again = _cli(*evaluate, home=home)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert _rows(home) == rows
+    rerun = _rows(home)  # both runs' rows: the second's are the first's
+    assert len(rerun) == 2 * len(rows) and set(rerun) == set(rows)
     with duckdb.connect(str(home / "warehouse.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM env_cache WHERE model = 'smollm2-135m-instruct'").fetchone()[0] == cached
