@@ -61,8 +61,11 @@ class JudgeScorer:
         self.model_calls = 0  # replies the judge model wrote (not the cache), for tests and reports
 
     def fingerprint(self) -> str:
-        """A hash of everything that changes a verdict: the rubric and the judge's environment."""
-        data = json.dumps(self.cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """A hash of everything that changes a verdict: the rubric and the judge's environment, by the
+        config hash's own rule (`config.identity`: where and how fast it runs is left out)."""
+        from prompt_r1.config.identity import identity_data
+
+        data = json.dumps(identity_data(self.cfg), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(data.encode()).hexdigest()[:16]
 
     # -- the environment ---------------------------------------------------------------------
