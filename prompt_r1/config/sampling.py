@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from prompt_r1.config.base import SafeName, StrictModel
 from prompt_r1.config.identity import layout, when_set
+from prompt_r1.config.judge import JudgeConfig, judge_name
 from prompt_r1.core.scorer import SPEC_PATTERN
 
 
@@ -59,10 +60,11 @@ class DataSource(StrictModel):
         description="Splits a text answers cell into several gold answers (e.g. `|`, for CSV); None = one answer "
         "per text cell (JSONL and Parquet may hold lists).")
     scorer: str | None = Field(
-        None, pattern=SPEC_PATTERN,
+        None, pattern=f"^judge$|{SPEC_PATTERN}",
         description="The dataset's own answer scorer, `package.module:function` or `path/to/file.py:function`, "
         "called as `scorer(prediction, golds, metadata)` and returning a number in [0, 1] (or a dict with a "
-        "`score` entry); it becomes the reward's answer term and the evaluation's score. None = `primary_metric`.")
+        "`score` entry); or `judge:<name>` (`judge` = `judge:judge`), an LLM judge of `data.judges`. It becomes "
+        "the reward's answer term and the evaluation's score. None = `primary_metric`.")
     primary_metric: Literal["f1", "em", "ssim"] | None = Field(
         None, description="Built-in metric that scores its questions when no `scorer` is set; None = f1.")
 
@@ -112,12 +114,30 @@ class DataConfig(StrictModel):
         "judge without a timeout of its own would otherwise stall the run in silence).",
         json_schema_extra=layout(),
     )
+    judges: list[JudgeConfig] = Field(
+        default_factory=list,
+        description="LLM judges a dataset's `scorer` may name (`judge:<name>`): each a `name`, a `rubric` and its own "
+        "`environment` (docs/tasks.md, LLM judges). Part of the run's identity: a changed rubric is another run.",
+        json_schema_extra=when_set(),
+    )
     max_question_chars: int = Field(
         20_000, ge=1,
         description="Longest question text ingestion accepts, in characters (after the instruction "
         "template is stripped); a longer row is an error naming its file and row, since one huge "
         "prompt stalls a rollout worker.",
     )
+
+    @model_validator(mode="after")
+    def _judges_named_exist(self) -> "DataConfig":
+        names = [j.name for j in self.judges]
+        if len(set(names)) != len(names):
+            raise ValueError(f"data.judges: two judges share a name ({sorted(names)}); give each its own `name`")
+        for i, source in enumerate(self.sources):
+            wanted = judge_name(source.scorer) if isinstance(source, DataSource) and source.scorer else None
+            if wanted is not None and wanted not in names:
+                raise ValueError(f"data.sources[{i}].scorer `{source.scorer}` names judge `{wanted}`, but data.judges "
+                                 f"has {names or 'none'}; add a judge named `{wanted}` to data.judges")
+        return self
 
     @model_validator(mode="after")
     def _one_entry_per_file_and_dataset(self) -> "DataConfig":

@@ -111,13 +111,16 @@ def _exits_on_import(setting: str, what: str, err: SystemExit) -> str:
 
 def resolved_spec(spec: str) -> str:
     """`spec` with a file path made absolute (relative paths are read from the working directory),
-    so the spec a warehouse stores means the same file from any process.
+    so the spec a warehouse stores means the same file from any process; `judge` (the judge named
+    `judge`, `config.judge`) is stored as `judge:judge`.
 
-    >>> resolved_spec("pkg.mod:fn")
-    'pkg.mod:fn'
+    >>> resolved_spec("pkg.mod:fn"), resolved_spec("judge")
+    ('pkg.mod:fn', 'judge:judge')
     >>> resolved_spec("/tmp/x/scorer.py:score")
     '/tmp/x/scorer.py:score'
     """
+    if spec == "judge":
+        return "judge:judge"
     module, sep, attr = spec.rpartition(":")
     if sep and module.endswith(".py"):
         return f"{Path(module).expanduser().resolve()}:{attr}"
@@ -126,10 +129,12 @@ def resolved_spec(spec: str) -> str:
 
 @dataclass(frozen=True)
 class AnswerScore:
-    """A checked answer score: the primary in [0, 1] and any named parts beside it."""
+    """A checked answer score: the primary in [0, 1], any named parts beside it, and a note (an LLM
+    judge's verdict, `data.judge`) for whoever shows the score."""
 
     score: float
     parts: dict[str, float] = field(default_factory=dict)
+    note: str | None = field(default=None, compare=False, repr=False)
 
 
 def check_answer_score(value: Any, where: str) -> AnswerScore:

@@ -31,9 +31,10 @@ def deadline() -> float:
     return _deadline_s[0]
 
 
-def call_with_deadline(call: Callable[[], Any], where: str, error: type[Exception]) -> Any:
-    """`call()`'s result, its exception as it is, or `error` when it runs past the deadline or calls
-    `sys.exit`; `where` names the scorer and the question.
+def call_with_deadline(call: Callable[[], Any], where: str, error: type[Exception],
+                       timeout_s: float | None = None) -> Any:
+    """`call()`'s result, its exception as it is, or `error` when it runs past the deadline (or
+    `timeout_s`, for a batch of calls) or calls `sys.exit`; `where` names the scorer and the question.
 
     >>> call_with_deadline(lambda: 0.5, "scorer `f` for question 'q'", RuntimeError)
     0.5
@@ -52,10 +53,11 @@ def call_with_deadline(call: Callable[[], Any], where: str, error: type[Exceptio
             outcome.append((False, err))
 
     worker = threading.Thread(target=run, name="prompt-r1-scorer-call", daemon=True)
+    limit = _deadline_s[0] if timeout_s is None else timeout_s
     worker.start()
-    worker.join(_deadline_s[0])
+    worker.join(limit)
     if not outcome:
-        raise error(f"{where} did not return within {_deadline_s[0]:g}s (data.scorer_timeout_s); give the calls it "
+        raise error(f"{where} did not return within {limit:g}s (data.scorer_timeout_s); give the calls it "
                     "makes (an LLM judge, a web request) a timeout of their own, or raise data.scorer_timeout_s")
     ok, value = outcome[0]
     if ok:

@@ -30,6 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from prompt_r1.config.sampling import HF_PREFIX, DataSource
+from prompt_r1.config.judge import judge_name
 from prompt_r1.core.scorer import resolved_spec
 from prompt_r1.data.files import READERS
 from prompt_r1.data.mapped import mapping_text, read_mapped, source_path
@@ -169,7 +170,7 @@ def ingest_mapped(wh: Warehouse, source: DataSource, setting: str = "data.source
     if wh.source_ingested(content_hash):  # training and evaluation check the scorer again before use
         log.info("already ingested, skipping: %s", path)
         return IngestReport(str(path), source.dataset or path.stem, 0, True)
-    if source.scorer:
+    if source.scorer and judge_name(source.scorer) is None:  # a judge: data.judges, checked with the config
         try:
             answer_scorer(resolved_spec(source.scorer))
         except ScorerError as err:
@@ -210,7 +211,7 @@ def ingest_hf_source(wh: Warehouse, source: DataSource, setting: str = "data.sou
     from prompt_r1.data.hf import read_hf_source
     from prompt_r1.data.scorers import answer_scorer
 
-    if source.scorer:
+    if source.scorer and judge_name(source.scorer) is None:  # a judge: data.judges, checked with the config
         try:
             answer_scorer(resolved_spec(source.scorer))
         except ScorerError as err:

@@ -42,6 +42,7 @@ from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import NO_STEP, draw_seed
 from prompt_r1.evaluation.scoring import Prediction, aggregate, episode_record, examples, score_predictions
 from prompt_r1.data.scorers import check_scorers
+from prompt_r1.env.judge import use_judges
 from prompt_r1.evaluation.questions import EvalError, check_dataset_limits, select_questions, suite_datasets
 from prompt_r1.evaluation.answers import AGENT_ONLY_SUFFIX, COT_SUFFIX, extract_agent_only_answer, extract_cot_answer
 from prompt_r1.evaluation.turns import evaluation_turns
@@ -270,6 +271,7 @@ def evaluate(
     """
     check_dataset_limits(warehouse, cfg)
     questions = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset, cfg.eval.dataset_limits)
+    use_judges(cfg.data.judges, warehouse)  # the LLM judges a dataset's scorer may name (opened when first asked)
     check_scorers(questions, cfg.data.scorer_timeout_s)  # one that cannot load stops here, before any model loads
     if not questions:
         raise EvalError(f"no questions for suites {cfg.eval.suites}; ingest data first")
@@ -340,7 +342,8 @@ def _evaluate_environment(cfg: Config, warehouse: Warehouse, run_id: str, env_cf
     warehouse.write_eval(run_id, env_rows, part.results)  # failures included: recorded before any stop
     part.predictions = env_rows
     part.env_error_rates[env_cfg.name] = check_error_rate(
-        env_cfg.name, [r.get("error") for r in env_rows if not r["method"].startswith("agent_only")],
+        env_cfg.name, [r.get("error") for r in env_rows  # a judge's failures are checked by score_many
+                       if not r["method"].startswith("agent_only") and not r.get("judge_failed")],
         env_cfg.max_error_rate, "evaluation")
     return part
 

@@ -21,7 +21,8 @@ from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.metrics import score_all
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.scorer import AnswerScore
-from prompt_r1.data.scorers import score_question
+from prompt_r1.data.judge import JudgeFailure
+from prompt_r1.data.scorers import score_many, score_question
 
 
 @dataclass
@@ -39,9 +40,11 @@ class Prediction:
 METRICS = ("score", "em", "f1", "substring", "ssim")
 
 
-def _own_scores(preds: list[Prediction]) -> dict[int, AnswerScore]:
-    """The dataset scorer's result of each prediction whose question names one (`data.scorers`)."""
-    return {id(p): score_question(p.question, p.text) for p in preds if p.question.scorer}
+def _own_scores(preds: list[Prediction]) -> dict[int, AnswerScore | JudgeFailure]:
+    """The dataset scorer's result of each prediction whose question names one (`data.scorers`); a
+    failed LLM judgement (`JudgeFailure`) in place of a score, for the row to record as its error."""
+    own = [p for p in preds if p.question.scorer]
+    return {id(p): result for p, result in zip(own, score_many([(p.question, p.text) for p in own]))}
 
 
 def primary_scores(predictions: list[str], questions: list[QuestionRow]) -> list[float]:
@@ -53,12 +56,18 @@ def primary_scores(predictions: list[str], questions: list[QuestionRow]) -> list
 
 
 def score_predictions(preds: list[Prediction]) -> list[dict[str, Any]]:
-    """Warehouse rows; a prediction whose environment call failed keeps its error and no scores.
-    `score` is the primary metric's, or the dataset scorer's (its named parts in `parts`, JSON)."""
+    """Warehouse rows; a prediction whose environment call failed keeps its error and no scores, and
+    so does one whose LLM judgement failed (its error says why). `score` is the primary metric's, or
+    the dataset scorer's (its named parts in `parts`, JSON); a judge's verdict is in `judge`."""
     scored = [p for p in preds if p.error is None]
+    own = _own_scores(scored)
+    judged_out = {id(p) for p in scored if isinstance(own.get(id(p)), JudgeFailure)}
+    for p in scored:
+        if id(p) in judged_out:
+            p.error = str(own.pop(id(p)))  # a dropped sample: recorded with its reason, never a 0
+    scored = [p for p in scored if p.error is None]
     scores = score_all([p.text for p in scored], [p.question.golds for p in scored]) if scored else {}
     by_pred = {id(p): {name: scores[name][i] for name in scores} for i, p in enumerate(scored)}
-    own = _own_scores(scored)
     rows = []
     for p in preds:
         row = by_pred.get(id(p))
@@ -71,9 +80,22 @@ def score_predictions(preds: list[Prediction]) -> list[dict[str, Any]]:
             "question_id": p.question.question_id, "prediction": p.text,
             "primary_metric": p.question.primary_metric, **metrics, "num_turns": p.num_turns,
             "env_prompt_tokens": p.env_prompt_tokens, "env_completion_tokens": p.env_completion_tokens,
-            "error": p.error,
+            "error": p.error, "judge": _judgement(p, mine),
+            "judge_failed": id(p) in judged_out,  # the judge's failure, not the environment's
         })
     return rows
+
+
+def _judgement(p: Prediction, mine: AnswerScore | None) -> dict[str, Any] | None:
+    """What an LLM judge said of a prediction (for its trace's feedback), or None when no judge scored it."""
+    from prompt_r1.config.judge import judge_name
+    from prompt_r1.data.judge import judge_for
+
+    if mine is None or mine.note is None or not p.question.scorer or judge_name(p.question.scorer) is None:
+        return None
+    judge = judge_for(p.question.scorer)
+    return {"name": judge.cfg.name, "model": judge.cfg.environment.model, "score": mine.score, "verdict": mine.note,
+            "cost_usd": mine.parts.get("judge_cost_usd", 0.0)}
 
 
 def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, Any]]:
@@ -97,10 +119,19 @@ def aggregate(rows: list[dict[str, Any]], env_cfg: EnvConfig) -> list[dict[str, 
             **{m: (sum(r[m] for r in ok) / len(ok) if ok else None) for m in METRICS},
             "parts": _mean_parts(ok),
             "ci_low": ci_low, "ci_high": ci_high,  # 95% bootstrap over the scored questions
-            "env_prompt_tokens": pt, "env_completion_tokens": ct,
-            "cost_usd": cost_usd(env_cfg, pt, ct), "errors": len(rs) - len(ok),
+            "env_prompt_tokens": pt, "env_completion_tokens": ct,  # + an LLM judge's calls, at its own prices
+            "cost_usd": cost_usd(env_cfg, pt, ct) + _judge_cost(rs), "errors": len(rs) - len(ok),
         })
     return out
+
+
+def _judge_cost(rows: list[dict[str, Any]]) -> float:
+    """What an LLM judge's calls for `rows` cost (their `judge_cost_usd` parts, `data.judge`).
+
+    >>> _judge_cost([{"parts": '{"judge_cost_usd": 0.25}'}, {"parts": None}, {}])
+    0.25
+    """
+    return sum(json.loads(r.get("parts") or "{}").get("judge_cost_usd", 0.0) for r in rows)
 
 
 def _mean_parts(rows: list[dict[str, Any]]) -> str | None:
@@ -138,7 +169,7 @@ def episode_record(pred: Prediction, row: dict[str, Any]) -> dict[str, Any]:
             "question": pred.question.question, "golds": list(pred.question.golds),
             "primary_metric": pred.question.primary_metric, "answer": pred.text, "error": pred.error,
             "env_calls": [dict(c) for c in record.get("env_calls", [])], "trajectory": trajectory,
-            **{m: row.get(m) for m in METRICS}}
+            **{m: row.get(m) for m in METRICS}, "judge": row.get("judge")}
 
 
 def examples(preds: list[Prediction], per_dataset: int) -> list[dict[str, Any]]:

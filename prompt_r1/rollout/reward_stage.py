@@ -10,7 +10,9 @@ validation and evaluation alike:
   task's: did the first call decompose, did anything leak), which steps and evaluation report as
   shares and which never enter the reward.
 
-A trajectory an environment failure ended is never scored: a failure is not an answer. Training
+A trajectory an environment failure ended is never scored: a failure is not an answer. Nor is one
+whose LLM judgement failed (`data.judge`: the judge's call failed, or its verdict states no score):
+it gets that failure as its `error` and no reward, a dropped sample, never a 0. Training
 is strict: a question the turn scorer does not define stops the run (`check`, before any model
 loads). Evaluation is lenient: a dataset the task's turn scorer does not define gets no turn rewards
 and no indicators, never an invented 0 (`defines`).
@@ -28,7 +30,9 @@ from prompt_r1.core.cost_reward import (CostWindow, Prices, bonus_reward, cheapn
 from prompt_r1.core.reward import compute_reward
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.core.turn_credit import TurnRewardError, TurnScorer, load_turn_scorer, score_turns
-from prompt_r1.data.scorers import check_scorers, score_question
+from prompt_r1.core.scorer import AnswerScore
+from prompt_r1.data.judge import JudgeFailure
+from prompt_r1.data.scorers import check_scorers, score_many
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow
@@ -52,6 +56,7 @@ class RewardStage:
         self.indicators_fn: Indicators | None = (
             load_turn_scorer(turn.indicators, INDICATORS) if turn.indicators else None)
         self._defined: dict[tuple[str, str, str], bool] = {}
+        self.judge_stats: dict[str, float] = {}  # the last batch's LLM judge cost and dropped samples (step metrics)
 
     def check(self, questions: Sequence[QuestionRow], timeout_s: float | None = None) -> None:
         """Before any model loads: every dataset scorer loads (`timeout_s`, `data.scorer_timeout_s`,
@@ -80,7 +85,7 @@ class RewardStage:
     def score(self, trajectories: Sequence[Trajectory], questions_by_id: Mapping[str, QuestionRow]) -> None:
         """The whole stage on one batch: outcome rewards (with cost), then each scored trajectory's
         turn rewards where the task defines its question."""
-        score_trajectories(trajectories, questions_by_id, self.cfg, self.prices, self.cost_window)
+        self.judge_stats = score_trajectories(trajectories, questions_by_id, self.cfg, self.prices, self.cost_window)
         for t in trajectories:
             if t.reward is not None and self.defines(questions_by_id[t.question_id]):
                 t.turn_rewards = score_turns(self.turn_scorer, questions_by_id[t.question_id], t)
@@ -120,9 +125,28 @@ def indicator_shares(records: Sequence[Mapping[str, bool | None]]) -> dict[str, 
     return {name: sum(values) / len(values) for name, values in sorted(seen.items())}
 
 
+def _own_scores(trajectories: Sequence[Trajectory], questions_by_id: Mapping[str, QuestionRow],
+                weights: Mapping[str, Any]) -> dict[int, AnswerScore | JudgeFailure]:
+    """The dataset scorer's result for each trajectory whose reward asks for it, in one batch
+    (`score_many`: an LLM judge's calls go out together): a first pass of `compute_reward` records
+    which answers its answer term would score (only at the format cap), the batch scores them."""
+    wanted: list[tuple[Trajectory, QuestionRow, str]] = []
+    for traj in trajectories:
+        question = questions_by_id[traj.question_id]
+        if question.scorer is None:
+            continue
+        asked: list[str] = []
+        compute_reward(traj.agent_turns, question.golds, **weights,
+                       answer_score=lambda answer, seen=asked: seen.append(answer) or 0.0)
+        if asked:
+            wanted.append((traj, question, asked[0]))
+    results = score_many([(q, answer) for _, q, answer in wanted])
+    return {id(t): r for (t, _, _), r in zip(wanted, results)}
+
+
 def score_trajectories(trajectories: Sequence[Trajectory], questions_by_id: Mapping[str, QuestionRow],
                        reward_cfg: RewardConfig, prices: Prices | None = None,
-                       cost_window: CostWindow | None = None) -> None:
+                       cost_window: CostWindow | None = None) -> dict[str, float]:
     """The outcome part of the stage: set each trajectory's `reward` from its agent turns and its
     question (`compute_reward` with `reward_cfg`'s weights): the answer term is token F1 against the
     golds, or the score of the dataset's own scorer when it names one (`data.scorers`; a scorer
@@ -133,16 +157,35 @@ def score_trajectories(trajectories: Sequence[Trajectory], questions_by_id: Mapp
     calls at `prices`, env name -> per-1k prices) then enter the reward (`core.cost_reward`):
     `bonus` first adds every scored trajectory's sqrt(cost) to `cost_window` (the training
     session's rolling window; None = a window of this batch alone), then scales each against
-    the window's percentiles; `penalty` needs no window."""
+    the window's percentiles; `penalty` needs no window.
+
+    Returns, when an LLM judge scored any answer, `judge_cost_usd` (its calls at its prices) and
+    `judge_dropped` (trajectories whose judgement failed), for the step's metrics; else {}."""
     weights = reward_cfg.format_weights()
+    for traj in trajectories:
+        if traj.error is None and traj.question_id not in questions_by_id:
+            raise KeyError(f"no question {traj.question_id!r}: pass every question the trajectories answer")
+    own = _own_scores([t for t in trajectories if t.error is None], questions_by_id, weights)
     for traj in trajectories:
         if traj.error is not None:
             continue
-        if traj.question_id not in questions_by_id:
-            raise KeyError(f"no question {traj.question_id!r}: pass every question the trajectories answer")
         question = questions_by_id[traj.question_id]
-        own = None if question.scorer is None else (lambda answer, q=question: score_question(q, answer).score)
-        traj.reward = compute_reward(traj.agent_turns, question.golds, **weights, answer_score=own)
+        if isinstance(mine := own.get(id(traj)), JudgeFailure):
+            traj.error = str(mine)  # a dropped sample: no reward, never a 0
+            continue
+        answer_score = None if question.scorer is None else (lambda _answer, m=mine: m.score)
+        traj.reward = compute_reward(traj.agent_turns, question.golds, **weights, answer_score=answer_score)
+    judged = [r for t in trajectories if (r := own.get(id(t))) is not None
+              and (isinstance(r, JudgeFailure) or "judge_cost_usd" in r.parts)]
+    stats = {"judge_cost_usd": sum(r.parts["judge_cost_usd"] for r in judged if not isinstance(r, JudgeFailure)),
+             "judge_dropped": float(sum(isinstance(r, JudgeFailure) for r in judged))} if judged else {}
+    _cost_terms(trajectories, reward_cfg, prices, cost_window)
+    return stats
+
+
+def _cost_terms(trajectories: Sequence[Trajectory], reward_cfg: RewardConfig, prices: Prices | None,
+                cost_window: CostWindow | None) -> None:
+    """`reward.cost` on the scored trajectories (see `score_trajectories`)."""
     cost = reward_cfg.cost
     if cost.mode == "off":
         return

@@ -150,6 +150,7 @@ class TrainingSession:
         """Data, learner, environment server, rollout actors; each started piece is on `_stack`."""
         from prompt_r1.learner.base import open_learner
         from prompt_r1.learner.checkpoint import resume_checkpoint
+        from prompt_r1.env.judge import use_judges
 
         check_run_settings(self.cfg)  # before data, models, servers or Ray: a config that cannot train fails at once
         # One process per run folder (a second is refused naming the holder), taken before Ray
@@ -160,6 +161,7 @@ class TrainingSession:
         self.by_id = {q.question_id: q for q in self.train_questions}
         # a dataset scorer that cannot load, a turn scorer that cannot judge this pool or a scaffold that
         # names an answer stops here, before Ray or any model starts; every scorer call gets data.scorer_timeout_s
+        use_judges(self.cfg.data.judges, self.warehouse)  # the LLM judges a dataset's scorer may name
         self.reward_stage.check(self.train_questions, self.cfg.data.scorer_timeout_s)
         RewardStage(self.cfg.reward, strict=False).check(self.val_questions, self.cfg.data.scorer_timeout_s)
         self._check_scaffold()
@@ -320,6 +322,7 @@ class TrainingSession:
                         "env_error_trajectories": float(sum(1 for t in trajectories if t.error is not None))})
         metrics.update(policy_age(trajectories, self.step))
         metrics.update(self.step_indicators)
+        metrics.update(self.reward_stage.judge_stats)  # an LLM judge's cost and dropped samples (data.judges)
         if self.cfg.rollout.scaffold.fn is not None:  # how much of the batch the scaffold wrote, and how it did
             scaffolded = [t for t in kept if t.scaffold_tokens]
             metrics.update(scaffold_stats(scaffolded, len(kept), self.cfg.rollout.scaffold.verified_at))

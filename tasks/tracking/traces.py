@@ -13,7 +13,9 @@ itself carries no traces work. A trace is:
   (`mlflow.chat.tokenUsage`) and cost (`mlflow.llm.cost`) that MLflow sums per trace; a failed
   call is a span with status ERROR and its error, never a reply;
 - assessments: the gold answers as an expectation, the score (the dataset's primary metric) as
-  feedback from code. An episode ended by a failed call has no score: its trace is in ERROR.
+  feedback from code, and where an LLM judge scored the answer (`data.judges`) its score as
+  feedback from an LLM judge (`judge:<name>`, the verdict as its rationale, the judge's model as
+  its source). An episode ended by a failed call has no score: its trace is in ERROR.
 
 `pick_evenly` bounds the work: at most `eval.trace_episodes` traces per environment run.
 Training rollouts (`prompt_r1.training.rollout_traces`, `tracking.trace_rollouts` a step) are
@@ -144,6 +146,11 @@ def log_assessments(trace_id: str, episode: dict[str, Any]) -> None:
     mlflow.log_feedback(trace_id=trace_id, name="score", value=float(episode["score"]), source=SCORER,
                         rationale=f"{episode['primary_metric']} of the answer against the gold answers",
                         metadata={"primary_metric": episode["primary_metric"], "scores": json.dumps(scores)})
+    judge = episode.get("judge")
+    if judge:
+        mlflow.log_feedback(trace_id=trace_id, name=f"judge:{judge['name']}", value=float(judge["score"]),
+                            source=AssessmentSource(source_type="LLM_JUDGE", source_id=judge["model"]),
+                            rationale=judge["verdict"], metadata={"judge_cost_usd": str(judge["cost_usd"])})
 
 
 def trace_episodes(episodes: list[dict[str, Any]]) -> list[str]:
