@@ -4,7 +4,7 @@ Owns the shared strict base and the config error (`base`), the rule of which fie
 run (`identity`: what `Config.hash` leaves out, stated on each field), the sections (`sampling`: data,
 agent; `rollout`; `reward`; `training`: train; `evaluation`: eval; `env`: one environment) and the
 whole experiment (`experiment`: the tree and YAML loading with `--set` overrides; every section
-is importable from it), the `tracking` section (`tracking`), and the run home (`run_home`: where
+is importable from it), an LLM judge's settings (`judge`), the `tracking` section (`tracking`), and the run home (`run_home`: where
 a run's files go, run folders and ids). `docs/config.md` lists every key, generated from these
 models by `docs`.
 

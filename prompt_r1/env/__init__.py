@@ -11,7 +11,7 @@ synchronous) that yields an `Environment` whose methods are async:
 Call `await env.aclose()` from the event loop that used the environment before leaving the block.
 
 Modules: `base` (the contract every backend shares, prices and cost), `openai_env`, `inprocess`,
-`vllm_server` (the managed server) and `server_guard` (child servers that die with their parent).
+`vllm_server` (the managed server) `server_guard` (child servers that die with their parent) and `judge` (an LLM judge's calls, as an environment).
 
 Imports: `prompt_r1.core`, `prompt_r1.config`, `prompt_r1.models` (bundled model folders, KV-cache sizing).
 """
