@@ -6,12 +6,20 @@ halves because the session takes its run folder between them: `check_run_setting
 nothing; `check_run_capacity` may start (or reach) Ray to count a cluster's GPUs, which a run
 folder's owner must do after recording itself (`run_folder.own_run`), so a killed owner's Ray is
 found by the next one. `check_run` is both, for callers that hold no run folder yet (the flows'
-command line, before Prefect starts); it leaves Ray alone.
+command line, before Prefect starts); it leaves Ray alone. Two checks need the training pool and
+run inside the session once it has it: `check_scaffold_on` (before Ray) and `check_pack_budget_on`
+(once the agent's tokenizer is at hand, before the learner or any rollout).
 """
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from prompt_r1.config.experiment import Config
+from prompt_r1.core.questions import QuestionRow
+
+log = logging.getLogger(__name__)
 
 
 def check_run_settings(cfg: Config) -> None:
@@ -64,3 +72,33 @@ def check_run(cfg: Config) -> None:
     not started for them, since the run folder's owner must record itself first."""
     check_run_settings(cfg)
     check_run_capacity(cfg, start_ray=False)
+
+
+def check_scaffold_on(cfg: Config, questions: list[QuestionRow]) -> None:
+    """`rollout.scaffold.fn`, loaded and called once per training question: one that cannot be
+    imported, fails, or names a gold answer or a privileged name stops the run before any model loads."""
+    from prompt_r1.rollout.scaffold import check_scaffold, load_scaffold
+
+    spec, privileged = cfg.rollout.scaffold.fn, cfg.rollout.scaffold.privileged
+    if spec is not None:
+        checked = check_scaffold(load_scaffold(spec, privileged), questions)
+        log.info("scaffold %s: %d training questions checked, none names a gold answer%s", spec, checked,
+                 f" or what {privileged} forbids" if privileged else "")
+
+
+def check_pack_budget_on(cfg: Config, model_path: Path | str, questions: list[QuestionRow]) -> None:
+    """`train.pack_tokens` against the longest agent prompt of the pool (with the environment's
+    description line under `agent.describe_environment`) plus `agent.max_response_tokens`; needs
+    the agent's tokenizer, so it runs once the agent's folder is resolved."""
+    from transformers import AutoTokenizer
+
+    from prompt_r1.core.tokens import agent_prompt_ids
+    from prompt_r1.learner.batches import check_pack_budget
+
+    if not cfg.train.pack_tokens:
+        return
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    lines = [env.prompt_description() for env in cfg.training_environments()] if cfg.agent.describe_environment else [None]
+    lengths = {q.question_id: max(len(agent_prompt_ids(tokenizer, q.question, line)) for line in lines)
+               for q in questions}
+    check_pack_budget(cfg.train.pack_tokens, cfg.agent.max_response_tokens, lengths)

@@ -61,7 +61,7 @@ class RolloutTracer:
     def records(self, result: StepResult) -> list[dict[str, Any]]:
         """The trace records of `result`'s picked trajectories (none when `k` is 0)."""
         from prompt_r1.learner.advantages import outcome_advantages
-        from prompt_r1.training.session import usable_for_update
+        from prompt_r1.training.batch_stats import usable_for_update
 
         trajectories = result.trajectories
         picked = pick_rollouts(trajectories, self.k)

@@ -46,15 +46,16 @@ from prompt_r1.config.env import env_prices
 from prompt_r1.core.cost_reward import CostWindow
 from prompt_r1.core.failures import EnvironmentFailure, check_pool_error_rates
 from prompt_r1.core.signals import interrupts_held
-from prompt_r1.core.trajectory import Trajectory, env_call_records, rollout_stats
+from prompt_r1.core.trajectory import Trajectory, rollout_stats
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.data.order import batches
 from prompt_r1.data.pool import TrainingPool
 from prompt_r1.data.scorers import scorer_fingerprints
 from prompt_r1.models.resolver import resolve_agent
 from prompt_r1.rollout.reward_stage import RewardStage, indicator_shares
-from prompt_r1.rollout.scaffold import assert_unscaffolded, check_scaffold, load_scaffold
-from prompt_r1.training.checks import check_run_capacity, check_run_settings
+from prompt_r1.rollout.scaffold import assert_unscaffolded
+from prompt_r1.training.checks import check_pack_budget_on, check_run_capacity, check_run_settings, check_scaffold_on
+from prompt_r1.training.batch_stats import policy_age, scaffold_stats, trajectory_rows, usable_for_update
 from prompt_r1.training.hooks import StepResult, TrainingHooks, TrainingOutcome
 from prompt_r1.training.run_ahead import InFlight, RunAhead
 from prompt_r1.training.run_folder import mark_finished, open_run, own_run
@@ -67,51 +68,6 @@ if TYPE_CHECKING:  # the caller opens the warehouse; the library only reads and 
 log = logging.getLogger(__name__)
 
 CLOSE_PATIENCE_S = 120.0  # how long stopping a run holds off a further Ctrl-C (then it interrupts as usual)
-
-
-def usable_for_update(trajectories: list[Trajectory]) -> list[Trajectory]:
-    """The trajectories GRPO may learn from: those no environment failure ended, in groups
-    (questions) that keep at least 2 of them, so group statistics are over real rewards only.
-
-    >>> t = lambda q, err=None: Trajectory(q, 0, [], error=err)
-    >>> [x.question_id for x in usable_for_update([t("a"), t("a", "500"), t("a"), t("b"), t("b", "500")])]
-    ['a', 'a']
-    """
-    ok = [t for t in trajectories if t.error is None]
-    sizes: dict[str, int] = {}
-    for t in ok:
-        sizes[t.question_id] = sizes.get(t.question_id, 0) + 1
-    return [t for t in ok if sizes[t.question_id] >= 2]
-
-
-def policy_age(trajectories: list[Trajectory], version: int) -> dict[str, float]:
-    """How many updates behind the learner's `version` the sampling weights were (mean, max).
-
-    >>> ts = [Trajectory("q", 0, [], policy_version=3), Trajectory("q", 1, [], policy_version=1)]
-    >>> policy_age(ts, 3)
-    {'policy_age_mean': 1.0, 'policy_age_max': 2.0}
-    """
-    ages = [version - t.policy_version for t in trajectories] or [0]
-    return {"policy_age_mean": sum(ages) / len(ages), "policy_age_max": float(max(ages))}
-
-
-def scaffold_stats(scaffolded: list[Trajectory], kept: int, verified_at: float) -> dict[str, float]:
-    """The scaffolded members' share of the trained batch, their mean reward and share of verified successes.
-
-    >>> from prompt_r1.core.reward import RewardBreakdown
-    >>> t = Trajectory("q", 7, [], scaffold_tokens=12, reward=RewardBreakdown(1.0, 1.0, 1.0))
-    >>> scaffold_stats([t], 4, 0.99)
-    {'scaffolded_share': 0.25, 'scaffolded_reward': 1.0, 'scaffolded_verified': 1.0}
-    """
-    rewards = [t.reward.total for t in scaffolded if t.reward is not None]
-    return {"scaffolded_share": len(scaffolded) / max(kept, 1),
-            "scaffolded_reward": sum(rewards) / len(rewards) if rewards else 0.0,
-            "scaffolded_verified": sum(r >= verified_at for r in rewards) / len(rewards) if rewards else 0.0}
-
-
-def trajectory_rows(trajectories: list[Trajectory]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Warehouse rows (trajectories, env_calls) of one step: the one conversion at the warehouse edge."""
-    return [t.to_record() for t in trajectories], env_call_records(trajectories)
 
 
 class TrainingSession:
@@ -164,7 +120,7 @@ class TrainingSession:
         use_judges(self.cfg.data.judges, self.warehouse)  # the LLM judges a dataset's scorer may name
         self.reward_stage.check(self.train_questions, self.cfg.data.scorer_timeout_s)
         RewardStage(self.cfg.reward, strict=False).check(self.val_questions, self.cfg.data.scorer_timeout_s)
-        self._check_scaffold()
+        check_scaffold_on(self.cfg, self.train_questions)
         check_run_capacity(self.cfg)
         # Checked before any model loads, so a refused resume fails in a second.
         # the scorers' (and indicators' and scaffold's) code is part of the run's identity: a resume after it
@@ -174,7 +130,7 @@ class TrainingSession:
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), self.questions.hash, self.resume, self.force,
                  config=self.cfg, scorers=scorers)
         self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
-        self._check_pack_budget()  # needs the agent's tokenizer; before the learner, the pool or any rollout
+        check_pack_budget_on(self.cfg, self.model_path, self.train_questions)  # before the learner or any rollout
         # in this process, or train.world_size ranks in Ray (then nothing here holds a model)
         self.learner = self._stack.enter_context(open_learner(self.cfg, self.model_path))
         # the newest intact checkpoint: a damaged newer one is named in a warning and passed over
@@ -189,32 +145,6 @@ class TrainingSession:
         self._stack.callback(self.ahead.drop)  # runs before the pool stops (the stack is LIFO)
         if latest is not None:
             self.broadcast()
-
-    def _check_scaffold(self) -> None:
-        """`rollout.scaffold.fn`, loaded and called once per training question: one that cannot be
-        imported, fails, or names a gold answer or a privileged name stops the run before any model loads."""
-
-        spec, privileged = self.cfg.rollout.scaffold.fn, self.cfg.rollout.scaffold.privileged
-        if spec is not None:
-            checked = check_scaffold(load_scaffold(spec, privileged), self.train_questions)
-            log.info("scaffold %s: %d training questions checked, none names a gold answer%s", spec, checked,
-                     f" or what {privileged} forbids" if privileged else "")
-
-    def _check_pack_budget(self) -> None:
-        """`train.pack_tokens` against the longest agent prompt of the pool plus the response budget."""
-        from transformers import AutoTokenizer
-
-        from prompt_r1.core.tokens import agent_prompt_ids
-        from prompt_r1.learner.batches import check_pack_budget
-
-        if not self.cfg.train.pack_tokens:
-            return
-        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        lines = ([env.prompt_description() for env in self.cfg.training_environments()]
-                 if self.cfg.agent.describe_environment else [None])
-        lengths = {q.question_id: max(len(agent_prompt_ids(tokenizer, q.question, line)) for line in lines)
-                   for q in self.train_questions}
-        check_pack_budget(self.cfg.train.pack_tokens, self.cfg.agent.max_response_tokens, lengths)
 
     def restore(self, checkpoint: Path) -> None:
         """Continue from `checkpoint`: the learner's state, the step, the data position and the cost

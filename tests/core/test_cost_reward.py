@@ -386,7 +386,7 @@ def test_the_session_window_spans_steps_and_survives_a_checkpoint(tiny_model_pat
 def test_the_cost_part_reaches_the_warehouse(warehouse) -> None:
     """`reward_cost` beside the other parts; a record without it (written before it) stores 0.0, a
     trajectory ended by a failure NULL."""
-    from prompt_r1.training.session import trajectory_rows
+    from prompt_r1.training.batch_stats import trajectory_rows
 
     scored = Trajectory("q0", 0, [], agent_turns=["x"], reward=RewardBreakdown(1.0, 1.0, 0.7, cost=-0.3))
     failed = Trajectory("q0", 1, [], agent_turns=["x"], error="HTTP 500")

@@ -431,7 +431,7 @@ def test_a_warehouse_made_before_versions_gains_the_column(tmp_path):
     import duckdb
 
     from prompt_r1.core.trajectory import Trajectory
-    from prompt_r1.training.session import trajectory_rows
+    from prompt_r1.training.batch_stats import trajectory_rows
     from warehouse.store import Warehouse
 
     path = tmp_path / "old.duckdb"

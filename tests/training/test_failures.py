@@ -25,7 +25,7 @@ from prompt_r1.env.base import EnvReply
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.evaluation.scoring import METRICS, Prediction, aggregate, score_predictions
 from prompt_r1.core.failures import EnvironmentFailure, check_error_rate, error_rate
-from prompt_r1.training.session import usable_for_update
+from prompt_r1.training.batch_stats import usable_for_update
 from prompt_r1.core.trajectory import EnvCall, Trajectory
 from tests.rollout.test_rollout import ASK, ANSWER, ScriptedEnv, ScriptedPolicy, question, run
 from prompt_r1.core.questions import QuestionRow
@@ -329,7 +329,7 @@ def test_warehouse_keeps_errors_and_null_scores_and_upgrades_an_old_file(tmp_pat
         failed = Trajectory("q2", 0, [1], token_ids=[2], loss_mask=[1], logprobs=[0.0], agent_turns=["a"],
                             env_calls=[EnvCall(0, "e", "m", error="HTTP 500")], stop_reason="env_error",
                             error="HTTP 500")
-        from prompt_r1.training.session import trajectory_rows
+        from prompt_r1.training.batch_stats import trajectory_rows
 
         wh.replace_step("run", 0, *trajectory_rows([failed]))
         assert wh.query("SELECT reward_total, error, stop_reason FROM trajectories") == [(None, "HTTP 500", "env_error")]
