@@ -6,6 +6,7 @@ Prefect flows with MLflow tracking (`pipeline`, `run-flow`, `rerun`), keeping im
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -16,7 +17,7 @@ from prompt_r1.cli.common import ConfigOpt, SetOpt, app, console, fail, fail_env
 from prompt_r1.config.experiment import parse_overrides
 from prompt_r1.models.resolver import register_scheme
 from prompt_r1.serving.observers import observe_episodes
-from prompt_r1.core.failures import EnvironmentFailure
+from prompt_r1.core.failures import EnvironmentFailure, UserError
 from prompt_r1.training.checks import check_run
 from flows.prefect_home import prefect_home_problem
 
@@ -32,6 +33,22 @@ def _registry_agent(uri: str) -> Path | None:
     from tasks.tracking.registry import registry_agent_path
 
     return registry_agent_path(uri)
+
+
+class _UserErrorsWithoutTraceback(logging.Filter):
+    """Prefect logs a failed flow or task run's exception with its traceback; a `UserError` (a bad
+    setting found once the run had its data or model, such as a pack budget too small for the
+    longest prompt) is then printed by the command as its one `error:` line, so Prefect's record of
+    it keeps the message and drops the traceback. Other exceptions keep theirs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], UserError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+for _name in ("prefect.flow_runs", "prefect.task_runs"):
+    logging.getLogger(_name).addFilter(_UserErrorsWithoutTraceback())
 
 
 # Under this CLI the library's agent resolver takes registry URIs (and defaults to the champion);
