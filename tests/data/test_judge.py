@@ -198,7 +198,7 @@ def test_too_many_failed_judgements_stop_the_run_naming_the_judge(scripted):
 
 
 def test_a_failed_judgement_drops_the_trajectory_in_training_never_a_zero_reward(scripted):
-    from prompt_r1.config.sampling import RewardConfig
+    from prompt_r1.config.reward import RewardConfig
     from prompt_r1.core.trajectory import Trajectory
     from prompt_r1.rollout.reward_stage import score_trajectories
 
