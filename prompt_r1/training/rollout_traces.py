@@ -9,7 +9,7 @@ appear when the number allows) and turns each into the record the evaluation's t
 environment calls with their cost), plus what training saw: the step, the reward and its parts,
 the advantage the update gave it (`learner.advantages.outcome_advantages`, the
 learner's own rule), the policy
-version that sampled it, and the environment. The orchestration shell (`tasks.train`) logs
+version that sampled it, and the environment. The orchestration shell (`tasks.stages`) logs
 the records as MLflow traces; the library only builds them.
 """
 

@@ -117,7 +117,7 @@ def test_a_training_run_leaves_k_rollout_traces_a_step_in_mlflow(home, monkeypat
     import mlflow
     import ray
 
-    import tasks.train as train_tasks
+    import tasks.stages as train_tasks
     from flows.train import rollout_tracer
     from prompt_r1.data.ingest import ingest
     from prompt_r1.data.pool import TrainingPool
