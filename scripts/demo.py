@@ -52,6 +52,25 @@ def quick_overrides(base) -> dict:
     return overrides
 
 
+# What each GRPO step did, printed from the train run's MLflow metrics (those the config produces):
+# the batch's reward and answer score, the follow-up call's turn reward and the share of first calls
+# that ask the first hop (the two-hop task's indicator).
+STEP_METRICS = {"reward_mean": "reward", "answer_score": "answer", "turn_reward_t1": "turn 2 reward",
+                "indicator_first_hop": "first call asks the first hop"}
+
+
+def step_table(client, run_id: str) -> str:
+    """One Markdown row per training step of `run_id`, a column per `STEP_METRICS` key it logged."""
+    history = {key: {m.step: m.value for m in client.get_metric_history(run_id, key)} for key in STEP_METRICS}
+    history = {key: values for key, values in history.items() if values}
+    steps = sorted({step for values in history.values() for step in values})
+    rows = ["| step | " + " | ".join(STEP_METRICS[key] for key in history) + " |",
+            "|---|" + "---|" * len(history)]
+    rows += [f"| {step} | " + " | ".join(f"{values[step]:.3f}" if step in values else "-" for values in history.values())
+             + " |" for step in steps]
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="configs/demo.yaml")
@@ -108,6 +127,7 @@ def main() -> int:
     from tasks.tracking.runs import compare_url, is_local, tracking_uri
 
     where = tracking_uri(base.tracking.uri)
+    print("\n## Training, step by step (the train run's metrics)\n" + step_table(MlflowClient(where), result["train"]["run_id"]))
     experiment = MlflowClient(where).get_experiment_by_name(base.name)
     shown = redact_url(where)  # a server's URI from the environment may hold a password
     ui = (f"  .venv/bin/mlflow ui --backend-store-uri {where} --port 5000\n  then open {compare_url(experiment.experiment_id)}"

@@ -143,3 +143,29 @@ def test_the_demo_trains_on_two_hop_questions_and_evaluates_held_out_ones(wareho
     assert any(q.dataset.startswith("sample_") for q in picked)
     assert not {q.question for q in picked} & {q.question for q in train}
     assert {"base", "trained"} <= set(cfg.eval.agent_checkpoints)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_demos_step_table_holds_every_logged_step_and_value(seed) -> None:
+    """scripts/demo.py's per-step table, against a restatement: a row per step any shown metric
+    logged, a column per shown metric that logged anything, each value rounded to 3 places or `-`."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("demo_script", ROOT / "scripts" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    rng = random.Random(seed)
+    logged = {key: {step: rng.random() for step in rng.sample(range(8), rng.randint(0, 5))}
+              for key in [*demo.STEP_METRICS, "other_metric"]}
+    client = SimpleNamespace(get_metric_history=lambda run_id, key: [SimpleNamespace(step=s, value=v)
+                                                                     for s, v in logged.get(key, {}).items()])
+    lines = demo.step_table(client, "run").splitlines()
+    shown = [key for key in demo.STEP_METRICS if logged[key]]
+    steps = sorted({s for key in shown for s in logged[key]})
+    assert lines[0] == "| step | " + " | ".join(demo.STEP_METRICS[k] for k in shown) + " |"
+    assert len(lines) == 2 + len(steps)
+    for line, step in zip(lines[2:], steps):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == str(step)
+        assert cells[1:] == [f"{logged[k][step]:.3f}" if step in logged[k] else "-" for k in shown]
