@@ -34,25 +34,29 @@ def prepare_prefect_home(environ: MutableMapping[str, str] | None = None) -> str
     'false'
     """
     global _problem
+    own = environ is None  # only the process's own home is what the commands check (`prefect_home_problem`)
     environ = os.environ if environ is None else environ
     environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    raw = environ.get("PREFECT_HOME") or DEFAULT_HOME
+    problem = _home_problem(environ.get("PREFECT_HOME") or DEFAULT_HOME)
+    if own:
+        _problem = problem
+    return problem
+
+
+def _home_problem(raw: str) -> str | None:
+    """`raw` (PREFECT_HOME as set) made a folder, parents too; None when it is a usable one, else why not."""
     home = Path(raw).expanduser()
     try:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError:
-        _problem = (f"PREFECT_HOME={raw} is a file, not a folder: Prefect keeps its database there. "
-                    "Set PREFECT_HOME to a folder (it is created if missing), or move the file")
-        return _problem
+        return (f"PREFECT_HOME={raw} is a file, not a folder: Prefect keeps its database there. "
+                "Set PREFECT_HOME to a folder (it is created if missing), or move the file")
     except OSError as err:
-        _problem = (f"PREFECT_HOME={raw} cannot be created ({err.strerror or err}): Prefect keeps its "
-                    "database there. Set PREFECT_HOME to a folder you can write (it is created if missing)")
-        return _problem
+        return (f"PREFECT_HOME={raw} cannot be created ({err.strerror or err}): Prefect keeps its "
+                "database there. Set PREFECT_HOME to a folder you can write (it is created if missing)")
     if not os.access(home, os.W_OK | os.X_OK):
-        _problem = (f"PREFECT_HOME={raw} is not writable: Prefect keeps its database there. "
-                    "Set PREFECT_HOME to a folder you can write (it is created if missing)")
-        return _problem
-    _problem = None
+        return (f"PREFECT_HOME={raw} is not writable: Prefect keeps its database there. "
+                "Set PREFECT_HOME to a folder you can write (it is created if missing)")
     return None
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.prefect_home import prepare_prefect_home
+from flows.prefect_home import prefect_home_problem, prepare_prefect_home
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,6 +40,8 @@ def test_prepare_names_a_home_that_cannot_be_a_folder(tmp_path, relative):
     home = tmp_path / relative
     problem = prepare_prefect_home({"PREFECT_HOME": str(home)})
     assert problem is not None and f"PREFECT_HOME={home}" in problem and "Set PREFECT_HOME" in problem
+    # another environment's home says nothing of this process's own, which the commands check
+    assert prefect_home_problem() is None
 
 
 def _run_flow(prefect_home: Path, runs: Path) -> subprocess.CompletedProcess:
