@@ -42,7 +42,7 @@ def scaffold_stats(scaffolded: list[Trajectory], kept: int, verified_at: float) 
     """The scaffolded members' share of the trained batch, their mean reward and share of verified successes.
 
     >>> from prompt_r1.core.reward import RewardBreakdown
-    >>> t = Trajectory("q", 7, [], scaffold_tokens=12, reward=RewardBreakdown(1.0, 1.0, 1.0))
+    >>> t = Trajectory("q", 7, [], scaffold_turns=[0], reward=RewardBreakdown(1.0, 1.0, 1.0))
     >>> scaffold_stats([t], 4, 0.99)
     {'scaffolded_share': 0.25, 'scaffolded_reward': 1.0, 'scaffolded_verified': 1.0}
     """

@@ -126,7 +126,8 @@ class TrainingSession:
         # the scorers' (and indicators' and scaffold's) code is part of the run's identity: a resume after it
         # changed is refused like a config change
         scorers = scorer_fingerprints(self.train_questions + self.val_questions, self.cfg.reward.turn.scorer,
-                                      self.cfg.reward.turn.indicators, self.cfg.rollout.scaffold.fn)
+                                      self.cfg.reward.turn.indicators, self.cfg.rollout.scaffold.fn,
+                                      self.cfg.rollout.scaffold.follow_up)
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), self.questions.hash, self.resume, self.force,
                  config=self.cfg, scorers=scorers)
         self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
@@ -220,7 +221,7 @@ class TrainingSession:
         the task's indicator shares over the members the policy sampled from the start."""
         questions = {t.question_id: self.by_id[t.question_id] for t in trajectories}
         self.reward_stage.score(trajectories, questions)
-        sampled = [t for t in trajectories if t.reward is not None and not t.scaffold_tokens]
+        sampled = [t for t in trajectories if t.reward is not None and not t.scaffold_turns]
         self.step_indicators = {f"indicator_{name}": share for name, share in indicator_shares(
             [self.reward_stage.indicators(questions[t.question_id], t) for t in sampled]).items()}
 
@@ -254,7 +255,7 @@ class TrainingSession:
         metrics.update(self.step_indicators)
         metrics.update(self.reward_stage.judge_stats)  # an LLM judge's cost and dropped samples (data.judges)
         if self.cfg.rollout.scaffold.fn is not None:  # how much of the batch the scaffold wrote, and how it did
-            scaffolded = [t for t in kept if t.scaffold_tokens]
+            scaffolded = [t for t in kept if t.scaffold_turns]
             metrics.update(scaffold_stats(scaffolded, len(kept), self.cfg.rollout.scaffold.verified_at))
         return metrics
 
