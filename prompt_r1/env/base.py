@@ -6,7 +6,10 @@ usage, latency, attempts, cache hit, error). A call that fails after its retries
 raise: it returns an error text the agent sees (`[environment error: ...]`) and the reason in
 `call.error`, so one bad call never kills a rollout batch and every failure is recorded.
 
-Every backend sends `with_system(cfg, messages)`: the configured system message first.
+`Environment.reply` is the one entry of every backend: it checks the messages, puts the configured
+system message first (`with_system`), answers from the reply cache when the environment has one
+(`env.reply_cache`: opened with a warehouse, `cache: true`; a hit makes no call and has
+`cached=True`, `attempts=0`), else calls the backend's `generate` and stores a successful reply.
 
 Also here: the reply-cache key (sha256 of canonical JSON of everything that can change a reply:
 the endpoint, model, chat template, messages and sampling settings) and the cost of a call from
@@ -21,11 +24,14 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prompt_r1.core.cost_reward import call_cost
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.trajectory import EnvCall
+
+if TYPE_CHECKING:
+    from warehouse.store import Warehouse
 
 ERROR_PREFIX = "[environment error: "
 MAX_ERROR_CHARS = 300
@@ -136,14 +142,39 @@ class Environment(abc.ABC):
     name: str
     model: str
 
-    def __init__(self, cfg: EnvConfig):
+    def __init__(self, cfg: EnvConfig, warehouse: "Warehouse | None" = None):
+        from prompt_r1.env.reply_cache import ReplyCache
+
         self.cfg = cfg
         self.name = cfg.name
         self.model = cfg.model
+        self.cache = ReplyCache.of(cfg, warehouse)  # None: every call is made
+
+    async def reply(self, messages: list[dict[str, str]], turn: int = 0) -> EnvReply:
+        """The environment's reply to `messages` (OpenAI chat format: role + content): from the
+        reply cache when it holds one, else the backend's (`generate`), stored when it succeeded."""
+        started = time.perf_counter()
+        problem = check_messages(messages)
+        if problem:
+            return self.failed(turn, f"{problem} (environment {self.name})", started, attempts=0)
+        messages = with_system(self.cfg, messages)
+        # the cache is read and written on the event loop (a point query): calls made together still
+        # reach the backend together (the in-process batcher gathers them into one generate)
+        cache = self.cache
+        if cache is not None and (hit := cache.get(messages)) is not None:
+            text, prompt_tokens, completion_tokens = hit
+            return EnvReply(text, self.new_call(turn, prompt_tokens=int(prompt_tokens),
+                                                completion_tokens=int(completion_tokens),
+                                                latency_s=time.perf_counter() - started, attempts=0, cached=True))
+        reply = await self.generate(messages, turn, started)
+        if cache is not None and reply.call.error is None:
+            cache.put(messages, reply.text, reply.call.prompt_tokens, reply.call.completion_tokens)
+        return reply
 
     @abc.abstractmethod
-    async def reply(self, messages: list[dict[str, str]], turn: int = 0) -> EnvReply:
-        """The environment's reply to `messages` (OpenAI chat format: role + content)."""
+    async def generate(self, messages: list[dict[str, str]], turn: int, started: float) -> EnvReply:
+        """The backend's reply to `messages` as sent (checked, the system message first); `started`
+        is the call's `time.perf_counter()` start, for its latency. Never raises for call failures."""
 
     async def aclose(self) -> None:
         """Release clients and threads; the environment must not be used afterwards."""

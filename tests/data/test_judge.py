@@ -94,13 +94,14 @@ def test_the_rubric_is_filled_once_and_needs_the_response():
 # -- the judge against a scripted environment (verdicts chosen by the test) --------------------
 class ScriptedJudge(Environment):
     """An environment whose reply is chosen per answer (the text after `Response: `): it counts the
-    calls that reach it and answers concurrently like a real one."""
+    calls that reach it and answers concurrently like a real one. Its reply cache is the base
+    class's, the one every environment has (`Environment.reply`)."""
 
-    def __init__(self, cfg: EnvConfig, verdicts: dict[str, str], fail: set[str] = frozenset()):
-        super().__init__(cfg)
+    def __init__(self, cfg: EnvConfig, verdicts: dict[str, str], fail: set[str] = frozenset(), warehouse=None):
+        super().__init__(cfg, warehouse)
         self.verdicts, self.fail, self.calls, self.in_flight, self.most_in_flight = verdicts, fail, 0, 0, 0
 
-    async def reply(self, messages, turn=0):
+    async def generate(self, messages, turn, started):
         self.calls += 1
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
@@ -123,16 +124,26 @@ def _q(i: int) -> QuestionRow:
 
 
 @pytest.fixture
-def scripted(tmp_path):
+def scripted(tmp_path, monkeypatch):
+    """`make(verdicts, fail, **env)`: the judge `j`, whose environment (opened by the judge through
+    `open_environment` with its warehouse, when it first needs a call) is a `ScriptedJudge`."""
+    import contextlib
+
+    import prompt_r1.env
     from prompt_r1.api import open_warehouse
 
+    opened = []
     with open_warehouse(tmp_path / "wh.duckdb") as wh:
         def make(verdicts, fail=frozenset(), **env):
-            cfg = _judge_cfg(**env)
-            use_judges([cfg], wh)
-            judge = judge_for("judge:j")
-            judge._env = ScriptedJudge(cfg.environment, verdicts, set(fail))
-            return judge
+            @contextlib.contextmanager
+            def open_scripted(env_cfg, warehouse=None, log_dir=None):
+                opened.append(env_cfg.name)
+                yield ScriptedJudge(env_cfg, verdicts, set(fail), warehouse)
+
+            monkeypatch.setattr(prompt_r1.env, "open_environment", open_scripted)
+            use_judges([_judge_cfg(**env)], wh)
+            return judge_for("judge:j")
+        make.opened = opened
         yield make, wh
     close_judges()
 
@@ -162,8 +173,34 @@ def test_the_reply_cache_answers_a_repeated_judgement_without_the_model(scripted
     use_judges([], wh)
     again = make({"good": "Score: 1/10"})  # would disagree, were it asked
     second = score_question(_q(0), "good")
-    assert again._env.calls == 0 and again.model_calls == 0 and second.score == first.score == 0.9
+    assert again._env is None and again.model_calls == 0 and second.score == first.score == 0.9
+    assert make.opened == ["jenv"]  # the second judge never opened its environment
     assert second.parts["judge_cost_usd"] == first.parts["judge_cost_usd"]  # priced as the call it stands for
+
+
+def test_the_judge_caches_through_the_environments_own_reply_cache(scripted):
+    """One reply cache: the judge's verdicts are stored by its environment's `reply` (the path every
+    environment call takes), under the key an ordinary call of that environment has; a second run's
+    judgements come from there and the judge's environment (its model) is never opened."""
+    from prompt_r1.data.scorers import score_many
+    from prompt_r1.env.reply_cache import sent_key
+
+    make, wh = scripted
+    items = [(_q(i), f"a{i}") for i in range(4)]
+    judge = make({f"a{i}": f"Score: {i}/4" for i in range(4)}, concurrency=4)
+    first = score_many(items)
+    assert judge._env.calls == 4 and judge.model_calls == 4
+    messages = judge.messages(_q(2), "a2")
+    assert wh.cache_get(sent_key(judge.cfg.environment, messages))[0] == "Score: 2/4"
+    ordinary = ScriptedJudge(judge.cfg.environment, {}, warehouse=wh)  # the same environment, called as any other
+    reply = asyncio.run(ordinary.reply(messages))
+    assert reply.call.cached and reply.text == "Score: 2/4" and ordinary.calls == 0
+    use_judges([], wh)  # a second run
+    again = make({f"a{i}": "Score: 0/4" for i in range(4)}, concurrency=4)  # would disagree, were it asked
+    second = score_many(items)
+    assert again._env is None and again.model_calls == 0 and make.opened == ["jenv"]
+    assert [r.score for r in second] == [r.score for r in first] == [0.0, 0.25, 0.5, 0.75]
+    assert [r.parts for r in second] == [r.parts for r in first]  # priced as the calls they stand for
 
 
 def test_a_failed_judgement_is_a_dropped_evaluation_row_and_no_cost_is_invented(scripted):
