@@ -12,6 +12,18 @@ from typing import Any
 from prompt_r1.core.trajectory import Trajectory, env_call_records
 
 
+def env_error_trajectories(trajectories: list[Trajectory]) -> int:
+    """How many trajectories a failed environment call ended (`stop_reason` env_error). A trajectory
+    dropped for a failed LLM judgement also has an `error` and no reward, but the environment did not
+    fail: it is the step's `judge_dropped`, not counted here.
+
+    >>> t = lambda err=None, stop="answered": Trajectory("q", 0, [], error=err, stop_reason=stop)
+    >>> env_error_trajectories([t(), t("HTTP 500", "env_error"), t("judge `j`: no score")])
+    1
+    """
+    return sum(1 for t in trajectories if t.stop_reason == "env_error")
+
+
 def usable_for_update(trajectories: list[Trajectory]) -> list[Trajectory]:
     """The trajectories GRPO may learn from: those no environment failure ended, in groups
     (questions) that keep at least 2 of them, so group statistics are over real rewards only.

@@ -238,6 +238,7 @@ def test_a_failed_judgement_drops_the_trajectory_in_training_never_a_zero_reward
     from prompt_r1.config.reward import RewardConfig
     from prompt_r1.core.trajectory import Trajectory
     from prompt_r1.rollout.reward_stage import score_trajectories
+    from prompt_r1.training.batch_stats import env_error_trajectories
 
     make, _ = scripted
     make({"good": "Score: 10/10", "bad": "Maybe."}, max_error_rate=1.0)
@@ -248,6 +249,47 @@ def test_a_failed_judgement_drops_the_trajectory_in_training_never_a_zero_reward
     assert stats == {"judge_cost_usd": pytest.approx(0.12), "judge_dropped": 1.0}  # the step's metrics
     assert trajs[0].reward.total == pytest.approx(1.0) and trajs[0].error is None
     assert trajs[1].reward is None and "judge `j`" in trajs[1].error and "states no score" in trajs[1].error
+    # dropped, not an environment failure: the step's judge_dropped counts it, env_error_trajectories does not
+    ended = Trajectory("q0", 1, [], stop_reason="env_error", error="HTTP 500")
+    assert env_error_trajectories([*trajs, ended]) == 1
+
+
+class Answering(Environment):
+    """An environment that answers `Rewrite i` with `a<i>`: the answers the scripted judge judges."""
+
+    async def generate(self, messages, turn, started):
+        answer = "a" + messages[-1]["content"].split()[1]
+        return EnvReply(answer, self.new_call(turn, prompt_tokens=5, completion_tokens=1, attempts=1))
+
+
+def test_a_failed_judgement_in_a_baseline_is_a_dropped_sample_never_a_stop(scripted):
+    """`direct` and the prompt optimisers drop a sample whose judgement failed, as the agent method
+    does: the evaluation goes on (the row has the judge's reason as its error, the cell counts it), a
+    candidate instruction is scored over the judged questions; past the judge's `max_error_rate` the
+    run stops naming the judge."""
+    from prompt_r1.config.experiment import parse_config
+    from prompt_r1.evaluation.baselines.base import Budget, score_instruction
+    from prompt_r1.evaluation.evaluate import EvalOutcome, _evaluate_env
+    from prompt_r1.evaluation.scoring import aggregate
+
+    make, _ = scripted
+    make({"a0": "Score: 1/2", "a1": "no idea", "a2": "Score: 1/1", "a3": "Score: 0/1"}, max_error_rate=0.5)
+    questions = [_q(i) for i in range(4)]
+    env = Answering(EnvConfig(name="e", kind="inprocess", model="m"))
+    cfg = parse_config({"eval": {"methods": ["direct"]}})
+    rows = asyncio.run(_evaluate_env(env, cfg, questions, {}, {}, EvalOutcome(suites={}), True))
+    by = {r["question_id"]: r for r in rows}
+    assert by["q1"]["judge_failed"] and by["q1"]["score"] is None and "states no score" in by["q1"]["error"]
+    assert [by[f"q{i}"]["score"] for i in (0, 2, 3)] == [0.5, 1.0, 0.0]
+    for r in rows:
+        r["env_name"] = "e"
+    cell = aggregate(rows, env.cfg)[0]
+    assert cell["errors"] == 1 and cell["score"] == pytest.approx(0.5)
+    scored = asyncio.run(score_instruction(env, Budget(10), questions, "Be polite."))
+    assert scored.per_question == [0.5, None, 1.0, 0.0] and scored.score == pytest.approx(0.5)
+    make({"a1": "no idea"}, max_error_rate=0.2)  # the others' verdicts come from the reply cache
+    with pytest.raises(ScorerError, match=r"judge `judge:j` failed on 1 of 4 answers.*max_error_rate 0.2"):
+        asyncio.run(score_instruction(env, Budget(10), questions, "Be polite."))
 
 
 def test_a_judge_is_part_of_the_run_identity_and_must_be_declared():
