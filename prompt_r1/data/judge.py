@@ -5,7 +5,7 @@ Some tasks have no function that scores an answer: a rewrite, a summary, an open
 scores it by asking another LLM. Here a judge is an environment like any other: its settings are
 an `EnvConfig` (`JudgeConfig.environment`), it is opened with `open_environment` and called through
 the same client (its retries, deadlines, bounded concurrency), its replies go through the one reply
-cache of every environment (`env.reply_cache`, any kind, in-process included), and each call is
+cache of every environment (`env.base.ReplyCache`, any kind, in-process included), and each call is
 priced by its own `price_per_1k_*`.
 
 The rubric (`JudgeConfig.rubric`) is one user message with `{question}`, `{golds}` and

@@ -7,11 +7,20 @@ raise: it returns an error text the agent sees (`[environment error: ...]`) and 
 `call.error`, so one bad call never kills a rollout batch and every failure is recorded.
 
 `Environment.reply` is the one entry of every backend: it checks the messages, puts the configured
-system message first (`with_system`), answers from the reply cache when the environment has one
-(`env.reply_cache`: opened with a warehouse, `cache: true`; a hit makes no call and has
-`cached=True`, `attempts=0`), else calls the backend's `generate` and stores a successful reply.
+system message first (`with_system`), answers from the reply cache when the environment has one,
+else calls the backend's `generate` and stores a successful reply.
 
-Also here: the reply-cache key (sha256 of canonical JSON of everything that can change a reply:
+The reply cache (`ReplyCache`) is the one place an environment's replies are read from and written
+to the warehouse (`Warehouse.cache_get/put`, table `env_cache`), for every kind: an environment has
+one when it was opened with a warehouse and its config has `cache: true`; a hit makes no call and
+has `cached=True`, `attempts=0`; a failed call is never stored; a cache that cannot be read or
+written is logged and skipped. Who opens an environment with a warehouse decides what is cached:
+evaluation and the prompt-optimisation baselines do (reruns exact and free), as do the LLM judges
+(`env.judge`, which also read it before opening their environment, so a rerun the cache answers
+never loads the judge model); training rollouts, validation and serving do not (a sampled rollout
+must be a fresh draw).
+
+Also here: the reply-cache key (`sent_key`: sha256 of canonical JSON of everything that can change a reply:
 the endpoint, model, chat template, messages and sampling settings) and the cost of a call from
 the config's prices.
 """
@@ -21,6 +30,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +42,8 @@ from prompt_r1.core.trajectory import EnvCall
 
 if TYPE_CHECKING:
     from warehouse.store import Warehouse
+
+log = logging.getLogger(__name__)
 
 ERROR_PREFIX = "[environment error: "
 MAX_ERROR_CHARS = 300
@@ -136,6 +148,42 @@ def cost_usd(cfg: EnvConfig, prompt_tokens: int, completion_tokens: int) -> floa
     return call_cost(prompt_tokens, completion_tokens, cfg.price_per_1k_prompt, cfg.price_per_1k_completion)
 
 
+def sent_key(cfg: EnvConfig, messages: list[dict[str, str]]) -> str:
+    """The cache key of sending `messages` under `cfg` (the system message is added as the environment
+    sends it, so a list that already has it gets the same key)."""
+    return reply_cache_key(cfg, with_system(cfg, messages))
+
+
+class ReplyCache:
+    """One environment's replies in the warehouse, keyed on what can change them."""
+
+    def __init__(self, cfg: EnvConfig, warehouse: "Warehouse"):
+        self.cfg, self.warehouse = cfg, warehouse
+
+    @classmethod
+    def of(cls, cfg: EnvConfig, warehouse: "Warehouse | None") -> "ReplyCache | None":
+        """The cache of `cfg`'s replies in `warehouse`; None without a warehouse or with `cache: false`."""
+        return cls(cfg, warehouse) if warehouse is not None and cfg.cache else None
+
+    def key(self, messages: list[dict[str, str]]) -> str:
+        return sent_key(self.cfg, messages)
+
+    def get(self, messages: list[dict[str, str]]) -> tuple[str, int, int] | None:
+        """(reply text, prompt tokens, completion tokens) stored for `messages`, or None."""
+        try:
+            return self.warehouse.cache_get(self.key(messages))
+        except Exception as err:  # a cache problem must not fail the call
+            log.warning("environment %s: reply cache read failed: %s", self.cfg.name, short_reason(str(err)))
+            return None
+
+    def put(self, messages: list[dict[str, str]], text: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """Store a successful reply to `messages`."""
+        try:
+            self.warehouse.cache_put(self.key(messages), self.cfg.model, text, prompt_tokens, completion_tokens)
+        except Exception as err:
+            log.warning("environment %s: reply cache write failed: %s", self.cfg.name, short_reason(str(err)))
+
+
 class Environment(abc.ABC):
     """An environment LLM: `reply()` never raises for call failures (see module docstring)."""
 
@@ -143,8 +191,6 @@ class Environment(abc.ABC):
     model: str
 
     def __init__(self, cfg: EnvConfig, warehouse: "Warehouse | None" = None):
-        from prompt_r1.env.reply_cache import ReplyCache
-
         self.cfg = cfg
         self.name = cfg.name
         self.model = cfg.model

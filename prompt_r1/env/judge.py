@@ -4,7 +4,7 @@ rubric, the verdict rule and the process's judges; this module the calls).
 A judge is an environment like any other: its settings are an `EnvConfig`
 (`JudgeConfig.environment`), it is opened with `open_environment` once per process and called through
 the same client (its retries, deadlines, bounded concurrency), its replies go through the one reply
-cache of every environment (`env.reply_cache`: the environment is opened with the run's warehouse, so
+cache of every environment (`env.base.ReplyCache`: the environment is opened with the run's warehouse, so
 an in-process judge is cached too; before opening it the judge asks that cache which answers need a
 call at all, so a rerun the cache answers never loads the judge model), and each call is priced by
 its own `price_per_1k_*` (`cost_usd`).
@@ -28,8 +28,7 @@ from prompt_r1.config.judge import JUDGE_PREFIX, JudgeConfig
 from prompt_r1.core.scorer import AnswerScore, run_awaitable
 from prompt_r1.core.scorer_deadline import call_with_deadline, deadline
 from prompt_r1.data.judge import JudgeFailure, parse_verdict, registered, registry_lock, render_rubric
-from prompt_r1.env.base import cost_usd
-from prompt_r1.env.reply_cache import ReplyCache, sent_key
+from prompt_r1.env.base import ReplyCache, cost_usd, sent_key
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow

@@ -25,7 +25,7 @@ Beside that the module adds:
 
 An `asyncio.Semaphore(cfg.concurrency)` bounds calls in flight; a call keeps its slot while it
 backs off, so fewer requests reach a server that is already refusing them. The reply cache is
-`Environment.reply`'s, as for every kind (`env.reply_cache`): a hit makes no request.
+`Environment.reply`'s, as for every kind (`env.base.ReplyCache`): a hit makes no request.
 
 The API key is read from `os.environ[cfg.api_key_env]` (or "EMPTY" for local servers), handed to
 the client and never kept, logged, stored, put in `repr` or in error texts (server error

@@ -183,7 +183,7 @@ def test_the_judge_caches_through_the_environments_own_reply_cache(scripted):
     environment call takes), under the key an ordinary call of that environment has; a second run's
     judgements come from there and the judge's environment (its model) is never opened."""
     from prompt_r1.data.scorers import score_many
-    from prompt_r1.env.reply_cache import sent_key
+    from prompt_r1.env.base import sent_key
 
     make, wh = scripted
     items = [(_q(i), f"a{i}") for i in range(4)]
