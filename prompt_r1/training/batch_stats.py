@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prompt_r1.core.failures import env_ended
 from prompt_r1.core.trajectory import Trajectory, env_call_records
 
 
@@ -21,7 +22,7 @@ def env_error_trajectories(trajectories: list[Trajectory]) -> int:
     >>> env_error_trajectories([t(), t("HTTP 500", "env_error"), t("judge `j`: no score")])
     1
     """
-    return sum(1 for t in trajectories if t.stop_reason == "env_error")
+    return sum(1 for t in trajectories if env_ended(t))
 
 
 def usable_for_update(trajectories: list[Trajectory]) -> list[Trajectory]:

@@ -285,6 +285,20 @@ def test_a_failed_judgement_in_a_baseline_is_a_dropped_sample_never_a_stop(scrip
         r["env_name"] = "e"
     cell = aggregate(rows, env.cfg)[0]
     assert cell["errors"] == 1 and cell["score"] == pytest.approx(0.5)
+    # the agent method: an episode whose judgement failed in the rollout's reward stage is the judge's drop
+    from prompt_r1.core.trajectory import Trajectory
+    from prompt_r1.evaluation.evaluate import agent_prediction
+    from prompt_r1.evaluation.scoring import score_predictions
+
+    judged_out = "judge `j` for question 'q1': the verdict states no score"
+    episodes = [Trajectory("q0", 0, [], answer="a0", stop_reason="answered"),
+                Trajectory("q1", 0, [], answer="a1", stop_reason="answered", error=judged_out),
+                Trajectory("q2", 0, [], stop_reason="env_error", error="HTTP 503"),
+                Trajectory("q3", 0, [], answer="a3", stop_reason="answered")]
+    agent_rows = score_predictions([agent_prediction(q, t, "base") for q, t in zip(questions, episodes)])
+    assert [r["judge_failed"] for r in agent_rows] == [False, True, False, False]
+    assert "states no score" in agent_rows[1]["error"] and agent_rows[2]["error"] == "HTTP 503"
+    assert [r["score"] for r in agent_rows] == [0.5, None, None, 0.0]
     scored = asyncio.run(score_instruction(env, Budget(10), questions, "Be polite."))
     assert scored.per_question == [0.5, None, 1.0, 0.0] and scored.score == pytest.approx(0.5)
     make({"a1": "no idea"}, max_error_rate=0.2)  # the others' verdicts come from the reply cache
