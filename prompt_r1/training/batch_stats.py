@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from prompt_r1.core.failures import env_ended
 from prompt_r1.core.trajectory import Trajectory, env_call_records
+
+
+def env_error_trajectories(trajectories: list[Trajectory]) -> int:
+    """How many trajectories a failed environment call ended (`stop_reason` env_error). A trajectory
+    dropped for a failed LLM judgement also has an `error` and no reward, but the environment did not
+    fail: it is the step's `judge_dropped`, not counted here.
+
+    >>> t = lambda err=None, stop="answered": Trajectory("q", 0, [], error=err, stop_reason=stop)
+    >>> env_error_trajectories([t(), t("HTTP 500", "env_error"), t("judge `j`: no score")])
+    1
+    """
+    return sum(1 for t in trajectories if env_ended(t))
 
 
 def usable_for_update(trajectories: list[Trajectory]) -> list[Trajectory]:

@@ -55,7 +55,9 @@ from prompt_r1.models.resolver import resolve_agent
 from prompt_r1.rollout.reward_stage import RewardStage, indicator_shares
 from prompt_r1.rollout.scaffold import assert_unscaffolded
 from prompt_r1.training.checks import check_pack_budget_on, check_run_capacity, check_run_settings, check_scaffold_on
-from prompt_r1.training.batch_stats import policy_age, scaffold_stats, trajectory_rows, usable_for_update
+from prompt_r1.training.batch_stats import (
+    env_error_trajectories, policy_age, scaffold_stats, trajectory_rows, usable_for_update,
+)
 from prompt_r1.training.hooks import StepResult, TrainingHooks, TrainingOutcome
 from prompt_r1.training.run_ahead import InFlight, RunAhead
 from prompt_r1.training.run_folder import mark_finished, open_run, own_run
@@ -250,7 +252,7 @@ class TrainingSession:
             log.warning("step %d: no group kept 2 trajectories without environment failures; no update", self.step)
             metrics = {"update_skipped": 1.0, "groups": 0.0, "groups_informative": 0.0, "informative_share": 0.0}
         metrics.update({"env_error_rate": rate, "trajectories_used": float(len(kept)),
-                        "env_error_trajectories": float(sum(1 for t in trajectories if t.error is not None))})
+                        "env_error_trajectories": float(env_error_trajectories(trajectories))})
         metrics.update(policy_age(trajectories, self.step))
         metrics.update(self.step_indicators)
         metrics.update(self.reward_stage.judge_stats)  # an LLM judge's cost and dropped samples (data.judges)
