@@ -5,9 +5,11 @@ random moments, then the counts of issue #48 (item 2) from the warehouse, run fo
     python -m benchmarks.soak.run --minutes 60 --seed 0 --out /tmp/soak
 
 The config is configs/smoke.yaml (tiny agent, transformers backend: reruns are exact) with three
-steps, a checkpoint each, a small evaluation, and the environment a real SmolLM2-135M on a managed
-vLLM server reached through `tests/chaos_proxy.ChaosProxy` on loopback (the faults' way in); it is
-written to OUT/soak.yaml. First one fault-free `prompt-r1 train` of that config (OUT/baseline),
+steps, a checkpoint each, a small evaluation, every training question's group asking the
+environment (`calls`: a scaffolded first call), and the environment a real SmolLM2-135M on a
+managed vLLM server reached through `tests/chaos_proxy.ChaosProxy` on loopback (the faults' way
+in); it is written to OUT/soak.yaml. A deployment run that crashes (a kill, a lost worker) is run
+again by `tasks.recovery`'s automation and continues its training run from the last checkpoint. First one fault-free `prompt-r1 train` of that config (OUT/baseline),
 then the schedule for `--minutes`, then the schedules are paused, runs not yet started are
 deleted, the running ones finish (at most `--drain-minutes`, then cancelled), the worker and
 server stop, the checks run, and everything the soak started is stopped. OUT/result.json holds
