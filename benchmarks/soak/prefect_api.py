@@ -26,15 +26,29 @@ async def _runs(client, states: list | None = None) -> list:
     return runs
 
 
+def is_retry(run) -> bool:
+    """A Scheduled run that already ran: a crashed run the retry automation scheduled again
+    (`AwaitingRetry`), which is no new run of the schedule and must get its chance to resume.
+
+    >>> from types import SimpleNamespace as R
+    >>> is_retry(R(run_count=1, state_name="AwaitingRetry")), is_retry(R(run_count=0, state_name="Scheduled"))
+    (True, False)
+    """
+    return bool(run.run_count) or run.state_name == "AwaitingRetry"
+
+
 async def stop_scheduling(client, end: float) -> list[str]:
-    """Pause every deployment and delete the runs not yet started; returns the names of those that
-    were due before `end` (they waited for the one queue slot)."""
+    """Pause every deployment and delete the runs not yet started, retries of crashed runs aside
+    (`is_retry`: they run in the drain); returns the names of the deleted runs that were due before
+    `end` (they waited for the one queue slot)."""
     from prefect.client.schemas.objects import StateType
 
     for deployment in await client.read_deployments():
         await client.pause_deployment(deployment.id)
     due = []
     for run in await _runs(client, [StateType.SCHEDULED]):
+        if is_retry(run):
+            continue
         if run.expected_start_time and run.expected_start_time.timestamp() <= end:
             due.append(run.name)
         await client.delete_flow_run(run.id)
