@@ -205,3 +205,18 @@ def test_the_soak_config_scaffolds_a_real_call_for_every_sample_training_questio
         questions = wh.questions()
     assert len(questions) >= 16
     assert check_scaffold(load_scaffold(cfg.rollout.scaffold.fn), questions) == len(questions)
+
+
+def test_a_crashed_run_s_retry_is_kept_when_the_schedules_stop():
+    """Stopping the schedules deletes the runs not yet started, but not a retry (a Scheduled run
+    that ran before, or `AwaitingRetry`): it resumes in the drain. And the modules' examples hold."""
+    import doctest
+    from types import SimpleNamespace
+
+    from benchmarks.soak import calls, faults, prefect_api
+
+    assert prefect_api.is_retry(SimpleNamespace(run_count=1, state_name="Scheduled"))
+    assert prefect_api.is_retry(SimpleNamespace(run_count=0, state_name="AwaitingRetry"))
+    assert not prefect_api.is_retry(SimpleNamespace(run_count=0, state_name="Scheduled"))
+    for module in (calls, faults, prefect_api):
+        assert doctest.testmod(module).failed == 0, module.__name__

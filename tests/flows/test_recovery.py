@@ -175,3 +175,18 @@ def test_a_killed_scheduled_run_is_retried_and_resumes_from_its_checkpoint(prefe
     bad = _deployment_run({"config": str(tmp_path / "missing.yaml")})
     assert _engine(bad, home, tmp_path / "bad.log").wait(300) != 0
     assert _state(bad).state.type.value == "FAILED"  # a user error: not Crashed, so never retried
+
+
+def test_attempts_are_capped_and_continuations_recorded_in_order():
+    import doctest
+
+    import tasks.recovery
+    from tasks.recovery import RetriesExhausted, add_resume, check_attempts
+
+    assert doctest.testmod(tasks.recovery).failed == 0
+    check_attempts(None)  # not a scheduled run: no limit
+    check_attempts(ScheduledRun("f", 3))
+    with pytest.raises(RetriesExhausted, match="crashed 3 times"):
+        check_attempts(ScheduledRun("f", 4))
+    value = add_resume(add_resume(None, 0, 1), 2, 2)  # a plain resume at step 1, then a retry at step 2
+    assert parse_resumes(value) == [(0, 1), (2, 2)]
