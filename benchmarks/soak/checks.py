@@ -236,11 +236,12 @@ def agents_match_baseline(wh: Any, base: Any, runs: dict[str, Path], resumed: se
 
 
 def actor_restarts(kills: list[dict[str, Any]], restarts_by_run: dict[str, float], run_of_flow: dict[str, str],
-                   completed_flows: set[str]) -> Check:
+                   completed_flows: set[str], retried_flows: set[str] = frozenset()) -> Check:
     """Every rollout actor killed during a flow run that then completed shows up in that training
-    run's `rollout_actor_restarts` in MLflow."""
+    run's `rollout_actor_restarts` in MLflow; a flow run that crashed and was retried is left out
+    (the kill may have come in the attempt that crashed, before its metrics reached a checkpoint)."""
     landed = [k for k in kills if k.get("flow_run")]
-    missing = [k for k in landed if k["flow_run"] in completed_flows
+    missing = [k for k in landed if k["flow_run"] in completed_flows and k["flow_run"] not in retried_flows
                and restarts_by_run.get(run_of_flow.get(k["flow_run"], ""), 0) < 1]
     total = sum(restarts_by_run.values())
     return Check("dead rollout actors restarted and counted", not missing,

@@ -5,9 +5,12 @@ deployment run with its state, attempts, times, error logs and the training run 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 PAGE = 200  # the most runs the server returns at once
+# a train flow's line naming its training run, matched at the start: "not continuing unfinished training run X" is none
+TRAINING_LINE = re.compile(r"(starting|continuing unfinished) training run (\w+)")
 
 
 async def _runs(client, states: list | None = None) -> list:
@@ -73,8 +76,6 @@ async def collect_runs(client) -> list[dict[str, Any]]:
     """Every deployment run: state, reason, times, error logs, how many times it ran (`attempts`: a
     crashed run retried by `tasks.recovery`'s automation runs again as the same flow run), and which training run it ran
     (its train flow's log says `starting` or `continuing unfinished training run <id>`)."""
-    import re
-
     deployments = {d.id: d.name for d in await client.read_deployments()}
     flow_runs = await _runs(client)
     parent: dict[Any, Any] = {}
@@ -106,7 +107,7 @@ async def collect_runs(client) -> list[dict[str, Any]]:
         mine = logs.get(run.id, [])
         training = resumed = None
         for entry in mine:
-            found = re.search(r"(starting|continuing unfinished) training run (\w+)", entry.message)
+            found = TRAINING_LINE.match(entry.message)
             if found:
                 training, resumed = found.group(2), found.group(1) != "starting"
         seconds = (run.end_time - run.start_time).total_seconds() if run.start_time and run.end_time else None

@@ -327,7 +327,8 @@ class Soak:
         kills = [e for e in result["events"] if e["kind"] == "rollout_actor"]
         completed = {r["id"] for r in runs if r["state"] == "COMPLETED"}
         run_of_flow.update({r["id"]: r["training_run"] for r in runs if r.get("training_run")})
-        found.append(checks.actor_restarts(kills, mlflow_runs["restarts"], run_of_flow, completed))
+        retried = {r["id"] for r in runs if r.get("attempts", 0) > 1}
+        found.append(checks.actor_restarts(kills, mlflow_runs["restarts"], run_of_flow, completed, retried))
         left = [faults.describe(p) for p in faults.tagged(self.tag)]
         # the soak's filesystem is removed after the checks (they read it): `run` checks that it went
         found.append(checks.leftovers(left, self.home, mounted=False))

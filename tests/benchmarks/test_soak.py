@@ -220,3 +220,16 @@ def test_a_crashed_run_s_retry_is_kept_when_the_schedules_stop():
     assert not prefect_api.is_retry(SimpleNamespace(run_count=0, state_name="Scheduled"))
     for module in (calls, faults, prefect_api):
         assert doctest.testmod(module).failed == 0, module.__name__
+
+
+def test_a_run_s_training_run_is_read_from_its_own_line_only_and_retried_kills_are_left_out():
+    """"not continuing unfinished training run X" (another run's, passed over) names no run of this one;
+    an actor killed in a flow run that then crashed and was retried need not be in MLflow."""
+    from benchmarks.soak.prefect_api import TRAINING_LINE
+
+    assert TRAINING_LINE.match("continuing unfinished training run abc (config hash h)").group(2) == "abc"
+    assert TRAINING_LINE.match("not continuing unfinished training run abc: it belongs to ...") is None
+    kill = {"kind": "rollout_actor", "flow_run": "f"}
+    assert not checks.actor_restarts([kill], {}, {"f": "t"}, {"f"}).passed
+    assert checks.actor_restarts([kill], {}, {"f": "t"}, {"f"}, retried_flows={"f"}).passed
+    assert checks.actor_restarts([kill], {"t": 1.0}, {"f": "t"}, {"f"}).passed
