@@ -70,13 +70,13 @@ def main() -> None:
                     print(f"batch {index + 1}/{args.batches}: {len(batch)} trajectories in {seconds[-1]:.0f} s, "
                           f"indicators of sampled members {session.step_indicators}", flush=True)
                 stage = session.reward_stage
-                sampled = [t for t in trajectories if not t.scaffold_tokens and t.reward is not None]
+                sampled = [t for t in trajectories if not t.scaffold_turns and t.reward is not None]
                 from prompt_r1.rollout.reward_stage import indicator_shares
 
                 indicators = indicator_shares([stage.indicators(session.by_id[t.question_id], t) for t in sampled])
     verified_at = cfg.rollout.scaffold.verified_at
-    scaffolded = _summary([t for t in trajectories if t.scaffold_tokens], verified_at)
-    plain = _summary([t for t in trajectories if not t.scaffold_tokens], verified_at)
+    scaffolded = _summary([t for t in trajectories if t.scaffold_turns], verified_at)
+    plain = _summary([t for t in trajectories if not t.scaffold_turns], verified_at)
     gap = None if None in (scaffolded["answer"], plain["answer"]) else round(scaffolded["answer"] - plain["answer"], 3)
     result = {"config": args.config, "batches": args.batches, "questions": args.batches * cfg.rollout.batch_questions,
               "scaffolded": scaffolded, "sampled": plain, "sampled_indicators": indicators,

@@ -16,7 +16,7 @@ from prompt_r1.core.scorer import SPEC_PATTERN
 
 class ScaffoldConfig(StrictModel):
     """Guided exploration (`prompt_r1.rollout.scaffold`): a task's function proposes the first agent turn
-    of some members of each training group; off while `fn` is unset."""
+    (and, with `follow_up`, later ones) of some members of each training group; off while `fn` is unset."""
 
     fn: str | None = Field(
         None, pattern=SPEC_PATTERN,
@@ -33,6 +33,16 @@ class ScaffoldConfig(StrictModel):
         "scaffold's turn must never say for that question (beside its gold answers, always refused): what only "
         "an environment's reply may tell. The two-hop task's: `prompt_r1.data.first_call:two_hop_privileged` "
         "(the bridge country's spellings).",
+        json_schema_extra=when_set(),
+    )
+    follow_up: str | None = Field(
+        None, pattern=SPEC_PATTERN,
+        description="Import path of a function called as `follow_up(question, replies)` for the scaffolded "
+        "members after each environment reply (`replies`: the episode's replies so far, a tuple of str): the "
+        "text of their next interaction turn, or None to let the policy write it. Checked like `fn`'s turn, "
+        "except that it may name what a reply of the episode named. The two-hop task's: "
+        "`prompt_r1.data.first_call:second_hop_scaffold` (asks the second hop about the country the first "
+        "reply named).",
         json_schema_extra=when_set(),
     )
     members: int = Field(
@@ -140,7 +150,7 @@ class RolloutConfig(StrictModel):
         if scaffold.fn is not None and not 0 < scaffold.members < self.group_size:
             raise ValueError(f"rollout.scaffold.members is {scaffold.members} for groups of {self.group_size}: "
                              "scaffold at least 1 member and leave at least 1 sampling its own first turn")
-        if scaffold.fn is None and (scaffold.members or scaffold.ce_coef):
-            raise ValueError("rollout.scaffold.members / ce_coef are set but rollout.scaffold.fn is not: name the "
-                             "task's scaffold function, or leave the section out")
+        if scaffold.fn is None and (scaffold.members or scaffold.ce_coef or scaffold.follow_up):
+            raise ValueError("rollout.scaffold.members / ce_coef / follow_up are set but rollout.scaffold.fn is "
+                             "not: name the task's scaffold function, or leave the section out")
         return self

@@ -82,6 +82,12 @@ def check_error_rate(env_name: str, errors: Iterable[str | None], max_rate: floa
     return rate
 
 
+def env_ended(trajectory: Any) -> bool:
+    """Whether a failed environment call ended `trajectory` (`stop_reason` env_error). A trajectory
+    dropped for a failed LLM judgement has an `error` too, but its environment did not fail."""
+    return trajectory.stop_reason == "env_error"
+
+
 def call_errors(trajectories: Iterable[Any]) -> list[str | None]:
     """One entry per environment call of the trajectories, in order: its error or None."""
     return [c.error for t in trajectories for c in t.env_calls]

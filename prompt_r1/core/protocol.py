@@ -46,6 +46,10 @@ STOP_STRINGS = ("</interaction_prompt>", "</answer>")
 # A first call that decomposes: ask the first part only. The mixed warm start teaches it and the
 # two-hop task's scaffold proposes it, in the same words.
 FIRST_PART_TURN = "<think>I ask the first part first.</think><interaction_prompt>{prompt}</interaction_prompt>"
+# After a reply that named the bridge entity, ask the second part about it: the follow-up warm start
+# teaches it and the two-hop task's follow-up scaffold writes it, in the same words.
+FOLLOW_UP_TURN = ("<think>The response names {bridge}. Now I ask the second part about {bridge}.</think>"
+                  "<interaction_prompt>{hop2}</interaction_prompt>")
 
 # The reference's exact turn grammar, applied with `re.search` and DOTALL: `^` anchors at the
 # start only, `$` also matches before one final newline, and no white space may lead a turn.

@@ -61,8 +61,8 @@ class Trajectory:
     env_name: str = ""                    # the environment it prompted (drawn per question from a training pool)
     turn_rewards: list[float | None] = field(default_factory=list)  # per agent turn, `reward.turn.scorer`'s
     # value (None: the task does not judge that turn); empty when no turn scorer is set (core.turn_credit)
-    scaffold_tokens: int = 0              # leading response tokens a task's scaffold wrote, not the policy
-    # (`rollout.scaffold`, training only): trained like sampled tokens, but they carry no sampling log-prob
+    scaffold_turns: list[int] = field(default_factory=list)  # agent turns (indices) a task's scaffold wrote,
+    # not the policy (`rollout.scaffold`, training only): trained like sampled turns, but with no sampling log-prob
 
     def to_record(self) -> dict[str, Any]:
         """JSON-able dict (the `rollout --out` line and the warehouse row)."""
@@ -70,8 +70,8 @@ class Trajectory:
         record["reward"] = self.reward.as_dict() if self.reward else None
         if not self.turn_rewards:  # no turn scorer: the record carries no turn fields
             del record["turn_rewards"]
-        if not self.scaffold_tokens:  # sampled throughout: the record as it always was
-            del record["scaffold_tokens"]
+        if not self.scaffold_turns:  # sampled throughout: the record as it always was
+            del record["scaffold_turns"]
         return record
 
 

@@ -9,7 +9,11 @@ time, so this module gives the task what guided exploration needs (`prompt_r1.ro
 
 - `first_hop_scaffold`: a first agent turn that asks the question's own first hop, for
   `rollout.scaffold.fn`; `two_hop_privileged` (`rollout.scaffold.privileged`) names the bridge, which
-  a scaffold must never say (refused here and in `rollout.scaffold`, with the gold answers).
+  a scaffold must never say before a reply did (refused here and in `rollout.scaffold`, with the
+  gold answers).
+- `second_hop_scaffold` (`rollout.scaffold.follow_up`): after the first reply, ask the question's
+  second hop about the country that reply named first (whichever it is: right or wrong, the
+  environment's word is what the episode goes on from); nothing when it named none.
 - `two_hop_turn_rewards`: turn 1 earns 1 when the first reply names the bridge, else 0; turn 2 is
   `follow_up_turn_rewards`' (1 names the bridge, 0.5 reuses a name of the first reply, else 0).
 - `two_hop_indicators` (`reward.turn.indicators`): `first_hop` (the first call names the source
@@ -23,9 +27,10 @@ as `data/compositional`) and raises for any other, as a turn scorer must.
 
 from __future__ import annotations
 
-from prompt_r1.core.metrics import mentions
-from prompt_r1.core.protocol import FIRST_PART_TURN, parse_turn
-from prompt_r1.data.compositional import TwoHopQuestion, follow_up_turn_rewards, known_questions
+from prompt_r1.core.metrics import mentions, normalize_answer
+from prompt_r1.core.protocol import FIRST_PART_TURN, FOLLOW_UP_TURN, parse_turn
+from prompt_r1.data.compositional import (COUNTRIES, SECOND_HOPS, Country, TwoHopQuestion, follow_up_turn_rewards,
+                                          known_questions)
 
 # The word that says which second hop a question asks (in neither first-hop template of that chain).
 RELATION_WORDS = {"continent": "continent", "currency": "currency", "language": "language", "capital": "capital"}
@@ -54,6 +59,37 @@ def first_hop_scaffold(question) -> str:
         raise ValueError(f"the first hop of {question.question!r} names its bridge or answer; the generator drops "
                          "such questions, so this one is not from data/compositional")
     return FIRST_PART_TURN.format(prompt=prompt)
+
+
+def first_country_named(reply: str) -> Country | None:
+    """The country of the task's table that `reply` names first (any spelling, whole words), or None.
+
+    >>> first_country_named("Helsinki is the capital of Finland, not Sweden.").name
+    'Finland'
+    >>> first_country_named("I do not know.") is None
+    True
+    """
+    padded = f" {normalize_answer(reply)} "
+    found = []
+    for country in COUNTRIES:
+        places = [padded.find(f" {norm} ") for norm in map(normalize_answer, country.names) if norm]
+        places = [p for p in places if p >= 0]
+        if places:
+            found.append((min(places), country.name, country))
+    return min(found, key=lambda f: f[:2])[2] if found else None
+
+
+def second_hop_scaffold(question, replies: tuple[str, ...]) -> str | None:
+    """The follow-up scaffold (`rollout.scaffold.follow_up`): after the first reply only, the
+    question's second hop asked about the country that reply named first, in the follow-up warm
+    start's words (`FOLLOW_UP_TURN`); None (the policy writes the turn) when it named no country of
+    the task's table, and after any later reply."""
+    known = _known(question)
+    country = first_country_named(replies[0]) if len(replies) == 1 else None
+    if country is None:
+        return None
+    relation = known.chain.split(">")[1]
+    return FOLLOW_UP_TURN.format(bridge=country.name, hop2=SECOND_HOPS[relation][0].format(c=country.mention))
 
 
 def two_hop_privileged(question) -> tuple[str, ...]:

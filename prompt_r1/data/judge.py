@@ -4,9 +4,9 @@ verdict rule, the failure that is never a 0, and the process's judges.
 Some tasks have no function that scores an answer: a rewrite, a summary, an open answer. A judge
 scores it by asking another LLM. Here a judge is an environment like any other: its settings are
 an `EnvConfig` (`JudgeConfig.environment`), it is opened with `open_environment` and called through
-the same client (its retries, deadlines, bounded concurrency), its replies go through the same
-DuckDB reply cache (`reply_cache_key`, `Warehouse.cache_get/put`; the judge does the lookup itself,
-so an in-process judge is cached too), and each call is priced by its own `price_per_1k_*`.
+the same client (its retries, deadlines, bounded concurrency), its replies go through the one reply
+cache of every environment (`env.base.ReplyCache`, any kind, in-process included), and each call is
+priced by its own `price_per_1k_*`.
 
 The rubric (`JudgeConfig.rubric`) is one user message with `{question}`, `{golds}` and
 `{response}` filled in (`render_rubric`). The verdict is read by one rule (`parse_verdict`):

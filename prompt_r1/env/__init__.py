@@ -1,7 +1,8 @@
 """Environment LLMs: one way to open any of them from an `EnvConfig`.
 
 `open_environment(cfg)` is a synchronous context manager (a managed server's life cycle is
-synchronous) that yields an `Environment` whose methods are async:
+synchronous) that yields an `Environment` whose methods are async; with a `warehouse` (and
+`cache: true`) its replies go through the reply cache, whatever its kind (`base.ReplyCache`):
 
 - `kind=openai`: an `OpenAIEnvironment` on `cfg.base_url` (key from `$cfg.api_key_env`);
 - `kind=vllm`: starts a managed vLLM server for `cfg.model`, yields an `OpenAIEnvironment`
@@ -10,8 +11,9 @@ synchronous) that yields an `Environment` whose methods are async:
 
 Call `await env.aclose()` from the event loop that used the environment before leaving the block.
 
-Modules: `base` (the contract every backend shares, prices and cost), `openai_env`, `inprocess`,
-`vllm_server` (the managed server) `server_guard` (child servers that die with their parent) and `judge` (an LLM judge's calls, as an environment).
+Modules: `base` (the contract every backend shares, the one reply cache of every kind, prices and
+cost), `openai_env`, `inprocess`, `vllm_server` (the managed server), `server_guard`
+(child servers that die with their parent) and `judge` (an LLM judge's calls, as an environment).
 
 Imports: `prompt_r1.core`, `prompt_r1.config`, `prompt_r1.models` (bundled model folders, KV-cache sizing).
 """
@@ -58,7 +60,7 @@ def open_environment(cfg: EnvConfig, warehouse: "Warehouse | None" = None,
     if cfg.kind == "inprocess":
         from prompt_r1.env.inprocess import InProcessEnvironment
 
-        yield InProcessEnvironment(cfg)
+        yield InProcessEnvironment(cfg, warehouse)
     elif cfg.kind == "openai":
         from prompt_r1.env.openai_env import OpenAIEnvironment
 

@@ -6,9 +6,21 @@ usage, latency, attempts, cache hit, error). A call that fails after its retries
 raise: it returns an error text the agent sees (`[environment error: ...]`) and the reason in
 `call.error`, so one bad call never kills a rollout batch and every failure is recorded.
 
-Every backend sends `with_system(cfg, messages)`: the configured system message first.
+`Environment.reply` is the one entry of every backend: it checks the messages, puts the configured
+system message first (`with_system`), answers from the reply cache when the environment has one,
+else calls the backend's `generate` and stores a successful reply.
 
-Also here: the reply-cache key (sha256 of canonical JSON of everything that can change a reply:
+The reply cache (`ReplyCache`) is the one place an environment's replies are read from and written
+to the warehouse (`Warehouse.cache_get/put`, table `env_cache`), for every kind: an environment has
+one when it was opened with a warehouse and its config has `cache: true`; a hit makes no call and
+has `cached=True`, `attempts=0`; a failed call is never stored; a cache that cannot be read or
+written is logged and skipped. Who opens an environment with a warehouse decides what is cached:
+evaluation and the prompt-optimisation baselines do (reruns exact and free), as do the LLM judges
+(`env.judge`, which also read it before opening their environment, so a rerun the cache answers
+never loads the judge model); training rollouts, validation and serving do not (a sampled rollout
+must be a fresh draw).
+
+Also here: the reply-cache key (`sent_key`: sha256 of canonical JSON of everything that can change a reply:
 the endpoint, model, chat template, messages and sampling settings) and the cost of a call from
 the config's prices.
 """
@@ -18,14 +30,20 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prompt_r1.core.cost_reward import call_cost
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.trajectory import EnvCall
+
+if TYPE_CHECKING:
+    from warehouse.store import Warehouse
+
+log = logging.getLogger(__name__)
 
 ERROR_PREFIX = "[environment error: "
 MAX_ERROR_CHARS = 300
@@ -130,20 +148,79 @@ def cost_usd(cfg: EnvConfig, prompt_tokens: int, completion_tokens: int) -> floa
     return call_cost(prompt_tokens, completion_tokens, cfg.price_per_1k_prompt, cfg.price_per_1k_completion)
 
 
+def sent_key(cfg: EnvConfig, messages: list[dict[str, str]]) -> str:
+    """The cache key of sending `messages` under `cfg` (the system message is added as the environment
+    sends it, so a list that already has it gets the same key)."""
+    return reply_cache_key(cfg, with_system(cfg, messages))
+
+
+class ReplyCache:
+    """One environment's replies in the warehouse, keyed on what can change them."""
+
+    def __init__(self, cfg: EnvConfig, warehouse: "Warehouse"):
+        self.cfg, self.warehouse = cfg, warehouse
+
+    @classmethod
+    def of(cls, cfg: EnvConfig, warehouse: "Warehouse | None") -> "ReplyCache | None":
+        """The cache of `cfg`'s replies in `warehouse`; None without a warehouse or with `cache: false`."""
+        return cls(cfg, warehouse) if warehouse is not None and cfg.cache else None
+
+    def key(self, messages: list[dict[str, str]]) -> str:
+        return sent_key(self.cfg, messages)
+
+    def get(self, messages: list[dict[str, str]]) -> tuple[str, int, int] | None:
+        """(reply text, prompt tokens, completion tokens) stored for `messages`, or None."""
+        try:
+            return self.warehouse.cache_get(self.key(messages))
+        except Exception as err:  # a cache problem must not fail the call
+            log.warning("environment %s: reply cache read failed: %s", self.cfg.name, short_reason(str(err)))
+            return None
+
+    def put(self, messages: list[dict[str, str]], text: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """Store a successful reply to `messages`."""
+        try:
+            self.warehouse.cache_put(self.key(messages), self.cfg.model, text, prompt_tokens, completion_tokens)
+        except Exception as err:
+            log.warning("environment %s: reply cache write failed: %s", self.cfg.name, short_reason(str(err)))
+
+
 class Environment(abc.ABC):
     """An environment LLM: `reply()` never raises for call failures (see module docstring)."""
 
     name: str
     model: str
 
-    def __init__(self, cfg: EnvConfig):
+    def __init__(self, cfg: EnvConfig, warehouse: "Warehouse | None" = None):
         self.cfg = cfg
         self.name = cfg.name
         self.model = cfg.model
+        self.cache = ReplyCache.of(cfg, warehouse)  # None: every call is made
+
+    async def reply(self, messages: list[dict[str, str]], turn: int = 0) -> EnvReply:
+        """The environment's reply to `messages` (OpenAI chat format: role + content): from the
+        reply cache when it holds one, else the backend's (`generate`), stored when it succeeded."""
+        started = time.perf_counter()
+        problem = check_messages(messages)
+        if problem:
+            return self.failed(turn, f"{problem} (environment {self.name})", started, attempts=0)
+        messages = with_system(self.cfg, messages)
+        # the cache is read and written on the event loop (a point query): calls made together still
+        # reach the backend together (the in-process batcher gathers them into one generate)
+        cache = self.cache
+        if cache is not None and (hit := cache.get(messages)) is not None:
+            text, prompt_tokens, completion_tokens = hit
+            return EnvReply(text, self.new_call(turn, prompt_tokens=int(prompt_tokens),
+                                                completion_tokens=int(completion_tokens),
+                                                latency_s=time.perf_counter() - started, attempts=0, cached=True))
+        reply = await self.generate(messages, turn, started)
+        if cache is not None and reply.call.error is None:
+            cache.put(messages, reply.text, reply.call.prompt_tokens, reply.call.completion_tokens)
+        return reply
 
     @abc.abstractmethod
-    async def reply(self, messages: list[dict[str, str]], turn: int = 0) -> EnvReply:
-        """The environment's reply to `messages` (OpenAI chat format: role + content)."""
+    async def generate(self, messages: list[dict[str, str]], turn: int, started: float) -> EnvReply:
+        """The backend's reply to `messages` as sent (checked, the system message first); `started`
+        is the call's `time.perf_counter()` start, for its latency. Never raises for call failures."""
 
     async def aclose(self) -> None:
         """Release clients and threads; the environment must not be used afterwards."""

@@ -23,13 +23,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prompt_r1.env.base import EnvReply, Environment, check_messages, with_system
+from prompt_r1.env.base import EnvReply, Environment
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.seeding import derive_seed
 from prompt_r1.core.tokens import chat_prompt_ids, left_pad, pad_token_id, stop_token_ids
+
+if TYPE_CHECKING:
+    from warehouse.store import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,9 @@ class _Request:
 class InProcessEnvironment(Environment):
     """A local causal LM answering chat messages, with concurrent calls batched into one `generate`."""
 
-    def __init__(self, cfg: EnvConfig, gather_s: float = 0.005, max_batch: int | None = None):
-        super().__init__(cfg)
+    def __init__(self, cfg: EnvConfig, warehouse: "Warehouse | None" = None, gather_s: float = 0.005,
+                 max_batch: int | None = None):
+        super().__init__(cfg, warehouse)
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -99,13 +103,9 @@ class InProcessEnvironment(Environment):
         return chat_prompt_ids(self.tokenizer, messages, self.template)
 
     # -- the call ---------------------------------------------------------------------------
-    async def reply(self, messages: list[dict[str, str]], turn: int = 0) -> EnvReply:
-        started = time.perf_counter()
-        problem = check_messages(messages)
-        if problem:
-            return self.failed(turn, f"{problem} (environment {self.name})", started, attempts=0)
+    async def generate(self, messages: list[dict[str, str]], turn: int, started: float) -> EnvReply:
         try:
-            prompt_ids = self.encode(with_system(self.cfg, messages))
+            prompt_ids = self.encode(messages)
         except Exception as err:
             return self.failed(turn, f"chat template failed for model {self.model_path}: "
                                      f"{type(err).__name__}: {err}", started, attempts=1)

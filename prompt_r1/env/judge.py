@@ -3,9 +3,11 @@ rubric, the verdict rule and the process's judges; this module the calls).
 
 A judge is an environment like any other: its settings are an `EnvConfig`
 (`JudgeConfig.environment`), it is opened with `open_environment` once per process and called through
-the same client (its retries, deadlines, bounded concurrency), its replies go through the same DuckDB
-reply cache (`reply_cache_key`, `Warehouse.cache_get/put`; the judge looks the cache up itself, so an
-in-process judge is cached too), and each call is priced by its own `price_per_1k_*` (`cost_usd`).
+the same client (its retries, deadlines, bounded concurrency), its replies go through the one reply
+cache of every environment (`env.base.ReplyCache`: the environment is opened with the run's warehouse, so
+an in-process judge is cached too; before opening it the judge asks that cache which answers need a
+call at all, so a rerun the cache answers never loads the judge model), and each call is priced by
+its own `price_per_1k_*` (`cost_usd`).
 
 `use_judges(cfg.data.judges, warehouse)` makes a run's judges the ones `judge:<name>` names; training
 and evaluation call it before checking their scorers.
@@ -26,7 +28,7 @@ from prompt_r1.config.judge import JUDGE_PREFIX, JudgeConfig
 from prompt_r1.core.scorer import AnswerScore, run_awaitable
 from prompt_r1.core.scorer_deadline import call_with_deadline, deadline
 from prompt_r1.data.judge import JudgeFailure, parse_verdict, registered, registry_lock, render_rubric
-from prompt_r1.env.base import cost_usd, reply_cache_key
+from prompt_r1.env.base import ReplyCache, cost_usd, sent_key
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow
@@ -53,7 +55,8 @@ class JudgeScorer:
     def __init__(self, cfg: JudgeConfig, warehouse: "Warehouse | None" = None):
         self.cfg = cfg
         self.spec = f"{JUDGE_PREFIX}{cfg.name}"
-        self.warehouse = warehouse if cfg.environment.cache else None
+        self.warehouse = warehouse
+        self.cache = ReplyCache.of(cfg.environment, warehouse)  # the environment's own (read before opening it)
         self._stack = contextlib.ExitStack()
         self._env: Any = None
         self._open_lock = threading.Lock()
@@ -70,14 +73,20 @@ class JudgeScorer:
 
     # -- the environment ---------------------------------------------------------------------
     def environment(self) -> Any:
-        """The judge's environment, opened once (a managed vLLM server starts here, stops at `close`)."""
+        """The judge's environment, opened once with the warehouse (its replies cached as every
+        environment's); a managed vLLM server starts here, stops at `close`."""
         with self._open_lock:
             if self._env is None:
                 from prompt_r1.env import open_environment
 
-                # the judge looks the reply cache up itself (any kind), so the client gets none
-                self._env = self._stack.enter_context(open_environment(self.cfg.environment))
+                self._env = self._stack.enter_context(open_environment(self.cfg.environment, self.warehouse))
             return self._env
+
+    def use_warehouse(self, warehouse: "Warehouse") -> None:
+        """Cache this judge's replies in `warehouse` from now on (an open environment's too)."""
+        self.warehouse, self.cache = warehouse, ReplyCache.of(self.cfg.environment, warehouse)
+        if self._env is not None:
+            self._env.cache = self.cache
 
     def close(self) -> None:
         env, self._env = self._env, None
@@ -91,39 +100,29 @@ class JudgeScorer:
                                                           prediction.strip())}]
 
     def _key(self, messages: list[dict[str, str]]) -> str:
-        return reply_cache_key(self.cfg.environment, messages)
+        return sent_key(self.cfg.environment, messages)
 
     # -- calls -------------------------------------------------------------------------------
-    def _lookup(self, key: str) -> Verdict | None:
-        """A reply this process already has, or the reply cache's (which then stands for the call)."""
+    def _lookup(self, key: str, messages: list[dict[str, str]]) -> Verdict | None:
+        """A reply this process already has, or the reply cache's (which then stands for the call):
+        asked before the environment opens, so a cached judgement loads no model."""
         if key in self._replies:
             return self._replies[key]
-        if self.warehouse is None:
-            return None
-        try:
-            hit = self.warehouse.cache_get(key)
-        except Exception as err:  # a cache problem must not fail the judgement
-            log.warning("judge %s: reply cache read failed: %s", self.cfg.name, err)
-            return None
+        hit = self.cache.get(messages) if self.cache is not None else None
         if hit is None:
             return None
         verdict = self._replies[key] = Verdict(hit[0], int(hit[1]), int(hit[2]), cached=True)
         return verdict
 
     async def _call(self, env: Any, key: str, messages: list[dict[str, str]]) -> Verdict:
-        """One call of the judge's environment (its retries and deadlines); a success is kept and cached."""
+        """One call of the judge's environment (its retries, deadlines and reply cache); a success is kept."""
         reply = await env.reply(messages)
         call = reply.call
         if call.error is not None:  # not kept: a later call tries again
             return Verdict("", call.prompt_tokens, call.completion_tokens, error=call.error)
-        self.model_calls += 1
-        verdict = self._replies[key] = Verdict(reply.text, call.prompt_tokens, call.completion_tokens)
-        if self.warehouse is not None:
-            try:
-                self.warehouse.cache_put(key, self.cfg.environment.model, reply.text, call.prompt_tokens,
-                                         call.completion_tokens)
-            except Exception as err:
-                log.warning("judge %s: reply cache write failed: %s", self.cfg.name, err)
+        self.model_calls += not call.cached
+        verdict = self._replies[key] = Verdict(reply.text, call.prompt_tokens, call.completion_tokens,
+                                               cached=call.cached)
         return verdict
 
     def prefetch(self, items: Iterable[tuple["QuestionRow", str]]) -> None:
@@ -136,7 +135,7 @@ class JudgeScorer:
             if p.strip():
                 messages = self.messages(q, p)
                 key = self._key(messages)
-                if key not in pending and self._lookup(key) is None:
+                if key not in pending and self._lookup(key, messages) is None:
                     pending[key] = messages
         if not pending:
             return
@@ -163,7 +162,7 @@ class JudgeScorer:
         where = f"judge `{self.cfg.name}` for question {question.question_id!r}"
         messages = self.messages(question, prediction)
         key = self._key(messages)
-        verdict = self._lookup(key)
+        verdict = self._lookup(key, messages)
         if verdict is None:
             env = self.environment()  # opened outside the deadline: a model load is no judgement's time
             verdict = call_with_deadline(lambda: run_awaitable(self._call(env, key, messages)), where, JudgeFailure)
@@ -193,5 +192,5 @@ def use_judges(judges: Sequence[JudgeConfig], warehouse: "Warehouse | None" = No
         for name, cfg in wanted.items():
             if name not in current:
                 current[name] = JudgeScorer(cfg, warehouse)
-            elif warehouse is not None and cfg.environment.cache:
-                current[name].warehouse = warehouse
+            elif warehouse is not None:
+                current[name].use_warehouse(warehouse)

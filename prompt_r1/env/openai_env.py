@@ -24,9 +24,8 @@ Beside that the module adds:
   (a runaway server cannot make the client hold, parse and tokenise megabytes of reply).
 
 An `asyncio.Semaphore(cfg.concurrency)` bounds calls in flight; a call keeps its slot while it
-backs off, so fewer requests reach a server that is already refusing them. Successful
-replies can be cached in the warehouse keyed on everything that can change them
-(`reply_cache_key`); a hit makes no request and has `cached=True`, `attempts=0`.
+backs off, so fewer requests reach a server that is already refusing them. The reply cache is
+`Environment.reply`'s, as for every kind (`env.base.ReplyCache`): a hit makes no request.
 
 The API key is read from `os.environ[cfg.api_key_env]` (or "EMPTY" for local servers), handed to
 the client and never kept, logged, stored, put in `repr` or in error texts (server error
@@ -53,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 
-from prompt_r1.env.base import EnvReply, Environment, check_messages, reply_cache_key, short_reason, with_system
+from prompt_r1.env.base import EnvReply, Environment, short_reason
 from prompt_r1.config.base import ConfigError
 from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.urls import redact_url, scrub_secrets, url_secrets
@@ -162,17 +161,16 @@ def _count(value: Any) -> int:
 
 
 class OpenAIEnvironment(Environment):
-    """Chat completions from an OpenAI-compatible URL with bounded concurrency, retries and a cache."""
+    """Chat completions from an OpenAI-compatible URL with bounded concurrency and retries."""
 
     def __init__(self, cfg: EnvConfig, warehouse: "Warehouse | None" = None):
-        super().__init__(cfg)
+        super().__init__(cfg, warehouse)
         if not cfg.base_url:
             raise ConfigError(f"environment `{cfg.name}`: an OpenAI-compatible environment needs base_url")
         self.base_url = cfg.base_url.rstrip("/")
         # what messages, logs and stored errors show: the URL without its password or query credentials
         self.shown_url = redact_url(self.base_url)
         self._url_secrets = url_secrets(self.base_url)
-        self.warehouse = warehouse if cfg.cache else None
         self._has_key = bool(cfg.api_key_env)
         resolve_api_key(cfg)  # fail at construction when the variable is missing
         # jitter of retry pauses: reproducible, and apart for environments sharing a seed
@@ -207,20 +205,7 @@ class OpenAIEnvironment(Environment):
                 log.debug("closing the client of %s failed: %s", self.name, type(err).__name__)
 
     # -- the call ---------------------------------------------------------------------------
-    async def reply(self, messages: list[dict[str, str]], turn: int = 0) -> EnvReply:
-        started = time.perf_counter()
-        problem = check_messages(messages)
-        if problem:
-            return self.failed(turn, f"{problem} (environment {self.name})", started, attempts=0)
-        messages = with_system(self.cfg, messages)
-        key = reply_cache_key(self.cfg, messages) if self.warehouse else None
-        if key is not None:
-            hit = await self._cache_get(key)
-            if hit is not None:
-                text, prompt_tokens, completion_tokens = hit
-                return EnvReply(text, self.new_call(
-                    turn, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                    latency_s=time.perf_counter() - started, attempts=0, cached=True))
+    async def generate(self, messages: list[dict[str, str]], turn: int, started: float) -> EnvReply:
         sent = [0]  # attempts made so far, read even when the deadline cuts `_call` short
         try:
             async with asyncio.timeout(self.cfg.call_deadline_s):
@@ -235,8 +220,6 @@ class OpenAIEnvironment(Environment):
             if failure.retryable:
                 why += f" (gave up after {sent[0]} attempts)"
             return self._give_up(turn, started, sent[0], why)
-        if key is not None:
-            await self._cache_put(key, result)
         return EnvReply(result.text, self.new_call(
             turn, prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
             latency_s=time.perf_counter() - started, attempts=sent[0]))
@@ -355,20 +338,3 @@ class OpenAIEnvironment(Environment):
             return text
         key = os.environ.get(self.cfg.api_key_env or "", "")
         return text.replace(key, "***") if len(key) >= 4 else text
-
-    # -- cache ------------------------------------------------------------------------------
-    async def _cache_get(self, key: str) -> tuple[str, int, int] | None:
-        assert self.warehouse is not None
-        try:
-            return await asyncio.to_thread(self.warehouse.cache_get, key)
-        except Exception as err:  # a cache problem must not fail the call
-            log.warning("environment %s: reply cache read failed: %s", self.name, short_reason(str(err)))
-            return None
-
-    async def _cache_put(self, key: str, result: _Success) -> None:
-        assert self.warehouse is not None
-        try:
-            await asyncio.to_thread(self.warehouse.cache_put, key, self.model, result.text,
-                                    result.prompt_tokens, result.completion_tokens)
-        except Exception as err:
-            log.warning("environment %s: reply cache write failed: %s", self.name, short_reason(str(err)))

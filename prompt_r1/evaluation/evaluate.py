@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from prompt_r1.config.experiment import AgentConfig, Config, RolloutConfig
 from prompt_r1.config.env import EnvConfig
-from prompt_r1.core.failures import check_error_rate
+from prompt_r1.core.failures import check_error_rate, env_ended
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.seeding import NO_STEP, draw_seed
 from prompt_r1.evaluation.scoring import Prediction, aggregate, episode_record, examples, score_predictions
@@ -163,13 +163,18 @@ async def _agent_method(policy, env, questions, cfg: Config, label: str, seed: i
                                     group_size=1, seed=seed)
         assert_unscaffolded(trajs, f"evaluation of agent:{label}")
         by_id = {t.question_id: t for t in trajs}
-        for q in chunk:
-            t = by_id[q.question_id]
-            preds.append(Prediction(
-                q, f"agent:{label}", t.answer, len(t.agent_turns),
-                sum(c.prompt_tokens for c in t.env_calls), sum(c.completion_tokens for c in t.env_calls),
-                trajectory=t.to_record(), error=t.error))
+        preds += [agent_prediction(q, by_id[q.question_id], label) for q in chunk]
     return preds
+
+
+def agent_prediction(question: QuestionRow, t, label: str) -> Prediction:
+    """An agent episode as a prediction. Only an environment failure is its `error` here: an answer
+    whose LLM judgement failed in the rollout's reward stage is scored again by `score_predictions`
+    (the judge's reply is kept), which records that drop as the judge's (`judge_failed`), apart from
+    the environment's failures and their `max_error_rate`."""
+    return Prediction(question, f"agent:{label}", t.answer, len(t.agent_turns),
+                      sum(c.prompt_tokens for c in t.env_calls), sum(c.completion_tokens for c in t.env_calls),
+                      trajectory=t.to_record(), error=t.error if env_ended(t) else None)
 
 
 def _agent_only(policy, questions: list[QuestionRow], agent_cfg: AgentConfig, label: str, seed: int) -> list[Prediction]:

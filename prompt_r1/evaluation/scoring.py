@@ -22,7 +22,7 @@ from prompt_r1.core.metrics import score_all
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.scorer import AnswerScore
 from prompt_r1.data.judge import JudgeFailure
-from prompt_r1.data.scorers import score_many, score_question
+from prompt_r1.data.scorers import score_many
 
 
 @dataclass
@@ -47,12 +47,17 @@ def _own_scores(preds: list[Prediction]) -> dict[int, AnswerScore | JudgeFailure
     return {id(p): result for p, result in zip(own, score_many([(p.question, p.text) for p in own]))}
 
 
-def primary_scores(predictions: list[str], questions: list[QuestionRow]) -> list[float]:
-    """Each prediction's score under its question's scoring rule: the dataset's own scorer, or its
-    built-in primary metric; what the prompt-optimisation baselines optimise."""
+def primary_scores(predictions: list[str], questions: list[QuestionRow]) -> list[float | None]:
+    """Each prediction's score under its question's scoring rule: the dataset's own scorer (an LLM
+    judge's calls sent together, `score_many`), or its built-in primary metric; what the
+    prompt-optimisation baselines optimise. None where an LLM judgement failed: a dropped sample,
+    never a 0 (past the judge's `max_error_rate` in the batch, `score_many` stops the run)."""
     builtin = score_all(predictions, [q.golds for q in questions])
-    return [score_question(q, pred).score if q.scorer else builtin[q.primary_metric][i]
-            for i, (pred, q) in enumerate(zip(predictions, questions))]
+    own = [i for i, q in enumerate(questions) if q.scorer]
+    results = dict(zip(own, score_many([(questions[i], predictions[i]) for i in own])))
+    return [builtin[q.primary_metric][i] if i not in results
+            else None if isinstance(results[i], JudgeFailure) else results[i].score
+            for i, q in enumerate(questions)]
 
 
 def score_predictions(preds: list[Prediction]) -> list[dict[str, Any]]:

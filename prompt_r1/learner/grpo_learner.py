@@ -364,7 +364,7 @@ class GRPOLearner:
         scaffold = self.cfg.rollout.scaffold
         out = []
         for t, a, ta in zip(trajectories, advantages.tolist(), turn_adv, strict=True):
-            verified = bool(t.scaffold_tokens) and t.reward is not None and t.reward.total >= scaffold.verified_at
+            verified = bool(t.scaffold_turns) and t.reward is not None and t.reward.total >= scaffold.verified_at
             bonus = scaffold.ce_coef if verified else 0.0
             out.append(torch.tensor(token_advantages(float(a), ta, t.loss_mask, weight), dtype=torch.float32)
                        + bonus * torch.tensor(t.loss_mask, dtype=torch.float32))

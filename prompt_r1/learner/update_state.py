@@ -12,6 +12,7 @@ import torch
 from prompt_r1.config.experiment import Config
 from prompt_r1.core.rollout_correction import SUMS, Correction, mismatch_metrics, mismatch_sums
 from prompt_r1.core.trajectory import Trajectory
+from prompt_r1.core.turn_credit import turn_spans
 from prompt_r1.learner.batches import MicroBatch
 
 
@@ -55,11 +56,15 @@ class PreparedBatch:
 
     def sampled_masks(self, micro: MicroBatch) -> dict[int, torch.Tensor]:
         """Per trajectory of the micro-batch, 1 on the response tokens the sampler drew (a scaffold's
-        leading tokens have no sampling log-prob, `Trajectory.scaffold_tokens`), for `micro.scatter`."""
+        turns have no sampling log-prob, `Trajectory.scaffold_turns`), for `micro.scatter`."""
         out = {}
         for i in micro.indices:
+            trajectory = self.trajectories[i]
             mask = torch.ones(self.resp_lens[i])
-            mask[: self.trajectories[i].scaffold_tokens] = 0.0
+            spans = turn_spans(trajectory.loss_mask)
+            for turn in trajectory.scaffold_turns:
+                start, end = spans[turn]
+                mask[start:end] = 0.0
             out[i] = mask
         return out
 

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from prompt_r1.core.fsutil import atomic_dir
+from prompt_r1.core.protocol import FOLLOW_UP_TURN  # the two-hop follow-up: ask the second hop about the bridge
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,6 @@ FINAL_TURN = "<think>ok</think><answer>{answer}</answer>"
 ASK_TURN = ("<think>I should explain the question to the large language model.</think>"
             "<interaction_prompt>Please answer this question briefly: {question}</interaction_prompt>")
 ANSWER_TURN = "<think>The response answers the question.</think><answer>{answer}</answer>"
-# Two-hop shape: after the first reply, ask the second hop about the entity it named.
-FOLLOW_UP_TURN = ("<think>The response names {bridge}. Now I ask the second part about {bridge}.</think>"
-                  "<interaction_prompt>{hop2}</interaction_prompt>")
 # (question, first reply, bridge entity, second-hop question, second reply, answer); entities kept
 # out of the compositional fact table on purpose (see the module docstring).
 TWO_HOP_EXAMPLES = [

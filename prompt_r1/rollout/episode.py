@@ -27,7 +27,7 @@ The answer and the reward come from the agent's own turns only. Scoring is its o
 `reward_stage.RewardStage`, which a caller may run apart from the rollout (`score=False`).
 Training rollouts may start some members of each group from a task's scaffold turn
 (`scaffold`, `rollout.scaffold`): that first turn is written, not sampled, and the rest is sampled
-as always.
+as always, except the later turns a `follow_up` scaffold writes for those members after a reply.
 
 Scheduling: every agent generation is one batched `policy.generate` call run in a worker thread,
 so environment calls (asyncio tasks, all in flight at once) progress while the policy computes.
@@ -57,7 +57,7 @@ from prompt_r1.core.trajectory import EnvCall, Trajectory
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.rollout.progress import RolloutProgress
 from prompt_r1.rollout.reward_stage import RewardStage
-from prompt_r1.rollout.scaffold import Scaffold, scaffold_turn, scaffolded_members
+from prompt_r1.rollout.scaffold import FollowUpScaffold, Scaffold, follow_up_turn, scaffold_turn, scaffolded_members
 
 if TYPE_CHECKING:
     from prompt_r1.env.base import Environment
@@ -148,15 +148,16 @@ class _Loop:
         return episodes
 
     async def drive(self, episodes: list[_Episode], questions: Sequence[QuestionRow], group: int, seed: int,
-                    step: int, gather_window_s: float, scaffold: Scaffold | None) -> None:
+                    step: int, gather_window_s: float, scaffold: Scaffold | None,
+                    follow_up: FollowUpScaffold | None = None) -> None:
         """Run every episode to its end: batched generations for those waiting on the policy, the
         environment calls of the others in flight meanwhile (see the module docstring)."""
         ready: list[_Episode] = list(episodes)
         pending: dict[asyncio.Task, _Episode] = {}
+        by_id = {q.question_id: q for q in questions}
         try:
             if scaffold is not None:  # those members' first turns are written: their calls start at once
                 members = set(scaffolded_members(group, self.rollout_cfg.scaffold.members))
-                by_id = {q.question_id: q for q in questions}
                 for episode in [e for e in ready if e.trajectory.group_index in members]:
                     ready.remove(episode)
                     self._send(pending, episode, self.absorb_scaffold(
@@ -164,6 +165,8 @@ class _Loop:
             while ready or pending:
                 if not ready:
                     ready = await self._replies(pending, gather_window_s)
+                    if follow_up is not None:
+                        ready = self._follow_ups(ready, pending, follow_up, by_id)
                     continue
                 batch, ready = ready, []
                 limits = [min(self.agent_cfg.max_new_tokens, self.room(e)) for e in batch]
@@ -190,6 +193,20 @@ class _Loop:
         turn = len(episode.env_prompts) - 1
         pending[asyncio.create_task(_call_env(episode.env, messages, turn))] = episode
 
+    def _follow_ups(self, ready: list[_Episode], pending: dict[asyncio.Task, _Episode],
+                    follow_up: FollowUpScaffold, by_id: dict[str, QuestionRow]) -> list[_Episode]:
+        """Let `follow_up` write the next turn of each scaffolded episode that just got a reply (its call
+        starts at once); returns the episodes left for the policy."""
+        left = []
+        for episode in ready:
+            traj = episode.trajectory
+            text = follow_up_turn(follow_up, by_id[traj.question_id], traj.env_replies) if traj.scaffold_turns else None
+            if text is None or len(text_ids(self.tokenizer, text)) > self.room(episode):
+                left.append(episode)   # the policy writes this turn (also when the written one would not fit)
+            else:
+                self._send(pending, episode, self.absorb_scaffold(episode, text))
+        return left
+
     def _finished(self) -> None:
         if self.progress is not None:
             self.progress.advance()
@@ -213,12 +230,12 @@ class _Loop:
         return ready
 
     def absorb_scaffold(self, episode: _Episode, text: str) -> list[dict[str, str]] | None:
-        """Append a scaffold's first turn as if sampled (no sampling log-prob: 0.0, counted in
-        `scaffold_tokens`); returns the environment messages to send, or None when finished."""
+        """Append a scaffold's turn as if sampled (no sampling log-prob: 0.0; its index in
+        `scaffold_turns`); returns the environment messages to send, or None when finished."""
         ids = text_ids(self.tokenizer, text)
         now = time.time()
         episode.trajectory.turn_times.append([now, now])
-        episode.trajectory.scaffold_tokens = len(ids)
+        episode.trajectory.scaffold_turns.append(len(episode.trajectory.agent_turns))
         return self.absorb_turn(episode, Sample(ids, [0.0] * len(ids), text, "stop"))
 
     def absorb_reply(self, episode: _Episode, text: str, call: EnvCall) -> bool:
@@ -267,6 +284,7 @@ async def rollout_batch(
     env_weights: Sequence[float] | None = None,
     scaffold: Scaffold | None = None,
     progress: RolloutProgress | None = None,
+    follow_up: FollowUpScaffold | None = None,
 ) -> list[Trajectory]:
     """Sample `group_size` (default `rollout_cfg.group_size`) trajectories per question.
 
@@ -278,7 +296,8 @@ async def rollout_batch(
     With a pool of environments (`env` a sequence; `env_weights` default to equal) each question
     draws its environment by `draw_environment(seed, step, question, env_weights)`.
     With `scaffold` (training only) the last `rollout_cfg.scaffold.members` of each group start
-    from the scaffold's first turn (`rollout.scaffold`), its tokens counted in `scaffold_tokens`.
+    from the scaffold's first turn (`rollout.scaffold`), recorded in `scaffold_turns`; `follow_up` may
+    write their later turns after each reply (`rollout.scaffold.follow_up`).
     `progress` is advanced once per trajectory as it ends (`rollout.progress`).
     """
     group = group_size or rollout_cfg.group_size
@@ -290,7 +309,7 @@ async def rollout_batch(
     loop = _Loop(policy, agent_cfg, rollout_cfg)
     loop.progress = progress
     episodes = loop.episodes(envs, weights, questions, group, seed, step)
-    await loop.drive(episodes, questions, group, seed, step, gather_window_s, scaffold)
+    await loop.drive(episodes, questions, group, seed, step, gather_window_s, scaffold, follow_up)
     trajectories = [e.trajectory for e in episodes]
     for traj in trajectories:
         if traj.error is None:  # a failure is not an answer

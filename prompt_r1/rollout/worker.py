@@ -86,12 +86,14 @@ class RolloutWorker:
                 group_size: int | None = None, score: bool = True, scaffold: bool = False) -> list[Trajectory]:
         """Trajectories for these questions; draws are seeded by (run `seed`, `step`, question,
         sample, turn), so which actor gets a question never matters. `scaffold` (training
-        rollouts only) starts some members from `rollout.scaffold.fn`'s first turn."""
+        rollouts only) starts some members from `rollout.scaffold.fn`'s first turn (and lets
+        `rollout.scaffold.follow_up` write their later turns)."""
         from prompt_r1.rollout.episode import rollout_batch
         from prompt_r1.rollout.progress import RolloutProgress
-        from prompt_r1.rollout.scaffold import load_scaffold
+        from prompt_r1.rollout.scaffold import FOLLOW_UP, load_scaffold
 
-        spec = self.cfg.rollout.scaffold.fn
+        spec, follow_up = self.cfg.rollout.scaffold.fn, self.cfg.rollout.scaffold.follow_up
+        privileged = self.cfg.rollout.scaffold.privileged
         if scaffold and (greedy or spec is None):
             raise ValueError("a scaffolded rollout needs rollout.scaffold.fn and sampling (never greedy: validation "
                              "and probes measure the policy alone)")
@@ -101,7 +103,8 @@ class RolloutWorker:
             trajectories = self._loop.run_until_complete(rollout_batch(
                 self.policy, self.envs, questions, self.cfg.agent, self.cfg.rollout, self.cfg.reward,
                 group_size=group_size, seed=seed, step=step, score=score, env_weights=self.weights,
-                scaffold=load_scaffold(spec, self.cfg.rollout.scaffold.privileged) if scaffold else None,
+                scaffold=load_scaffold(spec, privileged) if scaffold else None,
+                follow_up=load_scaffold(follow_up, privileged, FOLLOW_UP) if scaffold and follow_up else None,
                 progress=progress))
         for trajectory in trajectories:  # the engine's own version, not the driver's idea of it
             trajectory.policy_version = self.version

@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from prompt_r1.core.failures import env_ended
 from prompt_r1.core.trajectory import Trajectory, env_call_records
+
+
+def env_error_trajectories(trajectories: list[Trajectory]) -> int:
+    """How many trajectories a failed environment call ended (`stop_reason` env_error). A trajectory
+    dropped for a failed LLM judgement also has an `error` and no reward, but the environment did not
+    fail: it is the step's `judge_dropped`, not counted here.
+
+    >>> t = lambda err=None, stop="answered": Trajectory("q", 0, [], error=err, stop_reason=stop)
+    >>> env_error_trajectories([t(), t("HTTP 500", "env_error"), t("judge `j`: no score")])
+    1
+    """
+    return sum(1 for t in trajectories if env_ended(t))
 
 
 def usable_for_update(trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -42,7 +55,7 @@ def scaffold_stats(scaffolded: list[Trajectory], kept: int, verified_at: float) 
     """The scaffolded members' share of the trained batch, their mean reward and share of verified successes.
 
     >>> from prompt_r1.core.reward import RewardBreakdown
-    >>> t = Trajectory("q", 7, [], scaffold_tokens=12, reward=RewardBreakdown(1.0, 1.0, 1.0))
+    >>> t = Trajectory("q", 7, [], scaffold_turns=[0], reward=RewardBreakdown(1.0, 1.0, 1.0))
     >>> scaffold_stats([t], 4, 0.99)
     {'scaffolded_share': 0.25, 'scaffolded_reward': 1.0, 'scaffolded_verified': 1.0}
     """

@@ -77,13 +77,15 @@ def check_run(cfg: Config) -> None:
 def check_scaffold_on(cfg: Config, questions: list[QuestionRow]) -> None:
     """`rollout.scaffold.fn`, loaded and called once per training question: one that cannot be
     imported, fails, or names a gold answer or a privileged name stops the run before any model loads."""
-    from prompt_r1.rollout.scaffold import check_scaffold, load_scaffold
+    from prompt_r1.rollout.scaffold import FOLLOW_UP, check_scaffold, load_scaffold
 
     spec, privileged = cfg.rollout.scaffold.fn, cfg.rollout.scaffold.privileged
     if spec is not None:
         checked = check_scaffold(load_scaffold(spec, privileged), questions)
         log.info("scaffold %s: %d training questions checked, none names a gold answer%s", spec, checked,
                  f" or what {privileged} forbids" if privileged else "")
+    if cfg.rollout.scaffold.follow_up is not None:  # needs replies: checked on every turn it writes in training
+        load_scaffold(cfg.rollout.scaffold.follow_up, privileged, FOLLOW_UP)
 
 
 def check_pack_budget_on(cfg: Config, model_path: Path | str, questions: list[QuestionRow]) -> None:

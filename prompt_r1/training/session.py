@@ -55,7 +55,9 @@ from prompt_r1.models.resolver import resolve_agent
 from prompt_r1.rollout.reward_stage import RewardStage, indicator_shares
 from prompt_r1.rollout.scaffold import assert_unscaffolded
 from prompt_r1.training.checks import check_pack_budget_on, check_run_capacity, check_run_settings, check_scaffold_on
-from prompt_r1.training.batch_stats import policy_age, scaffold_stats, trajectory_rows, usable_for_update
+from prompt_r1.training.batch_stats import (
+    env_error_trajectories, policy_age, scaffold_stats, trajectory_rows, usable_for_update,
+)
 from prompt_r1.training.hooks import StepResult, TrainingHooks, TrainingOutcome
 from prompt_r1.training.run_ahead import InFlight, RunAhead
 from prompt_r1.training.run_folder import mark_finished, open_run, own_run
@@ -126,7 +128,8 @@ class TrainingSession:
         # the scorers' (and indicators' and scaffold's) code is part of the run's identity: a resume after it
         # changed is refused like a config change
         scorers = scorer_fingerprints(self.train_questions + self.val_questions, self.cfg.reward.turn.scorer,
-                                      self.cfg.reward.turn.indicators, self.cfg.rollout.scaffold.fn)
+                                      self.cfg.reward.turn.indicators, self.cfg.rollout.scaffold.fn,
+                                      self.cfg.rollout.scaffold.follow_up)
         open_run(self.run_dir, self.cfg.name, self.cfg.hash(), self.questions.hash, self.resume, self.force,
                  config=self.cfg, scorers=scorers)
         self.model_path = resolve_agent(self.cfg.agent.model, config_name=self.cfg.name)
@@ -220,7 +223,7 @@ class TrainingSession:
         the task's indicator shares over the members the policy sampled from the start."""
         questions = {t.question_id: self.by_id[t.question_id] for t in trajectories}
         self.reward_stage.score(trajectories, questions)
-        sampled = [t for t in trajectories if t.reward is not None and not t.scaffold_tokens]
+        sampled = [t for t in trajectories if t.reward is not None and not t.scaffold_turns]
         self.step_indicators = {f"indicator_{name}": share for name, share in indicator_shares(
             [self.reward_stage.indicators(questions[t.question_id], t) for t in sampled]).items()}
 
@@ -249,12 +252,12 @@ class TrainingSession:
             log.warning("step %d: no group kept 2 trajectories without environment failures; no update", self.step)
             metrics = {"update_skipped": 1.0, "groups": 0.0, "groups_informative": 0.0, "informative_share": 0.0}
         metrics.update({"env_error_rate": rate, "trajectories_used": float(len(kept)),
-                        "env_error_trajectories": float(sum(1 for t in trajectories if t.error is not None))})
+                        "env_error_trajectories": float(env_error_trajectories(trajectories))})
         metrics.update(policy_age(trajectories, self.step))
         metrics.update(self.step_indicators)
         metrics.update(self.reward_stage.judge_stats)  # an LLM judge's cost and dropped samples (data.judges)
         if self.cfg.rollout.scaffold.fn is not None:  # how much of the batch the scaffold wrote, and how it did
-            scaffolded = [t for t in kept if t.scaffold_tokens]
+            scaffolded = [t for t in kept if t.scaffold_turns]
             metrics.update(scaffold_stats(scaffolded, len(kept), self.cfg.rollout.scaffold.verified_at))
         return metrics
 

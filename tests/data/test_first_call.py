@@ -99,3 +99,45 @@ def test_turn_rewards_and_indicators_against_a_restatement():
         answered = "<answer>" in t.agent_turns[-1]
         unseen = any(said(t.answer, [g]) and not any(said(r, [g]) for r in t.env_replies) for g in q.answers)
         assert ind["answer_unseen"] == (unseen if answered else None)
+
+
+def test_the_follow_up_asks_the_second_hop_about_the_country_the_first_reply_named_on_every_question():
+    from prompt_r1.data.compositional import COUNTRIES
+    from prompt_r1.data.first_call import second_hop_scaffold
+    from prompt_r1.rollout.scaffold import follow_up_turn, load_scaffold
+
+    guarded = load_scaffold("prompt_r1.data.first_call:second_hop_scaffold",
+                            "prompt_r1.data.first_call:two_hop_privileged", "rollout.scaffold.follow_up")
+    rng = random.Random(0)
+    for q in generate(0):
+        other = rng.choice([c for c in COUNTRIES if c.name != q.country])
+        named = rng.choice([q.country, other.name])
+        reply = rng.choice(["{} it is.", "It is in {}.", "The answer: {}, of course."]).format(named)
+        turn = follow_up_turn(guarded, row(q), (reply,))
+        assert turn is not None and named in turn
+        prompt = turn.split("<interaction_prompt>")[1]
+        if named == q.country:   # the right country: the second hop exactly as the generator asks it
+            assert q.hops[1].question in prompt
+        assert not said(prompt, q.answers) or said(reply, q.answers)   # a gold only where the reply said it
+        # nothing to go on, or a second reply: the policy writes the turn
+        assert second_hop_scaffold(row(q), ("I do not know.",)) is None
+        assert second_hop_scaffold(row(q), (reply, "More text.")) is None
+
+
+def test_a_follow_up_may_say_the_bridge_only_after_a_reply_did():
+    from prompt_r1.rollout.scaffold import ScaffoldError, follow_up_turn, load_scaffold
+
+    guarded = load_scaffold("prompt_r1.data.first_call:second_hop_scaffold",
+                            "prompt_r1.data.first_call:two_hop_privileged", "rollout.scaffold.follow_up")
+    naming = load_scaffold("tests.data.test_first_call:bridge_naming_follow_up",
+                           "prompt_r1.data.first_call:two_hop_privileged", "rollout.scaffold.follow_up")
+    for q in generate(0)[:60]:
+        bridge = q.hops[0].answers[0]
+        assert follow_up_turn(guarded, row(q), (f"That is {bridge}.",)) is not None
+        with pytest.raises(ScaffoldError, match="rollout.scaffold.privileged"):
+            follow_up_turn(naming, row(q), ("I do not know.",))
+        assert follow_up_turn(naming, row(q), (f"Yes, {q.hops[0].answers[-1]}.",)) is not None
+
+
+def bridge_naming_follow_up(question, replies) -> str:
+    return bridge_naming(question)

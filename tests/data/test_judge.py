@@ -94,13 +94,14 @@ def test_the_rubric_is_filled_once_and_needs_the_response():
 # -- the judge against a scripted environment (verdicts chosen by the test) --------------------
 class ScriptedJudge(Environment):
     """An environment whose reply is chosen per answer (the text after `Response: `): it counts the
-    calls that reach it and answers concurrently like a real one."""
+    calls that reach it and answers concurrently like a real one. Its reply cache is the base
+    class's, the one every environment has (`Environment.reply`)."""
 
-    def __init__(self, cfg: EnvConfig, verdicts: dict[str, str], fail: set[str] = frozenset()):
-        super().__init__(cfg)
+    def __init__(self, cfg: EnvConfig, verdicts: dict[str, str], fail: set[str] = frozenset(), warehouse=None):
+        super().__init__(cfg, warehouse)
         self.verdicts, self.fail, self.calls, self.in_flight, self.most_in_flight = verdicts, fail, 0, 0, 0
 
-    async def reply(self, messages, turn=0):
+    async def generate(self, messages, turn, started):
         self.calls += 1
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
@@ -123,16 +124,26 @@ def _q(i: int) -> QuestionRow:
 
 
 @pytest.fixture
-def scripted(tmp_path):
+def scripted(tmp_path, monkeypatch):
+    """`make(verdicts, fail, **env)`: the judge `j`, whose environment (opened by the judge through
+    `open_environment` with its warehouse, when it first needs a call) is a `ScriptedJudge`."""
+    import contextlib
+
+    import prompt_r1.env
     from prompt_r1.api import open_warehouse
 
+    opened = []
     with open_warehouse(tmp_path / "wh.duckdb") as wh:
         def make(verdicts, fail=frozenset(), **env):
-            cfg = _judge_cfg(**env)
-            use_judges([cfg], wh)
-            judge = judge_for("judge:j")
-            judge._env = ScriptedJudge(cfg.environment, verdicts, set(fail))
-            return judge
+            @contextlib.contextmanager
+            def open_scripted(env_cfg, warehouse=None, log_dir=None):
+                opened.append(env_cfg.name)
+                yield ScriptedJudge(env_cfg, verdicts, set(fail), warehouse)
+
+            monkeypatch.setattr(prompt_r1.env, "open_environment", open_scripted)
+            use_judges([_judge_cfg(**env)], wh)
+            return judge_for("judge:j")
+        make.opened = opened
         yield make, wh
     close_judges()
 
@@ -162,8 +173,34 @@ def test_the_reply_cache_answers_a_repeated_judgement_without_the_model(scripted
     use_judges([], wh)
     again = make({"good": "Score: 1/10"})  # would disagree, were it asked
     second = score_question(_q(0), "good")
-    assert again._env.calls == 0 and again.model_calls == 0 and second.score == first.score == 0.9
+    assert again._env is None and again.model_calls == 0 and second.score == first.score == 0.9
+    assert make.opened == ["jenv"]  # the second judge never opened its environment
     assert second.parts["judge_cost_usd"] == first.parts["judge_cost_usd"]  # priced as the call it stands for
+
+
+def test_the_judge_caches_through_the_environments_own_reply_cache(scripted):
+    """One reply cache: the judge's verdicts are stored by its environment's `reply` (the path every
+    environment call takes), under the key an ordinary call of that environment has; a second run's
+    judgements come from there and the judge's environment (its model) is never opened."""
+    from prompt_r1.data.scorers import score_many
+    from prompt_r1.env.base import sent_key
+
+    make, wh = scripted
+    items = [(_q(i), f"a{i}") for i in range(4)]
+    judge = make({f"a{i}": f"Score: {i}/4" for i in range(4)}, concurrency=4)
+    first = score_many(items)
+    assert judge._env.calls == 4 and judge.model_calls == 4
+    messages = judge.messages(_q(2), "a2")
+    assert wh.cache_get(sent_key(judge.cfg.environment, messages))[0] == "Score: 2/4"
+    ordinary = ScriptedJudge(judge.cfg.environment, {}, warehouse=wh)  # the same environment, called as any other
+    reply = asyncio.run(ordinary.reply(messages))
+    assert reply.call.cached and reply.text == "Score: 2/4" and ordinary.calls == 0
+    use_judges([], wh)  # a second run
+    again = make({f"a{i}": "Score: 0/4" for i in range(4)}, concurrency=4)  # would disagree, were it asked
+    second = score_many(items)
+    assert again._env is None and again.model_calls == 0 and make.opened == ["jenv"]
+    assert [r.score for r in second] == [r.score for r in first] == [0.0, 0.25, 0.5, 0.75]
+    assert [r.parts for r in second] == [r.parts for r in first]  # priced as the calls they stand for
 
 
 def test_a_failed_judgement_is_a_dropped_evaluation_row_and_no_cost_is_invented(scripted):
@@ -201,6 +238,7 @@ def test_a_failed_judgement_drops_the_trajectory_in_training_never_a_zero_reward
     from prompt_r1.config.reward import RewardConfig
     from prompt_r1.core.trajectory import Trajectory
     from prompt_r1.rollout.reward_stage import score_trajectories
+    from prompt_r1.training.batch_stats import env_error_trajectories
 
     make, _ = scripted
     make({"good": "Score: 10/10", "bad": "Maybe."}, max_error_rate=1.0)
@@ -211,6 +249,61 @@ def test_a_failed_judgement_drops_the_trajectory_in_training_never_a_zero_reward
     assert stats == {"judge_cost_usd": pytest.approx(0.12), "judge_dropped": 1.0}  # the step's metrics
     assert trajs[0].reward.total == pytest.approx(1.0) and trajs[0].error is None
     assert trajs[1].reward is None and "judge `j`" in trajs[1].error and "states no score" in trajs[1].error
+    # dropped, not an environment failure: the step's judge_dropped counts it, env_error_trajectories does not
+    ended = Trajectory("q0", 1, [], stop_reason="env_error", error="HTTP 500")
+    assert env_error_trajectories([*trajs, ended]) == 1
+
+
+class Answering(Environment):
+    """An environment that answers `Rewrite i` with `a<i>`: the answers the scripted judge judges."""
+
+    async def generate(self, messages, turn, started):
+        answer = "a" + messages[-1]["content"].split()[1]
+        return EnvReply(answer, self.new_call(turn, prompt_tokens=5, completion_tokens=1, attempts=1))
+
+
+def test_a_failed_judgement_in_a_baseline_is_a_dropped_sample_never_a_stop(scripted):
+    """`direct` and the prompt optimisers drop a sample whose judgement failed, as the agent method
+    does: the evaluation goes on (the row has the judge's reason as its error, the cell counts it), a
+    candidate instruction is scored over the judged questions; past the judge's `max_error_rate` the
+    run stops naming the judge."""
+    from prompt_r1.config.experiment import parse_config
+    from prompt_r1.evaluation.baselines.base import Budget, score_instruction
+    from prompt_r1.evaluation.evaluate import EvalOutcome, _evaluate_env
+    from prompt_r1.evaluation.scoring import aggregate
+
+    make, _ = scripted
+    make({"a0": "Score: 1/2", "a1": "no idea", "a2": "Score: 1/1", "a3": "Score: 0/1"}, max_error_rate=0.5)
+    questions = [_q(i) for i in range(4)]
+    env = Answering(EnvConfig(name="e", kind="inprocess", model="m"))
+    cfg = parse_config({"eval": {"methods": ["direct"]}})
+    rows = asyncio.run(_evaluate_env(env, cfg, questions, {}, {}, EvalOutcome(suites={}), True))
+    by = {r["question_id"]: r for r in rows}
+    assert by["q1"]["judge_failed"] and by["q1"]["score"] is None and "states no score" in by["q1"]["error"]
+    assert [by[f"q{i}"]["score"] for i in (0, 2, 3)] == [0.5, 1.0, 0.0]
+    for r in rows:
+        r["env_name"] = "e"
+    cell = aggregate(rows, env.cfg)[0]
+    assert cell["errors"] == 1 and cell["score"] == pytest.approx(0.5)
+    # the agent method: an episode whose judgement failed in the rollout's reward stage is the judge's drop
+    from prompt_r1.core.trajectory import Trajectory
+    from prompt_r1.evaluation.evaluate import agent_prediction
+    from prompt_r1.evaluation.scoring import score_predictions
+
+    judged_out = "judge `j` for question 'q1': the verdict states no score"
+    episodes = [Trajectory("q0", 0, [], answer="a0", stop_reason="answered"),
+                Trajectory("q1", 0, [], answer="a1", stop_reason="answered", error=judged_out),
+                Trajectory("q2", 0, [], stop_reason="env_error", error="HTTP 503"),
+                Trajectory("q3", 0, [], answer="a3", stop_reason="answered")]
+    agent_rows = score_predictions([agent_prediction(q, t, "base") for q, t in zip(questions, episodes)])
+    assert [r["judge_failed"] for r in agent_rows] == [False, True, False, False]
+    assert "states no score" in agent_rows[1]["error"] and agent_rows[2]["error"] == "HTTP 503"
+    assert [r["score"] for r in agent_rows] == [0.5, None, None, 0.0]
+    scored = asyncio.run(score_instruction(env, Budget(10), questions, "Be polite."))
+    assert scored.per_question == [0.5, None, 1.0, 0.0] and scored.score == pytest.approx(0.5)
+    make({"a1": "no idea"}, max_error_rate=0.2)  # the others' verdicts come from the reply cache
+    with pytest.raises(ScorerError, match=r"judge `judge:j` failed on 1 of 4 answers.*max_error_rate 0.2"):
+        asyncio.run(score_instruction(env, Budget(10), questions, "Be polite."))
 
 
 def test_a_judge_is_part_of_the_run_identity_and_must_be_declared():

@@ -122,3 +122,29 @@ def test_sampling_is_seeded_and_leaves_global_rng_alone(_model_cache):
         texts.append(asyncio.run(_gather(sampler, [conversation(i) for i in range(3)])))
         assert torch.equal(torch.random.get_rng_state(), state)
     assert [r.text for r in texts[0]] == [r.text for r in texts[1]]
+
+
+def test_an_in_process_environment_opened_with_a_warehouse_caches_its_replies(_model_cache, tmp_path):
+    """The reply cache is every kind's (`Environment.reply`): opened with a warehouse, an in-process
+    environment answers a repeated call from it (no generate), still batches the calls it makes, and
+    stores no failed call; with `cache: false` or no warehouse every call is made."""
+    from prompt_r1.api import open_warehouse
+
+    cfg = EnvConfig(name="tiny-env", kind="inprocess", model="tiny", max_tokens=8, temperature=0.0)
+    conversations = [conversation(i) for i in range(3)]
+    with open_warehouse(tmp_path / "wh.duckdb") as wh:
+        with open_environment(cfg, warehouse=wh) as cached:
+            first = asyncio.run(_gather(cached, conversations))
+            assert cached.batch_sizes == [3] and not any(r.call.cached for r in first)
+            again = asyncio.run(_gather(cached, [*conversations, conversation(7)]))
+            assert cached.batch_sizes == [3, 1]  # only the new conversation reached the model
+            assert [r.call.cached for r in again] == [True, True, True, False]
+            assert [r.text for r in again[:3]] == [r.text for r in first]
+            assert [r.call.prompt_tokens for r in again[:3]] == [r.call.prompt_tokens for r in first]
+            assert all(r.call.attempts == 0 for r in again[:3])
+            failed = asyncio.run(cached.reply([{"role": "user", "content": "x" * 5000}]))  # past the context
+            assert failed.call.error and wh.query("SELECT count(*) FROM env_cache")[0][0] == 4
+        for off in (cfg.model_copy(update={"cache": False}), cfg):
+            with open_environment(off, warehouse=wh if not off.cache else None) as uncached:
+                replies = asyncio.run(_gather(uncached, conversations))
+                assert uncached.batch_sizes == [3] and not any(r.call.cached for r in replies)

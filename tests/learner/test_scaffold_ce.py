@@ -4,8 +4,6 @@ that is exactly ce_coef x the gradient of their negative log-likelihood."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from grpo_helpers import hand_trajectories, make_config, spy_policy_loss
@@ -23,14 +21,13 @@ def _config(ce_coef: float, verified_at: float = 0.99):
 
 @pytest.mark.parametrize("ce_coef,verified_at", [(0.5, 0.99), (1.5, 0.5), (0.25, 2.0)])
 def test_only_verified_scaffolded_members_gain_the_coefficient(tiny_model_path, monkeypatch, ce_coef, verified_at):
-    rng = random.Random(int(ce_coef * 100))
     calls = spy_policy_loss(monkeypatch)
     advs = []
     for coef in (0.0, ce_coef):
         learner = GRPOLearner(_config(coef, verified_at), tiny_model_path)
         trajectories = hand_trajectories(learner.tokenizer)
         for t in trajectories:
-            t.scaffold_tokens = rng.randint(1, 4) if t.group_index == 2 else 0
+            t.scaffold_turns = [0] if t.group_index == 2 else []
         learner.step(trajectories)
         advs.append(calls[-1]["adv"])
         mask = calls[-1]["mask"]
@@ -55,3 +52,34 @@ def test_at_ratio_one_the_bonus_is_the_cross_entropy_gradient() -> None:
     (grad_plain,) = torch.autograd.grad(-(adv * ratio() * mask).sum() / mask.sum(), logp)
     (grad_ce,) = torch.autograd.grad(-(0.5 * ce * logp).sum() / mask.sum(), logp)
     assert torch.allclose(grad_bonus, grad_plain + grad_ce, atol=1e-6)
+
+
+def test_the_sampled_mask_leaves_out_every_written_turn_and_nothing_else() -> None:
+    """Against a restatement: a token was drawn by the sampler unless it lies in an agent turn (a run of
+    loss-mask 1s, counted in order) that `scaffold_turns` lists; replies (mask 0) count as drawn (they are
+    never read there: the sums multiply by the loss mask too)."""
+    import random
+    from types import SimpleNamespace
+
+    from prompt_r1.core.trajectory import Trajectory
+    from prompt_r1.learner.update_state import PreparedBatch
+
+    rng = random.Random(0)
+    trajectories = []
+    for i in range(200):
+        mask, turn_of = [], []
+        for turn in range(rng.randint(1, 4)):
+            mask += [1] * rng.randint(1, 5)
+            turn_of += [turn] * (len(mask) - len(turn_of))
+            reply = rng.randint(1, 3)
+            mask += [0] * reply
+            turn_of += [None] * reply
+        turns = len({t for t in turn_of if t is not None})
+        written = sorted(rng.sample(range(turns), rng.randint(0, turns)))
+        trajectories.append((Trajectory("q", i, list(range(len(mask))), loss_mask=mask, scaffold_turns=written),
+                             [0.0 if t in written else 1.0 for t in turn_of]))
+    batch = PreparedBatch([t for t, _ in trajectories], [len(t.loss_mask) for t, _ in trajectories],
+                          torch.zeros(len(trajectories)), None, 32, [], 0, {})
+    masks = batch.sampled_masks(SimpleNamespace(indices=list(range(len(trajectories)))))
+    for i, (_, expected) in enumerate(trajectories):
+        assert masks[i].tolist() == expected

@@ -52,18 +52,19 @@ def test_the_last_members_start_from_the_scaffold_and_go_on_sampling(tokenizer, 
     for t in trajs:
         scaffolded = t.group_index in scaffolded_members(group, members)
         assert t.agent_turns[0] == (PROPOSED if scaffolded else ASK.format(q=0))
-        assert t.scaffold_tokens == (len(proposed_ids) if scaffolded else 0)
+        assert t.scaffold_turns == ([0] if scaffolded else [])
         if scaffolded:  # written, not sampled: trained (mask 1), with no sampling log-prob
-            assert t.token_ids[: t.scaffold_tokens] == proposed_ids
-            assert t.loss_mask[: t.scaffold_tokens] == [1] * t.scaffold_tokens
-            assert t.logprobs[: t.scaffold_tokens] == [0.0] * t.scaffold_tokens
+            n = len(proposed_ids)
+            assert t.token_ids[:n] == proposed_ids
+            assert t.loss_mask[:n] == [1] * n and t.loss_mask[n] == 0
+            assert t.logprobs[:n] == [0.0] * n
         assert t.agent_turns[-1] == ANSWER and len(t.env_calls) == 1   # then on-policy against the environment
         assert t.reward is not None
     # the policy generated every first turn but the scaffold's
     first_turns = sum(len(prompts) for prompts, _ in policy.calls[:1])
     assert first_turns == len(questions) * (group - members)
     unscaffolded, _ = _rollout(tokenizer, group, members, None, questions)
-    assert not any(t.scaffold_tokens for t in unscaffolded)
+    assert not any(t.scaffold_turns for t in unscaffolded)
     assert_unscaffolded(unscaffolded, "validation")
     with pytest.raises(AssertionError, match="scaffolds run in training rollouts only"):
         assert_unscaffolded(trajs, "validation")
@@ -85,7 +86,7 @@ def test_a_scaffold_naming_a_gold_is_refused_for_any_gold():
 
 def test_a_scaffold_that_writes_no_interaction_turn_or_fails_is_refused():
     q = question(0)
-    with pytest.raises(ScaffoldError, match="whole first agent turn"):
+    with pytest.raises(ScaffoldError, match="whole agent turn"):
         scaffold_turn(lambda _: "just text", q)
     with pytest.raises(ScaffoldError, match="raised ZeroDivisionError"):
         scaffold_turn(lambda _: 1 / 0, q)
@@ -98,6 +99,7 @@ def test_a_scaffold_that_writes_no_interaction_turn_or_fails_is_refused():
     ({"group_size": 4, "scaffold": {"fn": "m:f", "members": 4}}, "leave at least 1"),
     ({"group_size": 4, "scaffold": {"fn": "m:f", "members": 0}}, "at least 1"),
     ({"scaffold": {"members": 2}}, "fn is not"),
+    ({"scaffold": {"follow_up": "m:f"}}, "fn is not"),
 ])
 def test_settings_a_scaffold_cannot_work_with_are_refused(rollout, match):
     with pytest.raises(Exception, match=match):
@@ -115,5 +117,54 @@ def test_an_unset_scaffold_keeps_the_run_hash():
     plain = parse_config({})
     assert plain.hash() == parse_config({"rollout": {"scaffold": {}}}).hash()
     assert plain.hash() != parse_config({"rollout": {"group_size": 4, "scaffold": {"fn": "m:f", "members": 1}}}).hash()
-    assert Trajectory("q", 0, []).to_record().keys() == Trajectory("q", 0, [], scaffold_tokens=0).to_record().keys()
-    assert "scaffold_tokens" not in Trajectory("q", 0, []).to_record()
+    assert Trajectory("q", 0, []).to_record().keys() == Trajectory("q", 0, [], scaffold_turns=[]).to_record().keys()
+    assert "scaffold_turns" not in Trajectory("q", 0, []).to_record()
+
+
+def test_unsaid_against_a_restatement():
+    """A name a turn says counts against it unless some reply said it (whole words, normalised)."""
+    from prompt_r1.core.metrics import normalize_answer
+    from prompt_r1.rollout.scaffold import unsaid
+
+    def says(text, name):
+        return f" {normalize_answer(name)} " in f" {normalize_answer(text)} " and bool(normalize_answer(name))
+
+    rng = random.Random(1)
+    words = ["Paris", "the Nile", "Rome", "New York", "42", "Nile"]
+    for _ in range(400):
+        names = rng.sample(words, rng.randint(1, 3))
+        text = " ".join(rng.choice(words + ["is", "it", "where"]) for _ in range(rng.randint(0, 5)))
+        replies = [" ".join(rng.choice(words + ["yes"]) for _ in range(rng.randint(0, 3)))
+                   for _ in range(rng.randint(0, 2))]
+        expected = [n for n in names if says(text, n) and not any(says(r, n) for r in replies)]
+        assert unsaid(names, text, replies) == expected
+
+
+FOLLOWED = "<think>b</think><interaction_prompt>Then what of {reply}?</interaction_prompt>"
+
+
+def following(q: QuestionRow, replies):
+    return FOLLOWED.format(reply=replies[0].split()[0]) if len(replies) == 1 else None
+
+
+def test_a_follow_up_scaffold_writes_the_scaffolded_members_next_turn_and_only_theirs(tokenizer):
+    questions = [question(i) for i in range(2)]
+    policy = ScriptedPolicy(tokenizer, lambda text, turn: ASK.format(q=turn) if turn < 2 else ANSWER)
+    rollout_cfg = RolloutConfig(group_size=4, max_turns=4, scaffold={
+        "fn": "tests.rollout.test_scaffold:proposing", "follow_up": "tests.rollout.test_scaffold:following",
+        "members": 2})
+    agent = AgentConfig(max_new_tokens=64, max_response_tokens=1024, max_env_reply_tokens=256)
+    trajs = run_rollout(policy, ScriptedEnv(), questions, agent, rollout_cfg, RewardConfig(), seed=0,
+                        scaffold=proposing, follow_up=following)
+    for t in trajs:
+        if t.group_index >= 2:   # first and second turns written, the rest sampled
+            assert t.scaffold_turns == [0, 1]
+            assert t.agent_turns[1] == FOLLOWED.format(reply=t.env_replies[0].split()[0])
+            written = [tokenizer.encode(text, add_special_tokens=False) for text in t.agent_turns[:2]]
+            from prompt_r1.core.turn_credit import turn_spans
+            spans = turn_spans(t.loss_mask)
+            for (start, end), ids in zip(spans, written):
+                assert t.token_ids[start:end] == ids and t.logprobs[start:end] == [0.0] * len(ids)
+        else:
+            assert t.scaffold_turns == [] and t.agent_turns[1] == ASK.format(q=1)
+        assert t.agent_turns[-1] == ANSWER

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,8 @@ from prompt_r1.config.env import EnvConfig
 from prompt_r1.core.failures import EnvironmentFailure, UserError, check_error_rate
 from prompt_r1.evaluation.scoring import primary_scores
 from prompt_r1.core.questions import QuestionRow
+
+log = logging.getLogger(__name__)
 
 CALL_DEADLINE_S = 3600.0  # one environment call from an optimiser's thread, budget waits included
 SEED_INSTRUCTION = ("Think step by step. Then write the final answer on the last line as "
@@ -124,12 +127,14 @@ class Scored:
 
     instruction: str
     score: float
-    per_question: list[float]
+    per_question: list[float | None]  # None: the question's LLM judgement failed (left out of `score`)
     replies: list[str]
 
 
 async def score_instruction(env, budget: Budget, questions: list[QuestionRow], instruction: str) -> Scored | None:
-    """Mean primary score of `instruction` on `questions`; None when a call failed.
+    """Mean primary score of `instruction` on `questions`; None when a call failed. A question whose
+    LLM judgement failed is a dropped sample (`primary_scores`): left out of the mean, never a 0; None
+    when every one was dropped.
 
     Raises `BudgetExhausted` when the budget cannot cover every question (checked first, so
     no call is spent on a candidate that could not be scored completely).
@@ -144,7 +149,11 @@ async def score_instruction(env, budget: Budget, questions: list[QuestionRow], i
         return None
     texts = [r.text for r in replies]
     per = primary_scores([extract_cot_answer(t) for t in texts], questions)
-    return Scored(instruction, sum(per) / len(per), per, texts)
+    kept = [s for s in per if s is not None]
+    if len(kept) < len(per):
+        log.warning("candidate instruction: %d of %d judgements failed (dropped, not scored 0)",
+                    len(per) - len(kept), len(per))
+    return Scored(instruction, sum(kept) / len(kept), per, texts) if kept else None
 
 
 def training_questions(warehouse, cfg: BaselinesConfig, datasets: list[str] | None) -> list[QuestionRow]:

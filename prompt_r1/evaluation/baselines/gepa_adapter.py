@@ -51,18 +51,21 @@ class ProjectAdapter:
                 self.env, [{"role": "user", "content": baseline_prompt(q.question, instruction)}]) for q in batch])
 
         replies = self._run(go())
-        failed = [r.call.error is not None for r in replies]
         scores_by = primary_scores([extract_cot_answer(r.text) for r in replies], batch)
-        scores = [0.0 if bad else scores_by[i] for i, bad in enumerate(failed)]
-        if [q.question_id for q in batch] == self.full_ids and not any(failed):
+        # a failed call, or a failed LLM judgement (None), has no score: GEPA needs a number for it, but
+        # such a batch never counts as the candidate's training score
+        errors = [r.call.error or (None if s is not None else "the judge's verdict gave no score")
+                  for r, s in zip(replies, scores_by)]
+        scores = [0.0 if bad else scores_by[i] for i, bad in enumerate(errors)]
+        if [q.question_id for q in batch] == self.full_ids and not any(errors):
             self.scored[instruction] = sum(scores) / len(scores)
         traces = [{"question": q.question, "golds": q.golds, "reply": r.text, "score": s,
-                   "error": r.call.error} for q, r, s in zip(batch, replies, scores)] if capture_traces else None
+                   "error": e} for q, r, s, e in zip(batch, replies, scores, errors)] if capture_traces else None
         return EvaluationBatch(outputs=[r.text for r in replies], scores=scores, trajectories=traces)
 
     def make_reflective_dataset(self, candidate, eval_batch, components_to_update):
         records = [{"Inputs": {"question": t["question"]}, "Generated Outputs": t["reply"],
-                    "Feedback": (f"environment error: {t['error']}" if t["error"] else
+                    "Feedback": (f"error: {t['error']}" if t["error"] else
                                  f"score {t['score']:.2f}; correct answer: {' | '.join(t['golds'])}")}
                    for t in eval_batch.trajectories or []]
         return {c: records for c in components_to_update}

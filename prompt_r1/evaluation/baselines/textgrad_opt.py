@@ -95,13 +95,21 @@ def step_calls(minibatch: int, questions: int) -> int:
 
 
 def _feedback(q, reply: str) -> str:
-    """TextGrad's loss text for one reply: its score under the question's rule, the extracted and the correct answer."""
+    """TextGrad's loss text for one reply: its score under the question's rule, the extracted and the
+    correct answer. A failed LLM judgement says so (no score, never a 0); the judge's `max_error_rate`
+    is checked where candidates are scored (`score_instruction`), over the whole batch."""
+    from prompt_r1.data.judge import JudgeFailure
+    from prompt_r1.data.scorers import score_question
     from prompt_r1.evaluation.answers import extract_cot_answer
     from prompt_r1.evaluation.scoring import primary_scores
 
     pred = extract_cot_answer(reply)
-    score = primary_scores([pred], [q])[0]
-    return f"score {score:.2f} (1 = correct); extracted answer: {pred!r}; correct answer: {' | '.join(q.golds)}"
+    try:
+        score = score_question(q, pred).score if q.scorer else primary_scores([pred], [q])[0]
+    except JudgeFailure:
+        score = None
+    shown = "none (the judge's verdict gave no score)" if score is None else f"{score:.2f} (1 = correct)"
+    return f"score {shown}; extracted answer: {pred!r}; correct answer: {' | '.join(q.golds)}"
 
 
 async def optimise(env, optimizer_env, questions, cfg: BaselinesConfig, budget: Budget) -> Optimised:
