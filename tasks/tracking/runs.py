@@ -303,9 +303,13 @@ class MetricBuffer:
 
         done = set(logged_steps(self.run_id))
         now = int(time.time() * 1000)
-        # a `/` in a name is MLflow's grouping (`train_env/<name>/<metric>`): kept, each part made safe
-        batch = [Metric(metric_key(*k.split("/")), v, now, step) for step, ms in self.pending if step not in done
-                 for k, v in ms.items()]
+        # a `/` in a name is MLflow's grouping (`train_env/<name>/<metric>`): kept, each part made safe.
+        # Each entry its own millisecond: a step can hold two entries with a key in common (step 0's
+        # validation before training and its update both report `rollout_actor_restarts`), and two
+        # values of one key at one (timestamp, step) make MLflow 3's log_model fail when it links the
+        # run's metrics to the logged model (UNIQUE constraint on logged_model_metrics)
+        batch = [Metric(metric_key(*k.split("/")), v, now + i, step)
+                 for i, (step, ms) in enumerate(self.pending) if step not in done for k, v in ms.items()]
         for i in range(0, len(batch), 900):  # MLflow caps a batch at 1000 metrics
             MlflowClient().log_batch(self.run_id, metrics=batch[i : i + 900])
         self.pending.clear()
