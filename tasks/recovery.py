@@ -19,6 +19,15 @@ config" rule passes over a run another scheduled flow run owns; the run folder's
 (`run_folder.own_run`) refuses a second process on a folder in any case. After `MAX_ATTEMPTS`
 runs a flow run fails instead of starting (`check_attempts`), so a run that crashes every time
 stops being retried.
+
+The automation alone is not enough: in the soak it did not fire for crashes reported right after
+the Prefect server restarted, nor for a run orphaned by a killed worker, though their `Crashed`
+events are in the server's event log (docs/deployments.md). So a sweep (`retry_crashed`) does the
+same from the API's state instead of its events: every deployment run tagged `prompt-r1` that is
+`Crashed` with attempts left is set to `AwaitingRetry`. It is idempotent (a run it or the
+automation already rescheduled is no longer `Crashed`), never touches a `Failed`, `Completed` or
+`Cancelled` run nor a subflow run, and it is what the `recover-crashed` deployment of prefect.yaml
+runs every few minutes on the worker (flows/recover.py); the soak runs it too.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ OWNER_TAG = "prefect_flow_run"  # MLflow tag: the root deployment flow run a tra
 RESUMES_TAG = "resumes"         # MLflow tag: "attempt:step" of every continuation, comma-separated
 MAX_ATTEMPTS = 3                # a scheduled flow run runs at most this many times
 AUTOMATION_NAME = "Retry crashed prompt-r1 runs"
+SWEEP_TAG = "prompt-r1"         # the tag of the deployments (prefect.yaml) whose crashed runs the sweep retries
 RETRY_MESSAGE = "retried after an infrastructure crash; it continues its training run from the last checkpoint"
 
 
@@ -123,3 +133,66 @@ def retry_crashed_automation():
         actions=[ChangeFlowRunState(state=StateType.SCHEDULED, name="AwaitingRetry", message=RETRY_MESSAGE,
                                     force=True)],
     )
+
+
+async def crashed_runs(client, tag: str | None = SWEEP_TAG) -> list:
+    """The deployment flow runs (root runs, not subflows) in a `Crashed` state, with `tag` (None: any)."""
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterDeploymentId,
+                                                FlowRunFilterParentTaskRunId, FlowRunFilterState,
+                                                FlowRunFilterStateType, FlowRunFilterTags)
+    from prefect.client.schemas.objects import StateType
+
+    where = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CRASHED])),
+                          deployment_id=FlowRunFilterDeploymentId(is_null_=False),
+                          parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=True),
+                          tags=FlowRunFilterTags(all_=[tag]) if tag else None)
+    runs: list = []
+    for page in range(50):  # bounded: 10,000 crashed runs
+        batch = await client.read_flow_runs(flow_run_filter=where, limit=200, offset=page * 200)
+        runs += batch
+        if len(batch) < 200:
+            break
+    return runs
+
+
+def should_retry(state_type: str, run_count: int | None, deployment_id: object, parent_task_run_id: object,
+                 limit: int = MAX_ATTEMPTS) -> bool:
+    """Whether the sweep sets a flow run to `AwaitingRetry`: a deployment's root run that crashed
+    with attempts left (`run_count` below `limit`; a run that crashed before it ran counts 0).
+
+    >>> should_retry("CRASHED", 1, "d", None), should_retry("CRASHED", 0, "d", None)
+    (True, True)
+    >>> should_retry("CRASHED", 3, "d", None), should_retry("FAILED", 1, "d", None)
+    (False, False)
+    >>> should_retry("CRASHED", 1, None, None), should_retry("CRASHED", 1, "d", "task-run")
+    (False, False)
+    """
+    return (state_type == "CRASHED" and int(run_count or 0) < limit and deployment_id is not None
+            and parent_task_run_id is None)
+
+
+async def retry_crashed(client, tag: str | None = SWEEP_TAG, limit: int = MAX_ATTEMPTS) -> list[str]:
+    """Set every crashed deployment run with attempts left (`should_retry`) to `AwaitingRetry`, the
+    state the automation sets: its worker runs it again and it continues its training run. Each run's
+    state is read again just before (the automation may have rescheduled it meanwhile), and the
+    transition is not forced, so Prefect's orchestration rules still apply. Returns the ids set."""
+    from prefect.states import AwaitingRetry
+
+    done = []
+    for run in await crashed_runs(client, tag):
+        fresh = await client.read_flow_run(run.id)
+        state = fresh.state.type.value if fresh.state else ""
+        if not should_retry(state, fresh.run_count, fresh.deployment_id, fresh.parent_task_run_id, limit):
+            if state == "CRASHED" and int(fresh.run_count or 0) >= limit:
+                log.warning("flow run %s (%s) crashed %d times: not retried again", fresh.name, fresh.id,
+                            fresh.run_count)
+            continue
+        result = await client.set_flow_run_state(fresh.id, AwaitingRetry(message=RETRY_MESSAGE), force=False)
+        if result.status.value == "ACCEPT":
+            log.warning("flow run %s (%s) crashed (%s); set to AwaitingRetry: it runs again and continues its "
+                        "training run", fresh.name, fresh.id, (fresh.state.message or "")[:200])
+            done.append(str(fresh.id))
+        else:
+            log.warning("flow run %s (%s): AwaitingRetry not accepted (%s: %s)", fresh.name, fresh.id,
+                        result.status.value, getattr(result.details, "reason", ""))
+    return done
