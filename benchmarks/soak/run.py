@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SECRET_VAR = "PROMPT_R1_SOAK_API_KEY"
 TARGET_WAIT_S = 120.0   # a kill waits this long at most for its target (a run that trains) to exist
 TARGET_POLL_S = 0.5     # and looks this often: a rollout of the smoke config lasts a few seconds
+SWEEP_EVERY_S = 30.0    # how often the soak sweeps crashed runs (the recover-crashed deployment: 180 s)
 log = logging.getLogger("soak")
 
 
@@ -74,6 +75,8 @@ class Soak:
         self.down = {"server": 0, "worker": 0}  # planned outages in progress (the supervisor leaves them be)
         self.unplanned = Counter()
         self.ray_sessions: set[Path] = set()  # where the runs' Ray really wrote (`faults.ray_sessions`)
+        self.swept: list[dict[str, Any]] = []  # crashed runs the soak's sweep set to AwaitingRetry
+        self._next_sweep = 0.0
 
     def env(self, home: Path) -> dict[str, str]:
         return {**os.environ, TAG_VAR: self.tag, SECRET_VAR: self.secret, "PROMPT_R1_HOME": str(home),
@@ -145,15 +148,34 @@ class Soak:
 
     def supervise(self) -> None:
         """A server or worker that died outside a planned outage is started again (and counted); the
-        Ray session folders the runs name are noted (the secret check scans them)."""
+        Ray session folders the runs name are noted (the secret check scans them); every
+        `SWEEP_EVERY_S` crashed runs with attempts left are set to AwaitingRetry (`sweep`)."""
         with contextlib.suppress(Exception):
             self.ray_sessions |= faults.ray_sessions(self.tag)
+        if time.monotonic() >= self._next_sweep:
+            self.sweep()
         if not self.down["server"] and not self.services.healthy() and self.services.server.poll() is not None:
             self.unplanned["server_died"] += 1
             self.services.start_server()
         if not self.down["worker"] and self.services.worker.poll() is not None:
             self.unplanned["worker_died"] += 1
             self.services.start_worker()
+
+    def sweep(self) -> None:
+        """`tasks.recovery.retry_crashed`, what the `recover-crashed` deployment runs for a user: the
+        backstop of the retry automation, which missed crashes reported right after a server restart
+        (BENCHMARKS.md). Runs it retried are recorded (`swept`); a server down now is tried again later."""
+        from tasks.recovery import retry_crashed
+
+        self._next_sweep = time.monotonic() + SWEEP_EVERY_S
+        if self.down["server"] or not self.services.healthy():
+            return
+        try:
+            for run_id in self.services.api(retry_crashed):
+                self.swept.append({"flow_run": run_id, "at": round(time.time(), 1)})
+                log.info("sweep: crashed flow run %s set to AwaitingRetry", run_id)
+        except Exception as err:  # the server restarting under it: the next sweep tries again
+            log.warning("sweep failed: %s: %s", type(err).__name__, err)
 
     # -- the soak ------------------------------------------------------------------------------
     def baseline(self, config: Path) -> tuple[Path, str, float]:
@@ -254,12 +276,13 @@ class Soak:
         due = self.services.api(stop_scheduling, wall_end)
         drained = self._drain(t0 + (args.minutes + args.drain_minutes) * 60)
         return {"events": self.events, "soak_start": wall0, "soak_end": wall_end, "due_never_started": due,
-                "drain": drained, "unplanned": dict(self.unplanned),
+                "drain": drained, "unplanned": dict(self.unplanned), "swept": self.swept,
                 "seconds": round(time.monotonic() - t0, 1)}
 
     def _drain(self, deadline: float) -> dict[str, Any]:
         """Wait (bounded) for the runs in progress; past the deadline they are cancelled."""
         while time.monotonic() < deadline:
+            self.sweep()  # a crash just before the drain is retried in it
             if not self.services.api(active_runs):
                 return {"cancelled": 0}
             self.supervise()
