@@ -102,7 +102,7 @@ def _deployment_run(parameters: dict) -> str:
     with get_client(sync_client=True) as client:
         flow_id = client.create_flow(train_flow)
         deployment_id = client.create_deployment(flow_id, "train-test", entrypoint="flows/train.py:train_flow",
-                                                 path=str(ROOT))
+                                                 path=str(ROOT), tags=["prompt-r1", "training"])  # prefect.yaml's
         return str(client.create_flow_run_from_deployment(deployment_id, parameters=parameters).id)
 
 
@@ -126,10 +126,11 @@ def _state(flow_run_id: str):
 @pytest.mark.slow
 def test_a_killed_scheduled_run_is_retried_and_resumes_from_its_checkpoint(prefect_api, home, tmp_path):
     """SIGKILL a deployment's train run after a checkpoint; mark it Crashed (the worker would) and
-    AwaitingRetry (the automation would); the same flow run runs again (attempt 2), continues its
+    AwaitingRetry by the sweep (`tasks.recovery.retry_crashed`, the recover-crashed deployment's flow;
+    the automation does the same from the event), once; the same flow run runs again (attempt 2), continues its
     own training run at the step of its last checkpoint, not a newer unfinished run of the same
     config, and records each step once. A bad config ends Failed, which the automation leaves."""
-    from prefect.states import Crashed, Scheduled
+    from prefect.states import Crashed, Running, Scheduled
 
     from prompt_r1.learner.checkpoint import step_dir_name
     from tasks.tracking.runs import tracking_uri
@@ -156,7 +157,9 @@ def test_a_killed_scheduled_run_is_retried_and_resumes_from_its_checkpoint(prefe
 
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(flow_run_id, Crashed(message="exited with status -9"), force=True)
-        client.set_flow_run_state(flow_run_id, Scheduled(name="AwaitingRetry"), force=True)
+    # the sweep (the recover-crashed deployment's flow) reschedules it, once: a second sweep finds nothing
+    assert _sweep() == [flow_run_id] and _sweep() == []
+    assert _state(flow_run_id).state.name == "AwaitingRetry"
     second = _engine(flow_run_id, home, tmp_path / "second.log")
     assert second.wait(900) == 0, (tmp_path / "second.log").read_text()[-3000:]
     flow_run = _state(flow_run_id)
@@ -175,6 +178,28 @@ def test_a_killed_scheduled_run_is_retried_and_resumes_from_its_checkpoint(prefe
     bad = _deployment_run({"config": str(tmp_path / "missing.yaml")})
     assert _engine(bad, home, tmp_path / "bad.log").wait(300) != 0
     assert _state(bad).state.type.value == "FAILED"  # a user error: not Crashed, so never retried
+    assert _sweep() == [] and _state(bad).state.type.value == "FAILED" and _state(flow_run_id).state.is_completed()
+    spent = _deployment_run({"config": "configs/smoke.yaml"})  # crashed on its last attempt: left Crashed
+    with get_client(sync_client=True) as client:
+        for _ in range(3):
+            client.set_flow_run_state(spent, Scheduled(), force=True)
+            client.set_flow_run_state(spent, Running(), force=True)
+        client.set_flow_run_state(spent, Crashed(message="exited with status -9"), force=True)
+    assert _state(spent).run_count == 3 and _sweep() == [] and _state(spent).state.type.value == "CRASHED"
+
+
+def _sweep() -> list[str]:
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    from tasks.recovery import retry_crashed
+
+    async def main():
+        async with get_client() as client:
+            return await retry_crashed(client)
+
+    return asyncio.run(main())
 
 
 def test_attempts_are_capped_and_continuations_recorded_in_order():
@@ -190,3 +215,34 @@ def test_attempts_are_capped_and_continuations_recorded_in_order():
         check_attempts(ScheduledRun("f", 4))
     value = add_resume(add_resume(None, 0, 1), 2, 2)  # a plain resume at step 1, then a retry at step 2
     assert parse_resumes(value) == [(0, 1), (2, 2)]
+
+
+def test_a_step_with_two_reports_of_one_metric_still_links_to_the_logged_model(home):
+    """The retried run of the third short soak failed in `log_agent_model`: MLflow 3 links the run's
+    step-0 metrics to the logged model, and step 0 held two values of `rollout_actor_restarts` at one
+    timestamp (the validation before training and the first update both report it), which
+    `logged_model_metrics`' key refuses. A buffer gives each entry its own timestamp: the run is
+    killed after its first flush, continued, flushes again, and the model is logged."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from tasks.tracking.runs import MetricBuffer, setup_mlflow
+
+    class Echo(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input):
+            return model_input
+
+    exp = setup_mlflow("metric-buffer", None)
+    with mlflow.start_run(experiment_id=exp) as run:  # the first attempt: validation and step 0, flushed
+        buffer = MetricBuffer(run.info.run_id)
+        buffer.add(0, {"val_reward": 0.5, "rollout_actor_restarts": 1.0})
+        buffer.add(0, {"reward_mean": 0.25, "rollout_actor_restarts": 0.0})
+        buffer.flush()
+    with mlflow.start_run(run_id=run.info.run_id):  # continued (a crash's retry): step 1, then the model
+        buffer.add(1, {"reward_mean": 0.5, "rollout_actor_restarts": 1.0})
+        buffer.add(0, {"reward_mean": 9.0})  # step 0 is in MLflow already: never logged again
+        buffer.flush()
+        mlflow.pyfunc.log_model(name="agent_model", python_model=Echo(), pip_requirements=[])
+    history = MlflowClient().get_metric_history(run.info.run_id, "rollout_actor_restarts")
+    assert sorted((m.step, m.value) for m in history) == [(0, 0.0), (0, 1.0), (1, 1.0)]
+    assert [m.value for m in MlflowClient().get_metric_history(run.info.run_id, "reward_mean")] == [0.25, 0.5]
