@@ -375,7 +375,9 @@ def open_training_run(experiment_id: str, cfg: Config, questions: "TrainingPool"
     previous = (continued_run(experiment_id, cfg, questions, owner, mine_only=retry and not resume)
                 if resume or retry else None)
     if previous:
-        run = start_training_run(run_id=previous)
+        # inside the pipeline's run (`parent_run_id`) nested, as a new one: else MLflow refuses a second
+        # active run (a retried pipeline run failed so in the soak)
+        run = start_training_run(run_id=previous, nested=parent_run_id is not None)
         log.info("continuing unfinished training run %s (config hash %s, pool hash %s)", previous, cfg.hash(),
                  questions.hash)
         return run, True

@@ -83,6 +83,16 @@ def test_a_retry_continues_its_own_training_run_and_no_other(home):
     active, continued = open_training_run(exp, cfg, pool, resume=False, scheduled=ScheduledRun("C", 1))
     with active as opened:
         assert not continued and opened.data.tags[OWNER_TAG] == "C"
+    import mlflow
+
+    client_run = mlflow.MlflowClient().create_run(exp, tags={"flow": "pipeline"}).info.run_id
+    with mlflow.start_run(run_id=client_run) as parent:  # a retried pipeline run: its train subflow inside it
+        mlflow.MlflowClient().set_terminated(mine, "FAILED")
+        active, continued = open_training_run(exp, cfg, pool, resume=False, scheduled=ScheduledRun("A", 3),
+                                              parent_run_id=parent.info.run_id)
+        with active as opened:
+            assert continued and opened.info.run_id == mine
+        assert mlflow.active_run().info.run_id == parent.info.run_id
 
 
 @pytest.fixture(scope="module")
