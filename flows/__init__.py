@@ -1,7 +1,8 @@
 """Prefect flows: ingest -> train -> evaluate, and the end-to-end pipeline (the main job).
 
 Modules: `ingest`, `train`, `evaluate` (one flow each), `pipeline` (the three in one run, one
-environment server kept up across them) `prefect_home` (a missing `PREFECT_HOME` made before Prefect starts, its telemetry off) and `cli` (the `prompt-r1` entry point: the library's
+environment server kept up across them), `recover` (the recover-crashed deployment's flow:
+crashed scheduled runs run again, `tasks.recovery`), `prefect_home` (a missing `PREFECT_HOME` made before Prefect starts, its telemetry off) and `cli` (the `prompt-r1` entry point: the library's
 commands plus `pipeline`, `run-flow` and `rerun`, with the MLflow hooks the library's commands
 rely on).
 """

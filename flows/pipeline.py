@@ -4,6 +4,9 @@ Ingestion runs once, here; the train and evaluate flows it calls read the wareho
 
 When an evaluation environment is the training environment's managed vLLM server, that server
 stays up from training through evaluation instead of being stopped and started again.
+
+A scheduled pipeline run that crashed and is retried (`tasks.recovery`) reopens its own MLflow
+run and its train subflow continues its own training run from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from flows.train import train_flow
 from prompt_r1 import load_config
 from prompt_r1.config.run_home import default_db_path, run_dir
 from prompt_r1.env.vllm_server import keep_server
+from tasks.recovery import OWNER_TAG, check_attempts, scheduled_run
 from tasks.stages import ingest_sources
-from tasks.tracking.runs import log_run_identity, setup_mlflow
+from tasks.tracking.runs import log_run_identity, owned_run, setup_mlflow
 from warehouse.store import Warehouse
 
 
@@ -28,17 +32,25 @@ from warehouse.store import Warehouse
 def pipeline_flow(config: str = "configs/demo.yaml", data: str | None = None,
                   overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the whole job for one config; `data` adds a folder (e.g. path/to/prompt-r1-data)."""
+    scheduled = scheduled_run()
+    check_attempts(scheduled)
     cfg = load_config(config, overrides)
-    setup_mlflow(cfg.name, cfg.tracking.uri)
+    exp_id = setup_mlflow(cfg.name, cfg.tracking.uri)
     db = str(default_db_path())
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     ingest_sources(list(cfg.data.sources) + ([data] if data else []), db, cfg.data.max_question_chars)
     seconds["ingest"] = time.perf_counter() - t0
-    with mlflow.start_run(run_name=f"pipeline-{cfg.name}", tags={"flow": "pipeline"}) as parent:
+    owner = scheduled.flow_run_id if scheduled else None
+    reopened = owned_run(exp_id, "pipeline", owner)
+    opened = (mlflow.start_run(run_id=reopened) if reopened else
+              mlflow.start_run(run_name=f"pipeline-{cfg.name}",
+                               tags={"flow": "pipeline", **({OWNER_TAG: owner} if owner else {})}))
+    with opened as parent:
         with Warehouse(db) as wh:
             hashes = wh.source_hashes()
-        log_run_identity(cfg, "pipeline", hashes, config)
+        if not reopened:  # a retry's run has its identity already (MLflow params are written once)
+            log_run_identity(cfg, "pipeline", hashes, config)
         log_dir = run_dir(cfg.name, parent.info.run_id) / "logs"
         with keep_server(cfg.environment, cfg.eval_environments(), log_dir):
             t0 = time.perf_counter()

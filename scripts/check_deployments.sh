@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Registers the Prefect deployments against a real local `prefect server start`, checks that
-# all three exist with their schedules, then runs the `pipeline` deployment on the smoke config
+# all four exist with their schedules, then runs the `pipeline` deployment on the smoke config
 # through a real process worker (so the pull step works from a clone). Used by .ci/run; safe to
 # run by hand (everything it writes goes to a temporary folder).
 set -euo pipefail
@@ -48,6 +48,11 @@ async def main():
             assert (cron in crons) if cron else not crons, f"{name}: schedules {crons}"
             assert deployments[name].work_queue_name == "warehouse", f"{name}: queue {deployments[name].work_queue_name}"
             print(f"deployment {name}: work pool {deployments[name].work_pool_name}, schedules {crons or 'manual'}")
+        recover = deployments.get("recover-crashed")  # crash recovery's backstop (tasks/recovery.py)
+        assert recover is not None, f"deployment recover-crashed not registered: {sorted(deployments)}"
+        intervals = [s.schedule.interval.total_seconds() for s in recover.schedules]
+        assert intervals == [180] and recover.work_queue_name == "recovery", (intervals, recover.work_queue_name)
+        print(f"deployment recover-crashed: every {intervals[0]:g} s, queue recovery")
         queue = await client.read_work_queue_by_name("warehouse", work_pool_name="prompt-r1")
         assert queue.concurrency_limit == 1, f"queue warehouse: concurrency limit {queue.concurrency_limit}"
         print("work queue warehouse: concurrency limit 1")

@@ -140,6 +140,43 @@ def no_error_scored(wh: Any, marker: str) -> Check:
                   "leaked": leaked})
 
 
+def env_exercised(wh: Any, proxy_faults: dict[str, int], min_calls: int) -> Check:
+    """The environment's faults had calls to hit: at least `min_calls` environment calls, every
+    training question of every recorded step asked the environment at least once (the soak's
+    scaffold, `calls`), and the proxy injected at least one fault into an environment call."""
+    calls, failed = wh.query("SELECT count(*), count(error) FROM env_calls")[0]
+    questions, silent = wh.query(
+        "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM env_calls c WHERE c.run_id = t.run_id "
+        "AND c.step = t.step AND c.question_id = t.question_id)) FROM (SELECT DISTINCT run_id, step, question_id "
+        "FROM trajectories) t")[0]
+    injected = sum(proxy_faults.values())
+    ok = calls >= min_calls and silent == 0 and questions > 0 and injected >= 1
+    return Check("environment faults exercised", ok,
+                 f"{calls} environment calls (at least {min_calls} wanted), {failed} failed after retries; "
+                 f"{questions - silent} of {questions} training questions asked the environment; the proxy injected "
+                 f"{injected} faults into calls {dict(proxy_faults)}",
+                 {"calls": calls, "failed_calls": failed, "questions": questions, "questions_without_call": silent,
+                  "injected": injected, "injected_by_kind": dict(proxy_faults)})
+
+
+def crash_recovery(runs: list[dict[str, Any]], resumes: dict[str, list[tuple[int, int]]], max_attempts: int) -> Check:
+    """Every deployment run that crashed was retried (`tasks.recovery`): none ends `Crashed` with
+    attempts left, and each retried run that completed continued its own training run (its
+    `resumes` tag holds a retry's attempt and the step it resumed at). `resumes`: flow run id ->
+    the (attempt, step) pairs of the training run it owns."""
+    retried = [r for r in runs if r.get("attempts", 0) > 1]
+    left = [r["name"] for r in runs if r["state"] == "CRASHED" and r.get("attempts", 0) < max_attempts]
+    completed = [r for r in retried if r["state"] == "COMPLETED"]
+    not_resumed = [r["name"] for r in completed if not any(a > 1 for a, _ in resumes.get(r["id"], []))]
+    steps = {r["name"]: [s for a, s in resumes.get(r["id"], []) if a > 1] for r in retried}
+    states = Counter(r["state"] for r in retried)
+    return Check("crashed runs retried and resumed", not left and not not_resumed,
+                 f"{len(retried)} runs retried ({dict(states)}), resumed at steps {steps}; crashed and not retried "
+                 f"{len(left)}; completed without resuming their training run {len(not_resumed)}",
+                 {"retried": len(retried), "retried_states": dict(states), "resumed_at": steps,
+                  "crashed_not_retried": left, "completed_not_resumed": not_resumed})
+
+
 def load_tensors(folder: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
@@ -199,11 +236,12 @@ def agents_match_baseline(wh: Any, base: Any, runs: dict[str, Path], resumed: se
 
 
 def actor_restarts(kills: list[dict[str, Any]], restarts_by_run: dict[str, float], run_of_flow: dict[str, str],
-                   completed_flows: set[str]) -> Check:
+                   completed_flows: set[str], retried_flows: set[str] = frozenset()) -> Check:
     """Every rollout actor killed during a flow run that then completed shows up in that training
-    run's `rollout_actor_restarts` in MLflow."""
+    run's `rollout_actor_restarts` in MLflow; a flow run that crashed and was retried is left out
+    (the kill may have come in the attempt that crashed, before its metrics reached a checkpoint)."""
     landed = [k for k in kills if k.get("flow_run")]
-    missing = [k for k in landed if k["flow_run"] in completed_flows
+    missing = [k for k in landed if k["flow_run"] in completed_flows and k["flow_run"] not in retried_flows
                and restarts_by_run.get(run_of_flow.get(k["flow_run"], ""), 0) < 1]
     total = sum(restarts_by_run.values())
     return Check("dead rollout actors restarted and counted", not missing,

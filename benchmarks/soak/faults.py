@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import resource
 import shutil
 import signal
@@ -45,6 +46,33 @@ def tagged(tag: str) -> list[psutil.Process]:
             if proc.environ().get(TAG_VAR) == tag:
                 found.append(proc)
     return found
+
+
+SESSION = re.compile(r"(/[^\s=,'\"]*?/session_\d{4}-\d\d-\d\d_[\w.-]+?)(?=/|\s|$)")
+
+
+def ray_sessions(tag: str) -> set[Path]:
+    """The Ray session folders the soak's tagged processes name on their command lines (the GCS,
+    raylet and agents name their session's folder): where Ray really writes, whatever the default.
+
+    >>> SESSION.findall("raylet --session_dir=/scratch/t/ray/session_2026-12-07_01-02-03_456_77 --x=1")
+    ['/scratch/t/ray/session_2026-12-07_01-02-03_456_77']
+    """
+    found: set[Path] = set()
+    for proc in tagged(tag):
+        with contextlib.suppress(psutil.Error):
+            found |= {Path(m) for m in SESSION.findall(" ".join(proc.cmdline()))}
+    return found
+
+
+def ray_temp_root(env: dict[str, str]) -> Path:
+    """Ray's temp folder for processes started with `env`, by Ray's own rule
+    (`ray._common.utils.get_default_ray_temp_dir`): `$RAY_TMPDIR`, else `$TMPDIR` on Linux, else /tmp; then `ray`.
+
+    >>> ray_temp_root({"TMPDIR": "/scratch/t"}), ray_temp_root({"RAY_TMPDIR": "/r", "TMPDIR": "/t"}), ray_temp_root({})
+    (PosixPath('/scratch/t/ray'), PosixPath('/r/ray'), PosixPath('/tmp/ray'))
+    """
+    return Path(env.get("RAY_TMPDIR") or env.get("TMPDIR") or "/tmp") / "ray"
 
 
 def describe(proc: psutil.Process) -> str:

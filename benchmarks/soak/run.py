@@ -5,9 +5,11 @@ random moments, then the counts of issue #48 (item 2) from the warehouse, run fo
     python -m benchmarks.soak.run --minutes 60 --seed 0 --out /tmp/soak
 
 The config is configs/smoke.yaml (tiny agent, transformers backend: reruns are exact) with three
-steps, a checkpoint each, a small evaluation, and the environment a real SmolLM2-135M on a managed
-vLLM server reached through `tests/chaos_proxy.ChaosProxy` on loopback (the faults' way in); it is
-written to OUT/soak.yaml. First one fault-free `prompt-r1 train` of that config (OUT/baseline),
+steps, a checkpoint each, a small evaluation, every training question's group asking the
+environment (`calls`: a scaffolded first call), and the environment a real SmolLM2-135M on a
+managed vLLM server reached through `tests/chaos_proxy.ChaosProxy` on loopback (the faults' way
+in); it is written to OUT/soak.yaml. A deployment run that crashes (a kill, a lost worker) is run
+again by `tasks.recovery`'s automation and continues its training run from the last checkpoint. First one fault-free `prompt-r1 train` of that config (OUT/baseline),
 then the schedule for `--minutes`, then the schedules are paused, runs not yet started are
 deleted, the running ones finish (at most `--drain-minutes`, then cancelled), the worker and
 server stop, the checks run, and everything the soak started is stopped. OUT/result.json holds
@@ -34,7 +36,8 @@ from typing import Any
 
 import yaml
 
-from benchmarks.soak import checks, faults
+from benchmarks.soak import calls, checks, faults
+from benchmarks.soak.prefect_api import active_runs, cancel, collect_runs, stop_scheduling
 from benchmarks.soak.plan import ENV_KINDS, make_plan, overlapping, to_json
 from benchmarks.soak.services import TAG_VAR, Services
 
@@ -42,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SECRET_VAR = "PROMPT_R1_SOAK_API_KEY"
 TARGET_WAIT_S = 120.0   # a kill waits this long at most for its target (a run that trains) to exist
 TARGET_POLL_S = 0.5     # and looks this often: a rollout of the smoke config lasts a few seconds
+SWEEP_EVERY_S = 30.0    # how often the soak sweeps crashed runs (the recover-crashed deployment: 180 s)
 log = logging.getLogger("soak")
 
 
@@ -54,6 +58,8 @@ def write_config(path: Path, base_url: str, model: str) -> dict[str, Any]:
                           "api_key_env": SECRET_VAR, "max_tokens": 16, "temperature": 0.0, "timeout_s": 20.0,
                           "max_retries": 4, "backoff_s": 0.5, "call_deadline_s": 120.0, "concurrency": 8}
     cfg["train"].update({"steps": 3, "checkpoint_every": 1})
+    # every training question's group asks the environment (`calls`): its faults have calls to hit
+    cfg["rollout"]["scaffold"] = calls.scaffold_section(cfg["rollout"]["group_size"])
     cfg["eval"].update({"methods": ["direct", "agent"], "limit_per_dataset": 1, "agent_checkpoints": ["trained"]})
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return cfg
@@ -68,6 +74,9 @@ class Soak:
         self._lock = threading.Lock()
         self.down = {"server": 0, "worker": 0}  # planned outages in progress (the supervisor leaves them be)
         self.unplanned = Counter()
+        self.ray_sessions: set[Path] = set()  # where the runs' Ray really wrote (`faults.ray_sessions`)
+        self.swept: list[dict[str, Any]] = []  # crashed runs the soak's sweep set to AwaitingRetry
+        self._next_sweep = 0.0
 
     def env(self, home: Path) -> dict[str, str]:
         return {**os.environ, TAG_VAR: self.tag, SECRET_VAR: self.secret, "PROMPT_R1_HOME": str(home),
@@ -138,13 +147,35 @@ class Soak:
         raise ValueError(fault.kind)
 
     def supervise(self) -> None:
-        """A server or worker that died outside a planned outage is started again (and counted)."""
+        """A server or worker that died outside a planned outage is started again (and counted); the
+        Ray session folders the runs name are noted (the secret check scans them); every
+        `SWEEP_EVERY_S` crashed runs with attempts left are set to AwaitingRetry (`sweep`)."""
+        with contextlib.suppress(Exception):
+            self.ray_sessions |= faults.ray_sessions(self.tag)
+        if time.monotonic() >= self._next_sweep:
+            self.sweep()
         if not self.down["server"] and not self.services.healthy() and self.services.server.poll() is not None:
             self.unplanned["server_died"] += 1
             self.services.start_server()
         if not self.down["worker"] and self.services.worker.poll() is not None:
             self.unplanned["worker_died"] += 1
             self.services.start_worker()
+
+    def sweep(self) -> None:
+        """`tasks.recovery.retry_crashed`, what the `recover-crashed` deployment runs for a user: the
+        backstop of the retry automation, which missed crashes reported right after a server restart
+        (BENCHMARKS.md). Runs it retried are recorded (`swept`); a server down now is tried again later."""
+        from tasks.recovery import retry_crashed
+
+        self._next_sweep = time.monotonic() + SWEEP_EVERY_S
+        if self.down["server"] or not self.services.healthy():
+            return
+        try:
+            for run_id in self.services.api(retry_crashed):
+                self.swept.append({"flow_run": run_id, "at": round(time.time(), 1)})
+                log.info("sweep: crashed flow run %s set to AwaitingRetry", run_id)
+        except Exception as err:  # the server restarting under it: the next sweep tries again
+            log.warning("sweep failed: %s: %s", type(err).__name__, err)
 
     # -- the soak ------------------------------------------------------------------------------
     def baseline(self, config: Path) -> tuple[Path, str, float]:
@@ -242,61 +273,75 @@ class Soak:
         self.env_faults.active.clear()
         self.env_faults._apply()
         wall_end = time.time()
-        due = self.services.api(_stop_scheduling, wall_end)
+        due = self.services.api(stop_scheduling, wall_end)
         drained = self._drain(t0 + (args.minutes + args.drain_minutes) * 60)
         return {"events": self.events, "soak_start": wall0, "soak_end": wall_end, "due_never_started": due,
-                "drain": drained, "unplanned": dict(self.unplanned),
+                "drain": drained, "unplanned": dict(self.unplanned), "swept": self.swept,
                 "seconds": round(time.monotonic() - t0, 1)}
 
     def _drain(self, deadline: float) -> dict[str, Any]:
         """Wait (bounded) for the runs in progress; past the deadline they are cancelled."""
         while time.monotonic() < deadline:
-            if not self.services.api(_active_runs):
+            self.sweep()  # a crash just before the drain is retried in it
+            if not self.services.api(active_runs):
                 return {"cancelled": 0}
             self.supervise()
             time.sleep(10)
-        ids = self.services.api(_active_runs)
-        self.services.api(_cancel, ids)
+        ids = self.services.api(active_runs)
+        self.services.api(cancel, ids)
         cancel_end = time.monotonic() + 180
-        while time.monotonic() < cancel_end and self.services.api(_active_runs):
+        while time.monotonic() < cancel_end and self.services.api(active_runs):
             time.sleep(5)
         return {"cancelled": len(ids)}
 
     def collect(self) -> list[dict[str, Any]]:
-        return self.services.api(_collect_runs)
+        return self.services.api(collect_runs)
 
-    def check(self, cfg: dict[str, Any], result: dict[str, Any], marker: str, since: float) -> dict[str, Any]:
+    def _training_runs(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+        """From MLflow: each training run's steps, metric times and rollout-actor restarts, and the
+        (attempt, step) continuations of the training run each scheduled flow run owns."""
         from mlflow import MlflowClient
 
-        from warehouse.store import Warehouse
+        from tasks.recovery import OWNER_TAG, RESUMES_TAG, parse_resumes
 
-        runs = result["prefect_runs"]
-        training_runs = {r["training_run"] for r in runs if r.get("training_run")}
-        resumed = {r["training_run"] for r in runs if r.get("resumed")}
         client = MlflowClient(tracking_uri=f"sqlite:///{self.home / 'mlflow.db'}")
         experiments = [e.experiment_id for e in client.search_experiments()]
-        training_runs |= {r.info.run_id for r in client.search_runs(experiments, "tags.flow = 'train'",
-                                                                      max_results=5000)}
-        mlflow_steps: dict[str, Counter] = {}
+        found = client.search_runs(experiments, "tags.flow = 'train'", max_results=5000)
+        training_runs = {r["training_run"] for r in runs if r.get("training_run")} | {r.info.run_id for r in found}
+        resumes = {r.data.tags[OWNER_TAG]: parse_resumes(r.data.tags.get(RESUMES_TAG)) for r in found
+                   if r.data.tags.get(OWNER_TAG)}
+        steps: dict[str, Counter] = {}
         restarts: dict[str, float] = {}
-        metric_times: dict[str, list[float]] = {}
+        times: dict[str, list[float]] = {}
         for run_id in training_runs:
             with contextlib.suppress(Exception):
                 history = client.get_metric_history(run_id, "reward_mean")
-                mlflow_steps[run_id] = Counter(m.step for m in history)
-                metric_times[run_id] = [m.timestamp / 1000 for m in history]
+                steps[run_id] = Counter(m.step for m in history)
+                times[run_id] = [m.timestamp / 1000 for m in history]
                 restarts[run_id] = sum(m.value for m in client.get_metric_history(run_id, "rollout_actor_restarts"))
+        retried = {r.info.run_id for r in found if any(a > 1 for a, _ in parse_resumes(r.data.tags.get(RESUMES_TAG)))}
+        return {"steps": steps, "restarts": restarts, "times": times, "resumes": resumes, "retried": retried}
+
+    def check(self, cfg: dict[str, Any], result: dict[str, Any], marker: str, since: float) -> dict[str, Any]:
+        from tasks.recovery import MAX_ATTEMPTS
+        from warehouse.store import Warehouse
+
+        runs = result["prefect_runs"]
+        mlflow_runs = self._training_runs(runs)
         windows = {r["id"]: (r["start_ts"], r["end_ts"]) for r in runs if r.get("start_ts") and r.get("end_ts")}
-        run_of_flow, continued = checks.match_runs(windows, metric_times)
-        resumed |= continued
+        run_of_flow, continued = checks.match_runs(windows, mlflow_runs["times"])
+        resumed = {r["training_run"] for r in runs if r.get("resumed")} | continued | mlflow_runs["retried"]
         folders = {p.parent.name: p for p in (self.home / "soak").glob("*/agent")}
         finished = {run_id for run_id in folders
                     if json.loads((folders[run_id].parent / "run.json").read_text()).get("finished_at")}
         per_step = cfg["rollout"]["batch_questions"] * cfg["rollout"]["group_size"]
-        found: list[checks.Check] = [checks.runs_accounted(runs)]
+        found: list[checks.Check] = [checks.runs_accounted(runs),
+                                     checks.crash_recovery(runs, mlflow_runs["resumes"], MAX_ATTEMPTS)]
         with Warehouse(self.home / "warehouse.duckdb", read_only=True) as wh:
-            found += checks.steps_and_trajectories(wh, mlflow_steps, finished, cfg["train"]["steps"], per_step)
+            found += checks.steps_and_trajectories(wh, mlflow_runs["steps"], finished, cfg["train"]["steps"], per_step)
             found.append(checks.no_error_scored(wh, marker))
+            found.append(checks.env_exercised(wh, result["requests"]["faults"],
+                                              cfg["rollout"]["batch_questions"] * cfg["train"]["steps"]))
             if "baseline" in result:
                 with Warehouse(self.out / "baseline" / "warehouse.duckdb", read_only=True) as base:
                     found.append(checks.agents_match_baseline(
@@ -305,114 +350,23 @@ class Soak:
         kills = [e for e in result["events"] if e["kind"] == "rollout_actor"]
         completed = {r["id"] for r in runs if r["state"] == "COMPLETED"}
         run_of_flow.update({r["id"]: r["training_run"] for r in runs if r.get("training_run")})
-        found.append(checks.actor_restarts(kills, restarts, run_of_flow, completed))
+        retried = {r["id"] for r in runs if r.get("attempts", 0) > 1}
+        found.append(checks.actor_restarts(kills, mlflow_runs["restarts"], run_of_flow, completed, retried))
         left = [faults.describe(p) for p in faults.tagged(self.tag)]
         # the soak's filesystem is removed after the checks (they read it): `run` checks that it went
         found.append(checks.leftovers(left, self.home, mounted=False))
-        found.append(checks.no_secret(self.secret, [self.out, *Path("/tmp/ray").glob("session_*")], since,
-                                      {self.out / "runs.img"}))
+        found.append(checks.no_secret(self.secret, [self.out, *self._ray_dirs(result)], since, {self.out / "runs.img"}))
         return {**checks.report(found), "lines": [c.line() for c in found], "time_lost": checks.time_lost(runs),
                 "overlapping_faults": len(overlapping(make_plan(self.args.seed, self.args.minutes)))}
 
-
-# -- Prefect API calls (each run with a fresh client: `Services.api`) --------------------------
-PAGE = 200  # the most runs the server returns at once
-
-
-async def _runs(client, states: list | None = None) -> list:
-    """Every flow run (in those states), page by page (bounded: 100 pages)."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    where = (FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=states))) if states else None)
-    runs: list = []
-    for page in range(100):
-        batch = await client.read_flow_runs(flow_run_filter=where, sort=FlowRunSort.EXPECTED_START_TIME_ASC,
-                                            limit=PAGE, offset=page * PAGE)
-        runs += batch
-        if len(batch) < PAGE:
-            break
-    return runs
-
-
-async def _stop_scheduling(client, end: float) -> list[str]:
-    """Pause every deployment and delete the runs not yet started; returns the names of those that
-    were due before `end` (they waited for the one queue slot)."""
-    from prefect.client.schemas.objects import StateType
-
-    for deployment in await client.read_deployments():
-        await client.pause_deployment(deployment.id)
-    due = []
-    for run in await _runs(client, [StateType.SCHEDULED]):
-        if run.expected_start_time and run.expected_start_time.timestamp() <= end:
-            due.append(run.name)
-        await client.delete_flow_run(run.id)
-    return due
-
-
-async def _active_runs(client) -> list[str]:
-    from prefect.client.schemas.objects import StateType
-
-    active = [StateType.RUNNING, StateType.PENDING, StateType.CANCELLING, StateType.SCHEDULED]
-    return [str(r.id) for r in await _runs(client, active) if r.deployment_id]
-
-
-async def _cancel(client, ids: list[str]) -> None:
-    from prefect.states import Cancelling
-
-    for run_id in ids:
-        await client.set_flow_run_state(run_id, Cancelling(message="the soak's drain time is over"), force=True)
-
-
-async def _collect_runs(client) -> list[dict[str, Any]]:
-    """Every deployment run: state, reason, times, error logs and which training run it ran
-    (its train flow's log says `starting` or `continuing unfinished training run <id>`)."""
-    import re
-
-    deployments = {d.id: d.name for d in await client.read_deployments()}
-    flow_runs = await _runs(client)
-    parent: dict[Any, Any] = {}
-    for run in flow_runs:  # subflows (the pipeline's train and evaluate) belong to their root run
-        if run.parent_task_run_id:
-            task_run = await client.read_task_run(run.parent_task_run_id)
-            parent[run.id] = task_run.flow_run_id
-
-    def root(run_id):
-        for _ in range(10):  # pipeline -> train flow: two levels; bounded all the same
-            if run_id not in parent:
-                break
-            run_id = parent[run_id]
-        return run_id
-
-    logs: dict[Any, list] = {}
-    offset = 0
-    while offset < 2500 * PAGE:
-        page = await client.read_logs(limit=PAGE, offset=offset)
-        for entry in page:
-            logs.setdefault(root(entry.flow_run_id), []).append(entry)
-        offset += PAGE
-        if len(page) < PAGE:
-            break
-    out = []
-    for run in flow_runs:
-        if not run.deployment_id:
-            continue
-        mine = logs.get(run.id, [])
-        training = resumed = None
-        for entry in mine:
-            found = re.search(r"(starting|continuing unfinished) training run (\w+)", entry.message)
-            if found:
-                training, resumed = found.group(2), found.group(1) != "starting"
-        seconds = (run.end_time - run.start_time).total_seconds() if run.start_time and run.end_time else None
-        out.append({"id": str(run.id), "name": run.name, "deployment": deployments.get(run.deployment_id, "?"),
-                    "state": run.state.type.value if run.state else "?",
-                    "message": run.state.message if run.state else "",
-                    "start_time": run.start_time.isoformat() if run.start_time else None,
-                    "seconds": seconds, "start_ts": run.start_time.timestamp() if run.start_time else None,
-                    "end_ts": run.end_time.timestamp() if run.end_time else None, "error_logs": sum(1 for e in mine if e.level >= 40),
-                    "first_error": next((e.message[:300] for e in mine if e.level >= 40), None),
-                    "training_run": training, "resumed": resumed})
-    return out
+    def _ray_dirs(self, result: dict[str, Any]) -> list[Path]:
+        """Ray's session folders of the runs: those in Ray's temp folder by Ray's rule with the flow
+        runs' environment, and those the runs' Ray processes named (recorded in `result`)."""
+        ray_root = faults.ray_temp_root(self.env(self.home))
+        ray_dirs = sorted(set(ray_root.glob("session_*")) | self.ray_sessions)
+        result["ray_temp"] = {"root": str(ray_root), "sessions_seen": sorted(map(str, self.ray_sessions)),
+                              "scanned": len(ray_dirs)}
+        return ray_dirs
 
 
 def soak_minutes(text: str) -> float:

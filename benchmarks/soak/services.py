@@ -11,7 +11,8 @@ The deployments come from the repository's prefect.yaml (the one definition of t
 writes a copy with only `pipeline` and `train`, each on an interval schedule, pointed at the soak's
 config, and `prefect deploy` registers it. A zombie-run automation (Prefect's documented recipe:
 a flow run whose heartbeats stop for 90 s is marked Crashed), with `--zombie-automation`, releases
-the queue's one slot when a run dies with no worker left to report it.
+the queue's one slot when a run dies with no worker left to report it. The retry automation of
+`tasks.recovery` is always created: a crashed deployment run runs again and resumes its training run.
 """
 
 from __future__ import annotations
@@ -144,6 +145,24 @@ class Services:
         self.prefect("deploy", "--all", "--prefect-file", str(path))
         if zombie_automation:
             asyncio.run(asyncio.wait_for(self._zombie_automation(), 60))
+        self.retry_automation()
+
+    def retry_automation(self) -> str:
+        """Create `tasks.recovery`'s automation (a crashed deployment run runs again and resumes), then
+        make sure the server still answers (creating an automation hung it once: docs/deployments.md);
+        a server that stopped answering is restarted (the automation is stored by then)."""
+        from tasks.recovery import retry_crashed_automation
+
+        os.environ["PREFECT_API_URL"] = self.api_url
+        asyncio.run(asyncio.wait_for(retry_crashed_automation().acreate(), 60))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.healthy():
+                return "created"
+            time.sleep(1)
+        self.stop_server()
+        self.start_server()
+        return "created; the server stopped answering and was restarted"
 
     async def _zombie_automation(self) -> None:
         from datetime import timedelta

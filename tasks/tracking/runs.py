@@ -39,6 +39,7 @@ from prompt_r1.config.run_home import runs_home
 from prompt_r1.core.urls import redact_url, redact_urls_in
 from prompt_r1.core.fsutil import LockBusy, atomic_copy_file, file_lock
 from prompt_r1.training.run_folder import find_resumable
+from tasks.recovery import OWNER_TAG, ScheduledRun
 
 if TYPE_CHECKING:
     from prompt_r1.core.questions import QuestionRow
@@ -302,9 +303,13 @@ class MetricBuffer:
 
         done = set(logged_steps(self.run_id))
         now = int(time.time() * 1000)
-        # a `/` in a name is MLflow's grouping (`train_env/<name>/<metric>`): kept, each part made safe
-        batch = [Metric(metric_key(*k.split("/")), v, now, step) for step, ms in self.pending if step not in done
-                 for k, v in ms.items()]
+        # a `/` in a name is MLflow's grouping (`train_env/<name>/<metric>`): kept, each part made safe.
+        # Each entry its own millisecond: a step can hold two entries with a key in common (step 0's
+        # validation before training and its update both report `rollout_actor_restarts`), and two
+        # values of one key at one (timestamp, step) make MLflow 3's log_model fail when it links the
+        # run's metrics to the logged model (UNIQUE constraint on logged_model_metrics)
+        batch = [Metric(metric_key(*k.split("/")), v, now + i, step)
+                 for i, (step, ms) in enumerate(self.pending) if step not in done for k, v in ms.items()]
         for i in range(0, len(batch), 900):  # MLflow caps a batch at 1000 metrics
             MlflowClient().log_batch(self.run_id, metrics=batch[i : i + 900])
         self.pending.clear()
@@ -324,10 +329,13 @@ def start_training_run(**kwargs: Any) -> mlflow.ActiveRun:
     return mlflow.start_run(**TRAINING_RUN_OPTIONS, **kwargs)
 
 
-def continued_run(experiment_id: str, cfg: Config, questions: "TrainingPool") -> str | None:
+def continued_run(experiment_id: str, cfg: Config, questions: "TrainingPool", owner: str | None = None,
+                  mine_only: bool = False) -> str | None:
     """The run to continue (`find_resumable`: the newest unfinished run folder of this config and
     pool) when it is a training run of this experiment whose MLflow run did not finish; every
-    newer candidate passed over is logged with the reason."""
+    newer candidate passed over is logged with the reason. A run tagged as another scheduled flow
+    run's (`tasks.recovery.OWNER_TAG`) is that run's to continue, never this one's; with `owner`
+    (this scheduled flow run's id) and `mine_only` only a run of `owner` is continued."""
     client = MlflowClient()
 
     def mlflow_reason(run_id: str) -> str | None:
@@ -339,6 +347,11 @@ def continued_run(experiment_id: str, cfg: Config, questions: "TrainingPool") ->
             return f"MLflow run {run_id} is not a training run of experiment {experiment_id}"
         if run.info.status == "FINISHED":
             return "its MLflow run finished"
+        belongs = run.data.tags.get(OWNER_TAG)
+        if belongs and belongs != owner:
+            return f"it belongs to scheduled flow run {belongs} (its retries continue it)"
+        if mine_only and belongs != owner:
+            return f"it is not scheduled flow run {owner}'s own training run"
         return None
 
     run_id, skipped = find_resumable(runs_home() / cfg.name, cfg.hash(), questions.hash, accept=mlflow_reason)
@@ -348,25 +361,43 @@ def continued_run(experiment_id: str, cfg: Config, questions: "TrainingPool") ->
 
 
 def open_training_run(experiment_id: str, cfg: Config, questions: "TrainingPool", resume: bool,
-                      parent_run_id: str | None = None) -> tuple[mlflow.ActiveRun, bool]:
-    """The training run of `cfg` on `questions`: the unfinished one to continue (`continued_run`,
-    when `resume`) or a new one, tagged with the flow, config hash, pool hash and whether the
-    backend reruns exactly. Returns (the active run, whether it is continued)."""
+                      parent_run_id: str | None = None, scheduled: ScheduledRun | None = None
+                      ) -> tuple[mlflow.ActiveRun, bool]:
+    """The training run of `cfg` on `questions`: the unfinished one to continue or a new one, tagged
+    with the flow, config hash, pool hash, whether the backend reruns exactly and the scheduled flow
+    run it belongs to. Continued: with `resume`, by `continued_run`'s rule; a retried `scheduled`
+    run (attempt 2 on) always continues its own training run when it is unfinished, and only that.
+    Returns (the active run, whether it is continued)."""
     from prompt_r1.policy import backend_deterministic  # here: the policy package loads torch
 
-    previous = continued_run(experiment_id, cfg, questions) if resume else None
+    owner = scheduled.flow_run_id if scheduled else None
+    retry = scheduled is not None and scheduled.attempt > 1
+    previous = (continued_run(experiment_id, cfg, questions, owner, mine_only=retry and not resume)
+                if resume or retry else None)
     if previous:
-        run = start_training_run(run_id=previous)
+        # inside the pipeline's run (`parent_run_id`) nested, as a new one: else MLflow refuses a second
+        # active run (a retried pipeline run failed so in the soak)
+        run = start_training_run(run_id=previous, nested=parent_run_id is not None)
         log.info("continuing unfinished training run %s (config hash %s, pool hash %s)", previous, cfg.hash(),
                  questions.hash)
         return run, True
+    tags = {"flow": "train", "config_hash": cfg.hash(), "pool_hash": questions.hash,
+            # exact reruns whatever the environment latency (docs/determinism.md)
+            "deterministic": str(backend_deterministic(cfg.agent)).lower()}
     run = start_training_run(run_name=f"train-{cfg.name}", nested=parent_run_id is not None,
-                             parent_run_id=parent_run_id,
-                             tags={"flow": "train", "config_hash": cfg.hash(), "pool_hash": questions.hash,
-                                   # exact reruns whatever the environment latency (docs/determinism.md)
-                                   "deterministic": str(backend_deterministic(cfg.agent)).lower()})
+                             parent_run_id=parent_run_id, tags={**tags, **({OWNER_TAG: owner} if owner else {})})
     log.info("starting training run %s (config hash %s, pool hash %s)", run.info.run_id, cfg.hash(), questions.hash)
     return run, False
+
+
+def owned_run(experiment_id: str, flow: str, owner: str | None) -> str | None:
+    """The unfinished MLflow run of `flow` that scheduled flow run `owner` started (its retry reopens
+    it instead of starting another), or None."""
+    if not owner:
+        return None
+    found = MlflowClient().search_runs([experiment_id], f"tags.flow = '{flow}' and tags.{OWNER_TAG} = '{owner}'",
+                                       max_results=5)
+    return next((r.info.run_id for r in found if r.info.status != "FINISHED"), None)
 
 
 def questions_frame(questions: "list[QuestionRow]"):
