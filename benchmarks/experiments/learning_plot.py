@@ -2,7 +2,9 @@
 
 Four panels: (1) training reward per step, trained vs shuffled-reward control (the control's
 true reward, not the shuffled one it learned from); (2) answer score and format-valid share per
-step; (3) share of informative GRPO groups and the KL to the reference; (4) every probe question
+step; (3) share of informative GRPO groups, the KL to the reference and, for a task with a
+first-call indicator, the share of sampled members whose first call asks the first hop (the
+scaffolded members are left out: their first call is written); (4) every probe question
 before -> after training (trained arm), with both arms' means and the paired change in the title.
 """
 
@@ -49,9 +51,12 @@ def plot(saved: dict, path: Path) -> None:
         kl_steps, kl = _series(result["curve"], "kl")
         if any(kl):
             groups_ax.plot(kl_steps, kl, ls=":", color=colour, label=f"{arm}: KL")
+        first_hop = _series(result["curve"], "indicator_first_hop")
+        if first_hop[0]:
+            groups_ax.plot(*first_hop, ls="-.", marker="x", color=colour, label=f"{arm}: first call asks the first hop")
     reward_ax.set(title="training reward per step (true reward)", xlabel="GRPO step", ylabel="mean reward")
     answer_ax.set(title="answer score and format-valid share per step", xlabel="GRPO step", ylim=(-0.05, 1.05))
-    groups_ax.set(title="share of groups with unequal rewards (and KL)", xlabel="GRPO step", ylim=(-0.05, 1.05))
+    groups_ax.set(title="informative groups, KL, first calls that decompose", xlabel="GRPO step", ylim=(-0.05, 1.05))
     for ax in (reward_ax, answer_ax, groups_ax):
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
