@@ -80,11 +80,11 @@ def _probe_panel(ax, results: dict, verdict: dict | None) -> None:
     title = f"probe answer score, {len(before)} questions (green up, red down)"
     if verdict:
         gains = verdict.get("seed_gains") or {"trained": verdict["trained_gain"]}
-        title += "\n" + "; ".join(f"{arm} {g['diff']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]"
-                                  for arm, g in gains.items())
-        if "trained_vs_control" in verdict:
-            vs = verdict["trained_vs_control"]
-            title += f"; vs control {vs['diff']:+.3f} [{vs['ci_low']:+.3f}, {vs['ci_high']:+.3f}]"
+        versus = verdict.get("seeds_vs_control") or (
+            {"trained": verdict["trained_vs_control"]} if "trained_vs_control" in verdict else {})
+        interval = (lambda g: f"{g['diff']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]")
+        for arm, g in gains.items():  # one line per seed: a wide title runs off the panel
+            title += f"\n{arm} {interval(g)}" + (f", vs control {interval(versus[arm])}" if arm in versus else "")
     ax.set(title=title, xticks=[0, 1], xticklabels=["before", "after"], ylim=(-0.05, 1.05))
-    ax.title.set_fontsize(9)
+    ax.title.set_fontsize(8)
     ax.legend(fontsize=7)
