@@ -46,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from benchmarks.experiments.leak_audit import LEAKS
 from benchmarks.experiments.learning_plot import plot
 from prompt_r1.cli.logging_setup import setup_logging
 from prompt_r1.config.experiment import Config, load_config, parse_overrides
@@ -76,7 +77,6 @@ CRITERIA = {
 # The two-hop task's first-call indicators (`prompt_r1.data.first_call.two_hop_indicators`): the share
 # that decomposes, and two leaks that must not rise with training.
 INDICATORS = ("first_hop", "bridge_before_reply", "answer_unseen")
-LEAKS = ("bridge_before_reply", "answer_unseen")
 MIN_PROBE = 32  # fewer probe questions cannot resolve the criterion's +0.15 (BENCHMARKS.md)
 
 
