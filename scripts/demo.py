@@ -3,17 +3,19 @@
 Ingests the two-hop task and the sample data (and `--data` if given), starts the managed vLLM
 environment(s), trains the follow-up agent (SmolLM2-135M-Instruct after a format warm start) with
 GRPO and the follow-up call's turn reward against SmolLM2 on two-hop questions, evaluates base vs
-trained agent vs `direct` and `cot` on 40 held-out two-hop questions and the single-hop sample
+trained agent vs the shipped agent (the committed LoRA adapter of the guided-exploration recipe,
+`eval.agent_checkpoints`' `shipped=`) vs `direct` and `cot` on 40 held-out two-hop questions and the single-hop sample
 datasets (the out-of-task check) against SmolLM2, and on the sample datasets against Gemma 3 (the
 held-out environment, `eval.environment_suites`), registers the agent, and
 prints the results table (each environment marked held out or trained on: Gemma 3 is held out,
 training used SmolLM2; tokens, dollars per question and per correct answer at the config's
 illustrative prices), then what training changed (both checkpoints with intervals, their paired
-change, and what the agent did with the environment before -> after), where the plots are, and
+change, and what the agent did with the environment before -> after; the same for the shipped
+agent against base), where the plots are, and
 how to open the MLflow and Prefect UIs. `--quick` starts from the follow-up agent's quicker warm
 start (`smollm2-135m-protocol-followup-quick`, the same examples as whole trajectories), trains one
-small step and evaluates against SmolLM2 alone (so its split shows no held-out environment), on 20
-of the 40 two-hop questions.
+small step and evaluates base and trained against SmolLM2 alone (so its split shows no held-out
+environment), on 20 of the 40 two-hop questions.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ QUICK_DROPS = ("agent_only", "opro", "gepa", "textgrad")
 
 def quick_overrides(base) -> dict:
     """`QUICK`, and what it takes from the config `base`: its first environment alone, the methods
-    without `QUICK_DROPS`, and the follow-up agent's quicker warm start (the 32-step one alone took
+    without `QUICK_DROPS`, the agent checkpoints without the named ones, and the follow-up agent's quicker warm start (the 32-step one alone took
     7 of the quick demo's 12 minutes from an empty `runs/`)."""
     from prompt_r1.models.bundled import SMOLLM2_FOLLOWUP, SMOLLM2_FOLLOWUP_QUICK
 
@@ -46,7 +48,9 @@ def quick_overrides(base) -> dict:
     overrides = {**QUICK, "eval.environments": [e.model_dump() for e in kept],
                  "eval.environment_suites": {n: s for n, s in base.eval.environment_suites.items()
                                              if n in {e.name for e in kept}},
-                 "eval.methods": [m for m in base.eval.methods if m not in QUICK_DROPS]}
+                 "eval.methods": [m for m in base.eval.methods if m not in QUICK_DROPS],
+                 # base and trained alone: the shipped agent (a `LABEL=SPEC` entry) is the full demo's
+                 "eval.agent_checkpoints": [c for c in base.eval.agent_checkpoints if "=" not in c]}
     if base.agent.model == SMOLLM2_FOLLOWUP:
         overrides["agent.model"] = SMOLLM2_FOLLOWUP_QUICK
     return overrides

@@ -245,7 +245,7 @@ def write_report(results: list[dict[str, Any]], examples: list[dict[str, Any]], 
     heldout_rows = heldout_comparisons(predictions, split, suites) if split is not None and predictions else []
     heldout_md = _heldout_section(heldout_rows, split) if split is not None else ""
     paired = _paired_section(comparisons) if predictions is not None else ""
-    effect = _effect_section(results, comparisons, turns)
+    effect = _effect_section(results, comparisons, turns) + _other_agents_sections(results, predictions, turns)
     if effect:
         files["training_effect"] = out_dir / "training_effect.md"
         files["training_effect"].write_text(effect.lstrip("\n"))
@@ -305,16 +305,32 @@ def _write_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
 
 
 def _effect_section(results: list[dict[str, Any]], comparisons: list[dict[str, Any]],
-                    turns: Sequence[Mapping[str, Any]] | None) -> str:
-    from prompt_r1.evaluation.training_effect import effect_rows, effect_table
+                    turns: Sequence[Mapping[str, Any]] | None, after: str = "agent:trained") -> str:
+    from prompt_r1.evaluation.training_effect import TRAINED, effect_rows, effect_table
 
-    rows = effect_rows(results, comparisons, turns or [])
+    rows = effect_rows(results, comparisons, turns or [], after)
     if not rows:
         return ""
-    return ("\n## What training changed (agent:trained vs agent:base, same questions)\n\nScores x 100 [95% "
+    title = "What training changed" if after == TRAINED else f"What {after}'s training changed"
+    return (f"\n## {title} ({after} vs agent:base, same questions)\n\nScores x 100 [95% "
             "bootstrap interval over questions]; the change is paired over the questions both scored, with its "
-            "two-sided sign-flip p-value; the shares (of agent episodes no failure ended) are base -> trained.\n\n"
-            + effect_table(rows))
+            f"two-sided sign-flip p-value; the shares (of agent episodes no failure ended) are base -> "
+            f"{after.partition(':')[2]}.\n\n" + effect_table(rows, after))
+
+
+def _other_agents_sections(results: list[dict[str, Any]], predictions: list[dict[str, Any]] | None,
+                           turns: Sequence[Mapping[str, Any]] | None) -> str:
+    """The effect section of every other agent the evaluation scored (`eval.agent_checkpoints`'
+    `LABEL=SPEC`, e.g. a shipped adapter) against `agent:base`, paired over the same questions."""
+    from prompt_r1.evaluation.compare import paired_comparisons
+    from prompt_r1.evaluation.training_effect import BASE, TRAINED
+
+    others = dict.fromkeys(r["method"] for r in results if r["method"].startswith("agent:")
+                           and r["method"] not in (BASE, TRAINED))
+    def versus_base(label: str) -> list[dict[str, Any]]:
+        return paired_comparisons([p for p in predictions or [] if p["method"] in (BASE, label)], reference=label)
+
+    return "".join(_effect_section(results, versus_base(label), turns, after=label) for label in others)
 
 
 def _effect_plot(results: list[dict[str, Any]], comparisons: list[dict[str, Any]],

@@ -239,15 +239,22 @@ def resolve_agents(cfg: Config, given: Mapping[str, str] | None = None,
     """Label -> agent folder for evaluation: each of `labels` (default `eval.agent_checkpoints`),
     then each remaining label of `given` (label -> spec, e.g. from `--agent LABEL=SPEC`).
 
-    A label resolves to its spec in `given` when there is one, else: `base` -> the config's
-    `agent.model`; `champion` -> the config's champion (`config_champion`); `trained` -> skipped with a warning
-    (only a training run has one); anything else is itself a spec, labelled by `spec_label`.
+    A label resolves to its spec in `given` when there is one, else: `LABEL=SPEC` -> that SPEC under
+    LABEL (e.g. `shipped=benchmarks/results/first-call/follow-up-lora/trained`); `base` -> the
+    config's `agent.model`; `champion` -> the config's champion (`config_champion`); `trained` ->
+    skipped with a warning (only a training run has one); anything else is itself a spec, labelled
+    by `spec_label`.
     """
     given = dict(given or {})
     specs: dict[str, str] = {}
-    for label in labels if labels is not None else cfg.eval.agent_checkpoints:
+    for entry in labels if labels is not None else cfg.eval.agent_checkpoints:
+        label, sep, spec = entry.partition("=")
+        if not (sep and SAFE_NAME.match(label)):  # a bare label or spec (a folder's name may hold `=`)
+            label, spec = entry, ""
         if label in given:
             specs[label] = given[label]
+        elif spec:
+            specs[label] = spec
         elif label == "base":
             specs[label] = cfg.agent.model
         elif label == "champion":

@@ -14,23 +14,28 @@ from prompt_r1.evaluation.training_effect import BASE, TRAINED, effect_rows, eff
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _generated(rng: random.Random) -> tuple[list[dict], list[dict], list[dict]]:
-    """Results, comparisons and turn rows of a random evaluation: some cells miss a checkpoint, some
-    comparisons have no scored question, some turn rows judge turn 2."""
+SHIPPED = "agent:shipped"  # an agent named by `LABEL=SPEC` in eval.agent_checkpoints
+
+
+def _generated(rng: random.Random, after: str = TRAINED) -> tuple[list[dict], list[dict], list[dict]]:
+    """Results, comparisons (with `after` as the reference) and turn rows of a random evaluation:
+    some cells miss a checkpoint, some comparisons have no scored question, some turn rows judge
+    turn 2 and carry the task's indicators (undefined, None, for some)."""
     results, comparisons, turns = [], [], []
     for env in rng.sample(["e1", "e2", "e3"], rng.randint(1, 3)):
         for dataset in rng.sample(["d1", "d2", "d3", "d4"], rng.randint(1, 4)):
-            methods = [m for m in (BASE, TRAINED, "direct") if rng.random() < 0.8]
+            methods = [m for m in (BASE, TRAINED, SHIPPED, "direct") if rng.random() < 0.8]
             for method in methods:
                 score = rng.random()
                 results.append({"env_name": env, "dataset": dataset, "method": method, "n": rng.randint(1, 60),
                                 "score": score, "ci_low": score - 0.1, "ci_high": score + 0.1})
                 share = {"second_call": rng.random()}
                 if dataset == "d1":
-                    share.update(turn2_full=rng.random(), turn2_some=rng.random(), turn2_reward=rng.random())
+                    share.update(turn2_full=rng.random(), turn2_some=rng.random(), turn2_reward=rng.random(),
+                                 first_hop=rng.choice([None, rng.random()]), answer_unseen=rng.random())
                 turns.append({"env_name": env, "dataset": dataset, "method": method, "episodes": 3, "calls": 1.5,
                               **share})
-                if method != TRAINED and TRAINED in methods:
+                if method != after and after in methods:
                     diff = None if rng.random() < 0.2 else rng.uniform(-1, 1)
                     comparisons.append({"env_name": env, "method": method, "dataset": dataset, "diff": diff,
                                         "ci_low": None if diff is None else diff - 0.2,
@@ -39,28 +44,31 @@ def _generated(rng: random.Random) -> tuple[list[dict], list[dict], list[dict]]:
     return results, comparisons, turns
 
 
-def test_effect_rows_match_a_restatement_on_generated_evaluations() -> None:
+@pytest.mark.parametrize("after", [TRAINED, SHIPPED])
+def test_effect_rows_match_a_restatement_on_generated_evaluations(after: str) -> None:
     rng = random.Random(7)
     for _ in range(300):
-        results, comparisons, turns = _generated(rng)
-        rows = effect_rows(results, comparisons, turns)
+        results, comparisons, turns = _generated(rng, after)
+        rows = effect_rows(results, comparisons, turns, after=after)
         cells = {(r["env_name"], r["dataset"]) for r in results}
         expected = {c for c in cells
                     if any((r["env_name"], r["dataset"], r["method"]) == (*c, BASE) for r in results)
-                    and any((r["env_name"], r["dataset"], r["method"]) == (*c, TRAINED) for r in results)}
+                    and any((r["env_name"], r["dataset"], r["method"]) == (*c, after) for r in results)}
         assert {(r["env_name"], r["dataset"]) for r in rows} == expected
         for row in rows:
             key = (row["env_name"], row["dataset"])
             score = {r["method"]: r for r in results if (r["env_name"], r["dataset"]) == key}
             assert row["base"] == (score[BASE]["score"], score[BASE]["ci_low"], score[BASE]["ci_high"])
-            assert row["trained"][0] == score[TRAINED]["score"]
-            assert row["n"] == min(score[BASE]["n"], score[TRAINED]["n"])
+            assert row["trained"][0] == score[after]["score"]
+            assert row["n"] == min(score[BASE]["n"], score[after]["n"])
             versus = [c for c in comparisons if (c["env_name"], c["dataset"], c["method"]) == (*key, BASE)]
             assert (row["change"] is None) == (not versus or versus[0]["diff"] is None)
             did = {t["method"]: t for t in turns if (t["env_name"], t["dataset"]) == key}
-            shared = {k for k in did[BASE] if k in did[TRAINED]} & {"second_call", "turn2_full", "turn2_some"}
-            assert row["shares"] == {k: (did[BASE][k], did[TRAINED][k]) for k in shared}
-        assert effect_table(rows).count("\n") == (len(rows) + 2 if rows else 1)
+            shown = {"second_call", "turn2_full", "turn2_some", "first_hop", "answer_unseen"}  # not turn2_reward
+            shared = {k for k in shown if did[BASE].get(k) is not None and did[after].get(k) is not None}
+            assert row["shares"] == {k: (did[BASE][k], did[after][k]) for k in shared}
+        table = effect_table(rows, after)
+        assert table.count("\n") == (len(rows) + 2 if rows else 1) and after in table
 
 
 def test_the_report_leads_with_what_training_changed(tmp_path) -> None:
@@ -83,6 +91,14 @@ def test_the_report_leads_with_what_training_changed(tmp_path) -> None:
     assert section < text.index("## Paired comparisons") and section < text.index("## What the agent did")
     line = next(li for li in files["training_effect"].read_text().splitlines() if li.startswith("| e | d |"))
     assert "| 25.0 [0.0, 100.0] | 75.0 [0.0, 100.0] | +50.0 [" in line and "| 0.25 -> 0.75 |" in line
+    shipped = [{**row, "method": SHIPPED, "score": 1 - row["score"]} for row in predictions[:4]]  # 3 of 4 right
+    files = write_report([result(BASE, 0.25), result(TRAINED, 0.75), result(SHIPPED, 0.75)], [], tmp_path / "three",
+                         predictions=predictions + shipped,
+                         turns=turns + [{**turns[1], "method": SHIPPED, "second_call": 1.0, "first_hop": 1.0}])
+    effect = files["training_effect"].read_text()
+    assert effect.index("## What training changed") < effect.index(f"## What {SHIPPED}'s training changed")
+    line = effect[effect.index(f"{SHIPPED}'s"):].splitlines()[6]  # the shipped section's first row
+    assert "| e | d | 4 | 25.0 [0.0, 100.0] | 75.0 [0.0, 100.0] | +50.0 [" in line and "| 0.25 -> 1.00 |" in line
     alone = write_report([result(BASE, 0.25)], [], tmp_path / "base", predictions=predictions[:4], turns=turns[:1])
     assert "training_effect" not in alone and "What training changed" not in alone["markdown"].read_text()
 
@@ -143,6 +159,16 @@ def test_the_demo_trains_on_two_hop_questions_and_evaluates_held_out_ones(wareho
     assert any(q.dataset.startswith("sample_") for q in picked)
     assert not {q.question for q in picked} & {q.question for q in train}
     assert {"base", "trained"} <= set(cfg.eval.agent_checkpoints)
+    # the full demo shows the shipped agent beside them: a committed LoRA adapter, a few MiB, that
+    # resolves (its base found) on any machine; the quick demo leaves it out
+    from prompt_r1.models.resolver import check_agent_spec, parse_labelled_specs
+
+    named = parse_labelled_specs([c for c in cfg.eval.agent_checkpoints if "=" in c])
+    assert set(named) == (set() if quick else {"shipped"})
+    for spec in named.values():
+        check_agent_spec(str(ROOT / spec), cfg.name, cfg=cfg)  # scripts/demo.py runs from the root
+        adapter = ROOT / spec / "adapter_model.safetensors"
+        assert (ROOT / spec / "adapter_config.json").is_file() and adapter.stat().st_size < 20 * 2**20
 
 
 @pytest.mark.parametrize("seed", range(40))

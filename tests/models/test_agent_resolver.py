@@ -162,6 +162,11 @@ def test_evaluation_agents_resolve_through_the_same_rule(home, tmp_path, registr
         "base": f"/bundled/{cfg.agent.model}", "trained": str(trained), "champion": str(champion),
         "plain": str(plain), "extra": str(champion)}
     assert resolve_agents(cfg, {"base": str(plain)}, labels=["base"]) == {"base": str(plain)}
+    # `LABEL=SPEC` in eval.agent_checkpoints: a spec under a label of its own (a given spec still wins)
+    named_spec = [f"shipped={plain}", f"again={run_id}", "base"]
+    assert resolve_agents(cfg, labels=named_spec) == {"shipped": str(plain), "again": str(trained),
+                                                      "base": f"/bundled/{cfg.agent.model}"}
+    assert resolve_agents(cfg, {"shipped": str(champion)}, labels=named_spec[:1]) == {"shipped": str(champion)}
     # `tracking.registered_model` names the model whose champion the config takes
     entries["models:/team-qa@champion"] = other = _hf(tmp_path / "team-champion")
     named = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"registered_model": "team-qa"})})
