@@ -38,9 +38,13 @@ def export(
     adapter_only: bool = typer.Option(False, "--adapter-only", help="Keep a LoRA checkpoint's adapter alone (a few "
                                       "MiB) with its training config and its base named portably; `--agent` merges "
                                       "it into that base on any machine."),
+    rank: Optional[int] = typer.Option(None, "--rank", min=1, help="With --adapter-only, for an agent trained with "
+                                       "full weights (an exported agent folder): keep each linear layer's change "
+                                       "from the base it was trained from, cut to this rank, as a LoRA adapter "
+                                       "(an approximation: measure it as an agent of its own)."),
 ) -> None:
     """Export a checkpoint as a plain HF model folder (LoRA merged, tokenizer included), or its LoRA
-    adapter alone (--adapter-only).
+    adapter alone (--adapter-only; --rank R extracts one from a full-weight agent).
 
     The export is built beside OUT_DIR and renamed into place, and carries a small marker file
     (.prompt-r1-export.json) so that a later export may replace it; nothing else is ever deleted.
@@ -48,6 +52,19 @@ def export(
     from prompt_r1.models.export import export_checkpoint
     from prompt_r1.models.adapter import export_adapter
 
+    if rank is not None:
+        from prompt_r1.models.adapter_extract import extract_adapter
+
+        if not adapter_only:
+            fail("--rank extracts an adapter: pass it with --adapter-only")
+        try:
+            kept = extract_adapter(checkpoint, out_dir, rank)
+        except (FileNotFoundError, FileExistsError, ValueError, OSError) as err:
+            fail(f"cannot extract an adapter from {checkpoint}: {err}")
+        console.print(f"extracted a rank-{rank} adapter of {checkpoint} (base {kept['base']}) -> {out_dir}: it keeps "
+                      f"{kept['kept_share']:.1%} of the {kept['modules']} linear layers' change; "
+                      f"{kept['left_out_share']:.1%} of the whole change (embeddings, norms) is left out")
+        return
     try:
         folder = (export_adapter if adapter_only else export_checkpoint)(checkpoint, out_dir, overwrite=overwrite)
     except (FileNotFoundError, FileExistsError, ValueError, OSError) as err:

@@ -29,7 +29,6 @@ from prompt_r1.models.agent_files import ADAPTER_CONFIG, TRAINING_CONFIG, traini
 from prompt_r1.models.resolver import AgentSpecError, check_agent_spec, resolve_agent
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ("tiny", "tiny-protocol")
 
 
 def _lora_checkpoint(cfg, base: Path, ckpt_dir: Path, std: float) -> tuple[Path, GRPOLearner]:
@@ -62,17 +61,6 @@ def _app():
     from prompt_r1.cli import app
 
     return app
-
-
-@pytest.fixture
-def models_home(_model_cache, tmp_path, monkeypatch) -> Path:
-    """A fresh models home whose bundled tiny models are the session's (linked, not rebuilt)."""
-    home = tmp_path / "models"
-    home.mkdir()
-    for name in SHARED:
-        (home / bundled_folder(name).name).symlink_to(resolve_model(name))
-    monkeypatch.setenv("PROMPT_R1_MODELS", str(home))
-    return home
 
 
 def _ids(learner) -> torch.Tensor:
