@@ -72,7 +72,7 @@ class EvalConfig(StrictModel):
         default_factory=lambda: ["base", "trained"],
         description="`base` (agent.model), `trained` (this run's final checkpoint), `champion` (the registry's), "
         "or any agent spec: a bundled model, a folder, a training run id or a models:/ URI; `LABEL=SPEC` names "
-        "it `agent:LABEL` (e.g. `shipped=benchmarks/results/first-call/follow-up-lora/trained`), and the "
+        "it `agent:LABEL` (e.g. `shipped=benchmarks/results/first-call/shipped-agent`), and the "
         "report shows each such agent against `agent:base` as it shows `trained`.",
     )
     examples_per_dataset: int = Field(2, ge=0, description="Trajectories kept for reading.")

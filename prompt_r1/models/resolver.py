@@ -240,7 +240,7 @@ def resolve_agents(cfg: Config, given: Mapping[str, str] | None = None,
     then each remaining label of `given` (label -> spec, e.g. from `--agent LABEL=SPEC`).
 
     A label resolves to its spec in `given` when there is one, else: `LABEL=SPEC` -> that SPEC under
-    LABEL (e.g. `shipped=benchmarks/results/first-call/follow-up-lora/trained`); `base` -> the
+    LABEL (e.g. `shipped=benchmarks/results/first-call/shipped-agent`); `base` -> the
     config's `agent.model`; `champion` -> the config's champion (`config_champion`); `trained` ->
     skipped with a warning (only a training run has one); anything else is itself a spec, labelled
     by `spec_label`.
