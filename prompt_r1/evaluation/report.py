@@ -327,6 +327,7 @@ def _other_agents_sections(results: list[dict[str, Any]], predictions: list[dict
 
     others = dict.fromkeys(r["method"] for r in results if r["method"].startswith("agent:")
                            and r["method"] not in (BASE, TRAINED))
+
     def versus_base(label: str) -> list[dict[str, Any]]:
         return paired_comparisons([p for p in predictions or [] if p["method"] in (BASE, label)], reference=label)
 
