@@ -159,16 +159,20 @@ def test_the_demo_trains_on_two_hop_questions_and_evaluates_held_out_ones(wareho
     assert any(q.dataset.startswith("sample_") for q in picked)
     assert not {q.question for q in picked} & {q.question for q in train}
     assert {"base", "trained"} <= set(cfg.eval.agent_checkpoints)
-    # the full demo shows the shipped agent beside them: a committed LoRA adapter, a few MiB, that
-    # resolves (its base found) on any machine; the quick demo leaves it out
-    from prompt_r1.models.resolver import check_agent_spec, parse_labelled_specs
+    if not quick:  # then the shipped agent beside the base, in an evaluation of its own
+        from prompt_r1.models.resolver import check_agent_spec, parse_labelled_specs
 
-    named = parse_labelled_specs([c for c in cfg.eval.agent_checkpoints if "=" in c])
-    assert set(named) == (set() if quick else {"shipped"})
-    for spec in named.values():
-        check_agent_spec(str(ROOT / spec), cfg.name, cfg=cfg)  # scripts/demo.py runs from the root
-        adapter = ROOT / spec / "adapter_model.safetensors"
-        assert (ROOT / spec / "adapter_config.json").is_file() and adapter.stat().st_size < 20 * 2**20
+        shipped = load_config(ROOT / "configs" / "demo.yaml", demo.shipped_overrides(base))
+        named = parse_labelled_specs([c for c in shipped.eval.agent_checkpoints if c != "base"])
+        assert list(named) == ["shipped"] and shipped.eval.methods == ["agent"]
+        assert [e.name for e in shipped.eval_environments()] == [base.eval_environments()[0].name]
+        two_hop = select_questions(warehouse, shipped.eval.suites, shipped.eval.limit_per_dataset,
+                                   shipped.eval.dataset_limits)
+        assert len(two_hop) == 40 and {q.dataset for q in two_hop} == {"compositional_probe"}
+        # a committed LoRA adapter that resolves (its base found) on any machine
+        check_agent_spec(str(ROOT / named["shipped"]), shipped.name, cfg=shipped)  # the demo runs from the root
+        adapter = ROOT / named["shipped"] / "adapter_model.safetensors"
+        assert (ROOT / named["shipped"] / "adapter_config.json").is_file() and adapter.stat().st_size < 25 * 2**20
 
 
 @pytest.mark.parametrize("seed", range(40))
