@@ -168,7 +168,7 @@ def test_the_demo_trains_on_two_hop_questions_and_evaluates_held_out_ones(wareho
         assert [e.name for e in shipped.eval_environments()] == [base.eval_environments()[0].name]
         two_hop = select_questions(warehouse, shipped.eval.suites, shipped.eval.limit_per_dataset,
                                    shipped.eval.dataset_limits)
-        assert len(two_hop) == 40 and {q.dataset for q in two_hop} == {"compositional_probe"}
+        assert len(two_hop) == 60 and {q.dataset for q in two_hop} == {"compositional_probe"}  # all held out
         # a committed LoRA adapter that resolves (its base found) on any machine
         check_agent_spec(str(ROOT / named["shipped"]), shipped.name, cfg=shipped)  # the demo runs from the root
         adapter = ROOT / named["shipped"] / "adapter_model.safetensors"
