@@ -145,7 +145,8 @@ def main() -> int:
               f"  (answer score {before.get('val_answer', float('nan')):.3f} -> {after['val_answer']:.3f})")
     if shipped is not None:  # what a longer training taught, beside the base (its own report folder)
         shipped_effect = Path(shipped["report"]).parent / "training_effect.md"
-        print("\n## The shipped agent (benchmarks/results/first-call/shipped-agent: 18 steps of guided exploration)\n"
+        print("\nThe shipped agent (benchmarks/results/first-call/shipped-agent: 18 steps of guided exploration) "
+              "beside the base, on all held-out two-hop questions:\n"
               + (shipped_effect.read_text() if shipped_effect.exists() else "(no question scored by both)\n"))
     print("Stage timings (s): " + json.dumps({"models": round(model_s, 1),
           **{k: round(v, 1) for k, v in result["seconds"].items()},
