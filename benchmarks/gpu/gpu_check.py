@@ -16,7 +16,7 @@ of time is recorded with its error, and the next part runs):
   `ShardedRanks` (meta build, FSDP's mixed precision, GRPO steps beside a plain learner's, the
   weight sync's gather, a sharded checkpoint resumed);
 - c: `prompt-r1 train -c configs/smoke.yaml --set train.device=cuda` through Ray (the learner a Ray
-  actor on the GPU Ray counts), stopped after its step-1 checkpoint, then `--resume` to step 4; the
+  actor on the GPU Ray counts), stopped after its step-1 checkpoint, then `--resume` to step 10; the
   warehouse shows each step sampled by the weights of the step before (sync by version; every sync's
   checksum is checked by the session, which stops the run on a mismatch);
 - d: real SmolLM2 weights (`configs/learning-smollm.yaml`) at 16 questions x 8 samples a step, the

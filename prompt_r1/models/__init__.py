@@ -7,7 +7,8 @@ bundled name, folder, run id, `models:/` URI through a registered scheme, hub id
 `architecture` (parameter count and layer shapes from `config.json` alone, or from
 `architectures.json` for models not on this machine, such as the paper's Qwen3-4B), `export`
 (a checkpoint's manifest and its export to a plain HF model), `adapter` (a LoRA adapter folder
-as an agent) and `agent_files` (the files that mark an agent folder).
+as an agent), `adapter_extract` (a full-weight agent kept as a LoRA adapter: each linear layer's
+change cut to a rank) and `agent_files` (the files that mark an agent folder).
 
 Imports: `prompt_r1.core`, `prompt_r1.config`.
 """
