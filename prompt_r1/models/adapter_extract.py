@@ -18,6 +18,7 @@ records it, so `merged_agent` finds it on another machine.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -84,21 +85,22 @@ def extract_adapter(folder: Path, out_dir: Path, rank: int, dtype: torch.dtype =
     base = load_file(str(Path(resolve_model(base_name)) / "model.safetensors"))
     tuned = load_file(str(folder / "model.safetensors"))
     changes = linear_changes(base, tuned)
-    total = sum((tuned[k].double() - base[k].double()).pow(2).sum().item() for k in tuned if k in base)
+    linear = sum(d.pow(2).sum().item() for d in changes.values())
+    rest = sum((tuned[k].double() - base[k].double()).pow(2).sum().item()
+               for k in tuned if k in base and k[: -len(".weight")] not in changes)
     factors, kept = {}, 0.0
     for module, delta in changes.items():
         b, a = low_rank_factors(delta, rank)
         kept += (b.double() @ a.double()).pow(2).sum().item()
         factors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.to(dtype).contiguous()
         factors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b.to(dtype).contiguous()
-    linear = sum(d.pow(2).sum().item() for d in changes.values())
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank, "lora_dropout": 0.0,
               "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "base_model_name_or_path": base_name,
               "target_modules": sorted({m.rsplit(".", 1)[1] for m in changes})}
     with atomic_dir(out_dir) as tmp:
         (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(factors, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / TRAINING_CONFIG).write_text(training_config_file(folder).read_text())
+        shutil.copy(training_config_file(folder), tmp / TRAINING_CONFIG)
     return {"base": base_name, "rank": rank, "modules": len(changes),
             "kept_share": kept / linear if linear else 1.0,
-            "left_out_share": (total - linear) / total if total else 0.0}
+            "left_out_share": rest / (linear + rest) if linear + rest else 0.0}

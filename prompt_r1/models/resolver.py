@@ -113,6 +113,17 @@ def spec_label(spec: str) -> str:
     return Path(spec).name or spec
 
 
+def split_label(item: str) -> tuple[str | None, str]:
+    """`LABEL=SPEC` -> (LABEL, SPEC); anything else -> (None, item): a text before the first `=`
+    that is not a plain label is part of a bare spec (a folder name may hold `=`).
+
+    >>> split_label("shipped=runs/x"), split_label("base"), split_label("x/a=b")
+    (('shipped', 'runs/x'), (None, 'base'), (None, 'x/a=b'))
+    """
+    label, sep, spec = item.partition("=")
+    return (label, spec) if sep and SAFE_NAME.match(label) else (None, item)
+
+
 def parse_labelled_specs(items: Iterable[str]) -> dict[str, str]:
     """`--agent` values: `LABEL=SPEC`, or a bare SPEC labelled by `spec_label`.
 
@@ -127,8 +138,8 @@ def parse_labelled_specs(items: Iterable[str]) -> dict[str, str]:
     """
     out: dict[str, str] = {}
     for item in items:
-        label, sep, spec = item.partition("=")
-        if not (sep and SAFE_NAME.match(label)):
+        label, spec = split_label(item)
+        if label is None:
             label, spec = spec_label(item), item
         if not spec:
             raise AgentSpecError(f"--agent {item!r}: no spec after `{label}=`; give LABEL=SPEC or SPEC, "
@@ -248,8 +259,8 @@ def resolve_agents(cfg: Config, given: Mapping[str, str] | None = None,
     given = dict(given or {})
     specs: dict[str, str] = {}
     for entry in labels if labels is not None else cfg.eval.agent_checkpoints:
-        label, sep, spec = entry.partition("=")
-        if not (sep and SAFE_NAME.match(label)):  # a bare label or spec (a folder's name may hold `=`)
+        label, spec = split_label(entry)
+        if label is None:  # a bare label or spec
             label, spec = entry, ""
         if label in given:
             specs[label] = given[label]
