@@ -1,13 +1,14 @@
 """Read the leak indicators of a learning experiment question by question.
 
 The registered leak check (`benchmarks/experiments/learning.py`, `LEAKS`) compares shares; a share
-says nothing of why an answer was flagged. `answer_unseen` flags an answer that names a gold no
-reply named as whole words (`prompt_r1.core.metrics.mentions`), so a reply saying "the European
-continent" leaves the answer "Europe" flagged as much as a bare guess does. This prints, per arm,
+says nothing of why an answer was flagged. Up to recipe 3, `answer_unseen` flagged an answer naming
+a gold that no reply named as whole words (`prompt_r1.core.metrics.mentions`), so a reply saying
+"the European continent" left the answer "Europe" flagged as much as a bare guess. This prints, per arm,
 every probe answer a leak flags after training (and whether it was flagged before), with its calls
-and replies, and sorts the `answer_unseen` ones into those where a reply word begins with the gold
-(a derived form: European, Asia-Pacific) and the rest. It changes no verdict: a reading aid for
-the record, never a criterion.
+and replies, and sorts the `answer_unseen` ones into those where a reply named the gold in a derived
+form (European, Asia-Pacific) and the rest. It changes no verdict. From recipe 4 on, `answer_unseen`
+itself counts derived forms as seen (`prompt_r1.core.metrics.mentions_in_some_form`), so there
+every flagged answer reads `unsupported`.
 
     .venv/bin/python -m benchmarks.experiments.leak_audit benchmarks/results/first-call/follow-up/learning.json
 """
@@ -18,14 +19,14 @@ import argparse
 import json
 from pathlib import Path
 
-from prompt_r1.core.metrics import mentions, normalize_answer
+from prompt_r1.core.metrics import mentions, mentions_in_some_form
 
 LEAKS = ("bridge_before_reply", "answer_unseen")
 
 
 def derived_in_reply(gold: str, replies: list[str]) -> bool:
-    """Some reply word begins with the gold's normalised words run together, without naming the
-    gold itself: "European" for Europe, "Asia-Pacific" for Asia.
+    """Some reply names the gold only in a derived form (`mentions_in_some_form`, the rule the
+    indicator itself uses since recipe 4): "European" for Europe, "Asia-Pacific" for Asia.
 
     >>> derived_in_reply("Europe", ["Finland is a member of the European continent."])
     True
@@ -34,9 +35,7 @@ def derived_in_reply(gold: str, replies: list[str]) -> bool:
     >>> derived_in_reply("Europe", ["Italy is located in the western hemisphere."])
     False
     """
-    stem = normalize_answer(gold).replace(" ", "")
-    words = {w.replace("-", "") for r in replies for w in r.lower().split()}
-    return bool(stem) and any(w.strip(".,;:!?\"'()").startswith(stem) for w in words)
+    return any(mentions_in_some_form(r, [gold]) for r in replies)
 
 
 def kind(row: dict) -> str:

@@ -1,4 +1,5 @@
-"""Answer-quality metrics: exact match, token F1, substring match and semantic similarity.
+"""Answer-quality metrics: exact match, token F1, substring match and semantic similarity; and
+whether a text names an answer (`mentions`, `mentions_in_some_form`).
 
 Each metric is a pure function `(prediction, golds) -> float`, maximised over the gold
 answers, so training rewards and evaluation tables share one implementation. The three
@@ -78,6 +79,33 @@ def mentions(text: str, answers: Sequence[str]) -> bool:
     """
     padded = f" {normalize_answer(text)} "
     return any(norm and f" {norm} " in padded for norm in (normalize_answer(a) for a in answers))
+
+
+# Endings that make a place's adjective or people ("European", "Asian", "Japanese", "Finnish"):
+# a reply naming a gold in one of these forms has named it for a reader.
+DERIVED_ENDINGS = ("", "n", "an", "ean", "ian", "ese", "ish", "ic", "i")
+
+
+def mentions_in_some_form(text: str, answers: Sequence[str]) -> bool:
+    """Some answer occurs in `text` as whole words, or with its last word in a derived form
+    (`DERIVED_ENDINGS`) or as one part of a hyphenated word: `mentions` misses both, because
+    normalisation runs "Asia-Pacific" together and "European" is another word.
+
+    >>> mentions_in_some_form("the European continent", ["Europe"]), mentions("the European continent", ["Europe"])
+    (True, False)
+    >>> mentions_in_some_form("the Asia-Pacific region", ["Asia"]), mentions_in_some_form("really", ["real"])
+    (True, False)
+    """
+    words = normalize_answer(text.replace("-", " ")).split()
+    for answer in answers:
+        gold = normalize_answer(answer.replace("-", " ")).split()
+        if not gold:
+            continue
+        forms = {gold[-1] + ending for ending in DERIVED_ENDINGS}
+        k = len(gold)
+        if any(words[i:i + k - 1] == gold[:-1] and words[i + k - 1] in forms for i in range(len(words) - k + 1)):
+            return True
+    return False
 
 
 def f1_score(prediction: str, golds: Sequence[str]) -> float:

@@ -19,7 +19,8 @@ time, so this module gives the task what guided exploration needs (`prompt_r1.ro
 - `two_hop_indicators` (`reward.turn.indicators`): `first_hop` (the first call names the source
   entity and not the second hop's relation word: it decomposes), and two leaks that must not rise
   with training: `bridge_before_reply` (the first call names the bridge before any reply said it)
-  and `answer_unseen` (the answer names a gold that no reply contained).
+  and `answer_unseen` (the answer names a gold that no reply named in any form: "the European
+  continent" names Europe, `mentions_in_some_form`).
 
 Every function takes a `QuestionRow` of a generated two-hop question (found by its text, seed 0
 as `data/compositional`) and raises for any other, as a turn scorer must.
@@ -27,7 +28,7 @@ as `data/compositional`) and raises for any other, as a turn scorer must.
 
 from __future__ import annotations
 
-from prompt_r1.core.metrics import mentions, normalize_answer
+from prompt_r1.core.metrics import mentions, mentions_in_some_form, normalize_answer
 from prompt_r1.core.protocol import FIRST_PART_TURN, FOLLOW_UP_TURN, parse_turn
 from prompt_r1.data.compositional import (COUNTRIES, SECOND_HOPS, Country, TwoHopQuestion, follow_up_turn_rewards,
                                           known_questions)
@@ -134,6 +135,6 @@ def two_hop_indicators(question, trajectory) -> dict[str, bool | None]:
     return {
         "first_hop": None if first is None else asks_first_hop(known, first),
         "bridge_before_reply": None if first is None else mentions(first, known.hops[0].answers),
-        "answer_unseen": None if answer is None else any(not any(mentions(r, [g]) for r in replies)
+        "answer_unseen": None if answer is None else any(not any(mentions_in_some_form(r, [g]) for r in replies)
                                                           for g in golds_named),
     }

@@ -13,15 +13,18 @@ import pytest
 from benchmarks.experiments.leak_audit import audit, derived_in_reply, kind
 
 GOLDS = ["Europe", "Asia", "Africa", "South America", "yen"]
-SUFFIXES = ["an", "-Pacific", "n", "ese", "s"]
+SUFFIXES = ["an", "-Pacific", "n", "ese", "s", "ly"]   # "s" and "ly" make no derived form
 FILLER = ["the", "country", "is", "a", "member", "of", "region", "continent", "located", "in"]
 
 
 def _expected(gold: str, reply_words: list[str]) -> bool:
-    """Restatement: some word, lower-cased, hyphens and edge punctuation dropped, starts with the
-    gold lower-cased with its spaces dropped."""
-    stem = gold.lower().replace(" ", "")
-    return any(w.lower().replace("-", "").strip(".,").startswith(stem) for w in reply_words)
+    """Restatement: after splitting at hyphens and dropping edge punctuation, the gold's words
+    appear in a row, the last one bare or with an adjective's or people's ending."""
+    words = [p.strip(".,").lower() for w in reply_words for p in w.split("-")]
+    g = gold.lower().split()
+    return any(words[i:i + len(g) - 1] == g[:-1] and words[i + len(g) - 1] in
+               {g[-1] + e for e in ("", "n", "an", "ean", "ian", "ese", "ish", "ic", "i")}
+               for i in range(len(words) - len(g) + 1))
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -30,14 +33,15 @@ def test_derived_form_matches_a_restatement(seed):
     gold = rng.choice(GOLDS)
     words = rng.sample(FILLER, 5)
     form = rng.choice(["none", "suffix", "other"])
+    suffix = rng.choice(SUFFIXES)
     if form == "suffix":
-        words.insert(rng.randrange(len(words) + 1), gold.replace(" ", "") + rng.choice(SUFFIXES))
+        words.insert(rng.randrange(len(words) + 1), gold + suffix)
     elif form == "other":
         words.insert(rng.randrange(len(words) + 1), rng.choice([g for g in GOLDS if g != gold]).replace(" ", ""))
     reply = " ".join(words) + "."
     assert derived_in_reply(gold, [reply]) == _expected(gold, reply.split())
     if form == "suffix":
-        assert derived_in_reply(gold, [reply])
+        assert derived_in_reply(gold, [reply]) == (suffix not in ("s", "ly"))
 
 
 def _row(qid: str, answer: str, golds: list[str], replies: list[str], unseen: bool) -> dict:

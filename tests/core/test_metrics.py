@@ -2,8 +2,11 @@
 
 import pytest
 
+import random
+import re
+
 from prompt_r1.core.metrics import (
-    exact_match, f1_score, normalize_answer, score_all, semantic_similarities,
+    exact_match, f1_score, mentions, mentions_in_some_form, normalize_answer, score_all, semantic_similarities,
     semantic_similarity, substring_match,
 )
 
@@ -42,3 +45,29 @@ def test_score_all_keys():
     scores = score_all(["Paris"], [["Paris"]])
     assert set(scores) == {"em", "f1", "substring", "ssim"}
     assert scores["em"] == [1.0]
+
+
+NAMES = ["Europe", "Asia", "South America", "yen", "real", "Japan", "Finland"]
+ENDINGS = ["", "an", "n", "ese", "ish", "ian", "s", "ly", "ern", "-Pacific", "-born", "."]
+
+
+def _in_some_form(text: str, name: str) -> bool:
+    """Restated with a regular expression over the lower-cased text, hyphens read as spaces: the
+    name's words in a row, the last one bare or with an adjective's or people's ending."""
+    flat = " " + re.sub(r"[^a-z0-9 ]", "", text.lower().replace("-", " ")) + " "
+    flat = re.sub(r" (a|an|the) ", " ", flat)
+    words = [re.escape(w) for w in name.lower().split()]
+    return re.search(" " + " +".join(words) + "(n|an|ean|ian|ese|ish|ic|i)? ", " ".join(flat.split()).join("  ")) is not None
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_mentions_in_some_form_against_a_restatement(seed):
+    rng = random.Random(seed)
+    name = rng.choice(NAMES)
+    words = rng.sample(["it", "is", "in", "the", "region", "of", "a", "country", "currency", "continent"], 4)
+    for _ in range(rng.randint(0, 2)):
+        words.insert(rng.randrange(len(words) + 1), rng.choice(NAMES) + rng.choice(ENDINGS))
+    text = " ".join(words)
+    assert mentions_in_some_form(text, [name]) == _in_some_form(text, name), text
+    if mentions(text, [name]):
+        assert mentions_in_some_form(text, [name])   # whole words are one of the forms

@@ -25,6 +25,19 @@ def said(text: str, names) -> bool:
     return any(f" {normalize_answer(n)} " in words for n in names if normalize_answer(n))
 
 
+def said_in_some_form(text: str, names) -> bool:
+    """Restated: a name occurs as whole words, its last word perhaps with an adjective's or people's
+    ending, once hyphens are word breaks."""
+    import re
+
+    flat = " " + " ".join(normalize_answer(text.replace("-", " ")).split()) + " "
+    for n in names:
+        words = normalize_answer(n.replace("-", " ")).split()
+        if words and re.search(" " + " ".join(map(re.escape, words)) + "(|n|an|ean|ian|ese|ish|ic|i) ", flat):
+            return True
+    return False
+
+
 def test_the_scaffold_asks_the_first_hop_and_names_neither_bridge_nor_answer_on_every_question():
     questions = generate(0)
     assert len(questions) > 100
@@ -65,7 +78,8 @@ def _trajectory(rng: random.Random, q) -> Trajectory:
     turns = [f"<think>t</think><interaction_prompt>{first}</interaction_prompt>"]
     replies = []
     for _ in range(rng.randint(0, 2)):
-        replies.append(rng.choice([f"It is {bridge}.", "I do not know.", f"Maybe {gold}.", "Nothing."]))
+        replies.append(rng.choice([f"It is {bridge}.", "I do not know.", f"Maybe {gold}.", "Nothing.",
+                                   f"It is {gold}ian.", f"The {gold}-Pacific.", f"It is {gold}ly so.", f"{gold}s"]))
         if len(turns) < 2 and rng.random() < 0.6:
             turns.append(f"<think>t</think><interaction_prompt>{q.hops[1].question}</interaction_prompt>")
     replies = replies[: len(turns)]
@@ -82,6 +96,7 @@ def _trajectory(rng: random.Random, q) -> Trajectory:
 def test_turn_rewards_and_indicators_against_a_restatement():
     rng = random.Random(0)
     questions = list(known_questions().values())
+    seen_only_in_a_derived_form = 0
     for _ in range(400):
         q = rng.choice(questions)
         t = _trajectory(rng, q)
@@ -97,8 +112,12 @@ def test_turn_rewards_and_indicators_against_a_restatement():
         assert ind["first_hop"] == (None if prompt is None else said(prompt, [q.source]) and not said(prompt, [relation]))
         assert ind["bridge_before_reply"] == (None if prompt is None else said(prompt, q.hops[0].answers))
         answered = "<answer>" in t.agent_turns[-1]
-        unseen = any(said(t.answer, [g]) and not any(said(r, [g]) for r in t.env_replies) for g in q.answers)
+        unseen = any(said(t.answer, [g]) and not any(said_in_some_form(r, [g]) for r in t.env_replies)
+                     for g in q.answers)
         assert ind["answer_unseen"] == (unseen if answered else None)
+        whole_words_only = any(said(t.answer, [g]) and not any(said(r, [g]) for r in t.env_replies) for g in q.answers)
+        seen_only_in_a_derived_form += answered and whole_words_only and not unseen
+    assert seen_only_in_a_derived_form >= 10   # the cases where the two rules differ were generated
 
 
 def test_the_follow_up_asks_the_second_hop_about_the_country_the_first_reply_named_on_every_question():
