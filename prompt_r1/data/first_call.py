@@ -16,6 +16,8 @@ time, so this module gives the task what guided exploration needs (`prompt_r1.ro
   environment's word is what the episode goes on from); nothing when it named none.
 - `two_hop_turn_rewards`: turn 1 earns 1 when the first reply names the bridge, else 0; turn 2 is
   `follow_up_turn_rewards`' (1 names the bridge, 0.5 reuses a name of the first reply, else 0).
+  `two_hop_grounded_turn_rewards` adds the answer after two calls: 1 when a reply named the gold it
+  names, else 0 (recipe 5: a right answer from the agent's memory earns the outcome, not this).
 - `two_hop_indicators` (`reward.turn.indicators`): `first_hop` (the first call names the source
   entity and not the second hop's relation word: it decomposes), and two leaks that must not rise
   with training: `bridge_before_reply` (the first call names the bridge before any reply said it)
@@ -108,6 +110,20 @@ def two_hop_turn_rewards(question, trajectory) -> list[float | None]:
     if rewards:
         replies = trajectory.env_replies
         rewards[0] = 1.0 if replies and mentions(replies[0], known.hops[0].answers) else 0.0
+    return rewards
+
+
+def two_hop_grounded_turn_rewards(question, trajectory) -> list[float | None]:
+    """`two_hop_turn_rewards` plus the answer after two calls (the third turn): 1.0 when it names a
+    gold that some reply named in any form (`mentions_in_some_form`), else 0.0, a wrong answer and
+    an answer from the agent's own memory alike. It is `answer_unseen`'s opposite as a reward: the
+    outcome pays a right answer wherever it came from, this turn reward only one the environment
+    gave, so that what training adds comes through the calls."""
+    rewards = two_hop_turn_rewards(question, trajectory)
+    turns = trajectory.agent_turns
+    if len(turns) == 3 and parse_turn(turns[2]).kind == "answer":
+        golds = [g for g in _known(question).answers if mentions(trajectory.answer, [g])]
+        rewards[2] = 1.0 if any(mentions_in_some_form(r, [g]) for g in golds for r in trajectory.env_replies) else 0.0
     return rewards
 
 

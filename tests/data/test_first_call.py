@@ -11,7 +11,8 @@ from prompt_r1.core.metrics import normalize_answer
 from prompt_r1.core.questions import QuestionRow
 from prompt_r1.core.trajectory import Trajectory
 from prompt_r1.data.compositional import follow_up_turn_rewards, generate, known_questions
-from prompt_r1.data.first_call import asks_first_hop, first_hop_scaffold, two_hop_indicators, two_hop_turn_rewards
+from prompt_r1.data.first_call import (asks_first_hop, first_hop_scaffold, two_hop_grounded_turn_rewards,
+                                      two_hop_indicators, two_hop_turn_rewards)
 from prompt_r1.rollout.scaffold import scaffold_turn
 
 
@@ -118,6 +119,29 @@ def test_turn_rewards_and_indicators_against_a_restatement():
         whole_words_only = any(said(t.answer, [g]) and not any(said(r, [g]) for r in t.env_replies) for g in q.answers)
         seen_only_in_a_derived_form += answered and whole_words_only and not unseen
     assert seen_only_in_a_derived_form >= 10   # the cases where the two rules differ were generated
+
+
+def test_the_grounded_answer_reward_against_a_restatement():
+    """The third turn, an answer after two calls, earns 1 exactly when a reply named (in any form)
+    a gold the answer names; every other turn is `two_hop_turn_rewards`'."""
+    rng = random.Random(1)
+    questions = list(known_questions().values())
+    by_value = {1.0: 0, 0.0: 0, "memory": 0}
+    for _ in range(600):
+        q = rng.choice(questions)
+        t = _trajectory(rng, q)
+        grounded, plain = two_hop_grounded_turn_rewards(row(q), t), two_hop_turn_rewards(row(q), t)
+        third_answers = len(t.agent_turns) == 3 and "<answer>" in t.agent_turns[2]
+        assert grounded[:2] == plain[:2] and len(grounded) == len(plain)
+        if not third_answers:
+            assert grounded == plain
+            continue
+        named = [g for g in q.answers if said(t.answer, [g])]
+        expected = 1.0 if any(said_in_some_form(r, [g]) for g in named for r in t.env_replies) else 0.0
+        assert grounded[2] == expected
+        by_value[expected] += 1
+        by_value["memory"] += bool(named) and expected == 0.0   # right, but no reply said it
+    assert min(by_value.values()) >= 10, by_value   # each case was generated
 
 
 def test_the_follow_up_asks_the_second_hop_about_the_country_the_first_reply_named_on_every_question():
