@@ -45,6 +45,9 @@ class Runner:
                 if watch is not None and not stopped and watch():
                     os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: the CLI stops cleanly
                     stopped = True
+                    # said in the log, so a run that went on anyway shows whether the stop was sent
+                    self.log.write(f"[watch: SIGINT sent to process group {proc.pid} at {time.strftime('%H:%M:%S')}]\n")
+                    self.log.flush()
                 if time.monotonic() > end:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
