@@ -25,8 +25,9 @@ LEAKS = ("bridge_before_reply", "answer_unseen")
 
 
 def derived_in_reply(gold: str, replies: list[str]) -> bool:
-    """Some reply names the gold only in a derived form (`mentions_in_some_form`, the rule the
-    indicator itself uses since recipe 4): "European" for Europe, "Asia-Pacific" for Asia.
+    """Some reply names the gold in any form (`mentions_in_some_form`, the rule the indicator itself
+    uses since recipe 4): on an answer the whole-words rule flagged, a derived form such as
+    "European" for Europe or "Asia-Pacific" for Asia.
 
     >>> derived_in_reply("Europe", ["Finland is a member of the European continent."])
     True

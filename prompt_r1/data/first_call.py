@@ -122,9 +122,14 @@ def two_hop_grounded_turn_rewards(question, trajectory) -> list[float | None]:
     rewards = two_hop_turn_rewards(question, trajectory)
     turns = trajectory.agent_turns
     if len(turns) == 3 and parse_turn(turns[2]).kind == "answer":
-        golds = [g for g in _known(question).answers if mentions(trajectory.answer, [g])]
-        rewards[2] = 1.0 if any(mentions_in_some_form(r, [g]) for g in golds for r in trajectory.env_replies) else 0.0
+        seen = golds_seen(_known(question), trajectory.answer, trajectory.env_replies)
+        rewards[2] = 1.0 if any(seen.values()) else 0.0
     return rewards
+
+
+def golds_seen(known: TwoHopQuestion, answer: str, replies) -> dict[str, bool]:
+    """Each gold the answer names -> did some reply name it in any form (`mentions_in_some_form`)."""
+    return {g: any(mentions_in_some_form(r, [g]) for r in replies) for g in known.answers if mentions(answer, [g])}
 
 
 def asks_first_hop(known: TwoHopQuestion, prompt: str) -> bool:
@@ -147,10 +152,8 @@ def two_hop_indicators(question, trajectory) -> dict[str, bool | None]:
     first = parse_turn(turns[0]).interaction_prompt if turns else None
     replies = trajectory.env_replies
     answer = trajectory.answer if turns and parse_turn(turns[-1]).kind == "answer" else None
-    golds_named = [g for g in known.answers if answer is not None and mentions(answer, [g])]
     return {
         "first_hop": None if first is None else asks_first_hop(known, first),
         "bridge_before_reply": None if first is None else mentions(first, known.hops[0].answers),
-        "answer_unseen": None if answer is None else any(not any(mentions_in_some_form(r, [g]) for r in replies)
-                                                          for g in golds_named),
+        "answer_unseen": None if answer is None else not all(golds_seen(known, answer, replies).values()),
     }
