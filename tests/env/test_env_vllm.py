@@ -351,11 +351,13 @@ print(p.pid, flush=True)
 
 
 def test_a_port_held_by_a_live_runs_server_is_refused_naming_that_run(tmp_path, servable_tiny):
+    import json
     import os
     import socket
     import sys
 
-    from prompt_r1.env.server_guard import spawn_guarded, stop_group, write_record
+    from prompt_r1.env.server_guard import (ServerRecord, process_cmdline, process_start, record_state,
+                                            spawn_guarded, stop_group, write_record)
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -363,7 +365,17 @@ def test_a_port_held_by_a_live_runs_server_is_refused_naming_that_run(tmp_path, 
         port = busy.getsockname()[1]
         holder, watchdog = spawn_guarded([sys.executable, "-c", SLEEPER])
         try:
-            write_record(tmp_path / "servers", holder, watchdog.pid, port, "vLLM server for other-model", "fake-vllm")
+            path = write_record(tmp_path / "servers", holder, watchdog.pid, port, "vLLM server for other-model",
+                                "fake-vllm")
+            # The record must read as a live run's server before the start is tried (once, under CI
+            # load, it did not and the message named no holder): say why if it never does.
+            record = ServerRecord(**json.loads(path.read_text()))
+            deadline = time.monotonic() + 10
+            while record_state(record) != "owned" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert record_state(record) == "owned", (
+                f"state {record_state(record)}; holder exit {holder.poll()}, start {process_start(holder.pid)} "
+                f"(recorded {record.start}), cmdline {process_cmdline(holder.pid)!r}; watchdog exit {watchdog.poll()}")
             server = VLLMServer(vllm_cfg(str(servable_tiny), port=port), tmp_path, records_dir=tmp_path / "servers")
             with pytest.raises(VLLMServerError) as caught:
                 server.start()
