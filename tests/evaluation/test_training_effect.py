@@ -152,6 +152,7 @@ def test_the_demo_trains_on_two_hop_questions_and_evaluates_held_out_ones(wareho
     train = TrainingPool.load(warehouse, cfg).train
     assert train and {q.dataset for q in train} == {"compositional_train"}
     assert cfg.reward.turn.scorer and cfg.reward.turn.weight > 0
+    assert cfg.rollout.scaffold.fn and 0 < cfg.rollout.scaffold.members < cfg.rollout.group_size  # recipe 5's exploration
     check_dataset_limits(warehouse, cfg)
     picked = select_questions(warehouse, cfg.eval.suites, cfg.eval.limit_per_dataset, cfg.eval.dataset_limits)
     two_hop = [q for q in picked if q.dataset == "compositional_probe"]
@@ -172,7 +173,8 @@ def test_the_demo_trains_on_two_hop_questions_and_evaluates_held_out_ones(wareho
         # a committed LoRA adapter that resolves (its base found) on any machine
         check_agent_spec(str(ROOT / named["shipped"]), shipped.name, cfg=shipped)  # the demo runs from the root
         adapter = ROOT / named["shipped"] / "adapter_model.safetensors"
-        assert (ROOT / named["shipped"] / "adapter_config.json").is_file() and adapter.stat().st_size < 25 * 2**20
+        # rank 64 (38 MB): the lowest rank measured that keeps the passing agent's probe gain (BENCHMARKS.md)
+        assert (ROOT / named["shipped"] / "adapter_config.json").is_file() and adapter.stat().st_size < 40 * 2**20
 
 
 @pytest.mark.parametrize("seed", range(40))
