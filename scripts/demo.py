@@ -57,7 +57,7 @@ def quick_overrides(base) -> dict:
 
 
 # The two-hop agent this project ships (BENCHMARKS.md, "Learning to prompt"): recipe 5, the one that
-# passed its pre-registered bar, seed 0 after 24 steps, kept as a rank-32 adapter; its first call
+# passed its pre-registered bar, seed 0 after 24 steps, kept as a rank-64 adapter; its first call
 # asks the first hop
 SHIPPED = "shipped=benchmarks/results/first-call/shipped-agent"
 
