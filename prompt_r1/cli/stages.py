@@ -140,13 +140,7 @@ def serve_env(
     env: Optional[str] = typer.Option(None, "--env", help="Name of a `train.environments` or `eval.environments` entry (default: `environment`)."),
 ) -> None:
     """Start the managed vLLM server of an environment, print its URL, and serve until Ctrl-C or SIGTERM."""
-    import signal
     import time
-
-    # A process started in the background by a non-interactive shell inherits SIGINT ignored, and
-    # Python then never raises KeyboardInterrupt; this command promises that Ctrl-C and SIGTERM stop it.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     from prompt_r1.config.run_home import logs_dir
     from prompt_r1.env.vllm_server import VLLMServerError, managed_vllm_server

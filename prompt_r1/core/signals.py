@@ -1,4 +1,5 @@
-"""The one SIGTERM rule: SIGTERM stops the process as Ctrl-C does.
+"""The one SIGTERM rule: SIGTERM stops the process as Ctrl-C does (and Ctrl-C stops it even
+where a parent shell started it with SIGINT ignored).
 
 `interrupt_on_sigterm` raises `KeyboardInterrupt` in the main thread, so `finally` blocks and
 context managers run (run records, managed servers, Ray actors) instead of the process dying at
@@ -37,10 +38,15 @@ def interrupt_on_sigterm(signum: int, frame: object) -> None:
 
 
 def install_sigterm_interrupt() -> bool:
-    """Make SIGTERM raise `KeyboardInterrupt`; only the main thread can (Python's rule). True if installed."""
+    """Make SIGTERM raise `KeyboardInterrupt`, and SIGINT too where the process inherited it ignored
+    (a background job of a non-interactive shell does, and Python then never raises on Ctrl-C or
+    `kill -INT`, so a watcher's stop would be lost); only the main thread can (Python's rule). True
+    if installed."""
     if threading.current_thread() is not threading.main_thread():
         return False
     signal.signal(signal.SIGTERM, interrupt_on_sigterm)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     return True
 
 

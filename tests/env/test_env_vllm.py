@@ -407,6 +407,35 @@ finally:
     assert "cleanup ran" in rest and "KeyboardInterrupt" in rest
 
 
+def test_sigint_stops_a_cli_command_started_with_sigint_ignored():
+    """A background job of a script (`cmd &` in a non-interactive shell) starts with SIGINT
+    ignored; every command still stops on Ctrl-C or `kill -INT` (the GPU check's watcher sends it)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(["bash", "-c", f"""{sys.executable} -c '
+import signal, time
+assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN, "the shell did not ignore SIGINT"
+from prompt_r1.cli.common import _main
+_main(verbose=False)
+try:
+    print("started", flush=True)
+    time.sleep(60)
+finally:
+    print("cleanup ran", flush=True)
+' & wait"""], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+        os.killpg(proc.pid, signal.SIGINT)  # as the GPU check's watcher does
+        rest, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "cleanup ran" in rest and "KeyboardInterrupt" in rest
+
+
 @pytest.mark.slow  # about 40 s: a real server must be up before its parent is killed
 def test_a_managed_server_dies_with_its_kill_9d_parent(servable_tiny, tmp_path):
     import os
